@@ -1,0 +1,46 @@
+# privpipe: every target bootstraps .venv itself, so a fresh clone needs only `make run` / `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
+DEVSTAMP := $(VENV)/.installed-dev-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
+OUT    ?= demo-out
+
+.PHONY: run test lint bench venv dev clean
+
+$(PY):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; privpipe needs Python 3.11 (set PYTHON=/path/to/python3.11)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	@rm -f $(VENV)/.installed-*[!v]-* ; touch $@
+
+$(DEVSTAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP) $@
+
+venv: $(STAMP)
+dev: $(DEVSTAMP)
+
+## make run: set up .venv and run the demo (generated microdata through configs/demo.yaml)
+run: $(STAMP)
+	$(VENV)/bin/privpipe demo --output $(OUT)
+
+## make test: set up .venv with dev extras, lint, run the whole test suite
+test: $(DEVSTAMP)
+	$(MAKE) --no-print-directory lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(DEVSTAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy privpipe anonymity dp attacks pipelines transforms reports
+
+## make bench: run the benchmarks (prints JSON; record results in benchmarks/RESULTS.md)
+bench: $(DEVSTAMP)
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Pure core (no Beam): hierarchies, lattice, privacy models, search, metrics, risk."""

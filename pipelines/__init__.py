@@ -1,0 +1,1 @@
+"""CLI, validated config model, and Beam graph assembly per release kind."""

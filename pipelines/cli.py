@@ -1,0 +1,150 @@
+"""The `privpipe` command.
+
+    privpipe run CONFIG [--output DIR] [--runner NAME] [beam options...] [-- beam options...]
+    privpipe validate CONFIG
+    privpipe demo [--output DIR] [--rows N] [--seed S] [beam options...]
+    privpipe schema
+
+Exit codes (DESIGN.md): 0 ok; 2 invalid config or arguments; 3 invalid input data;
+4 privacy refusal; 1 anything else. Errors go to stderr as `privpipe: error: ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+import privpipe
+from privpipe.errors import ConfigError, PrivpipeError
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEMO_CONFIG = CONFIGS_DIR / "demo.yaml"
+DEMO_ROWS = 20_000
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (exit 2) instead of exiting on its own."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="privpipe", description="Publish sensitive microdata as anonymised "
+                "tables and DP statistics, attack every output, and audit the result.")
+    p.add_argument("--version", action="version", version=f"privpipe {privpipe.__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="run a config: read, publish every release, audit")
+    r.add_argument("config", help="the YAML config file")
+    r.add_argument("--output", help="output folder (default: the config's output.dir)")
+    r.add_argument("--runner", help="Beam runner (default DirectRunner)")
+    r.epilog = "Other options (e.g. --direct_num_workers=2) are passed to Beam."
+
+    v = sub.add_parser("validate", help="check a config (schema and semantics); reads no data")
+    v.add_argument("config")
+
+    d = sub.add_parser("demo", help="generate the demo microdata and run configs/demo.yaml")
+    d.add_argument("--output", default="demo-out", help="output folder (default demo-out)")
+    d.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"rows (default {DEMO_ROWS})")
+    d.add_argument("--seed", type=int, default=20261122, help="generator seed")
+    d.add_argument("--runner", help="Beam runner (default DirectRunner)")
+
+    sub.add_parser("schema", help="print the JSON Schema of the config")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args_in
+    try:
+        return _dispatch(args_in)
+    except PrivpipeError as e:
+        print(f"privpipe: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("privpipe: interrupted; nothing was published", file=sys.stderr)
+        return 130
+    except Exception as e:  # anything unexpected: exit 1, no partial output (RunOutput aborts)
+        if debug:
+            traceback.print_exc()
+        print(f"privpipe: error: unexpected {type(e).__name__}: {e} "
+              "(run with --debug for the traceback); nothing was published", file=sys.stderr)
+        return 1
+
+
+def _dispatch(argv: list[str]) -> int:
+    if "--" in argv:
+        i = argv.index("--")
+        argv, passthrough = argv[:i], argv[i + 1:]
+    else:
+        passthrough = []
+    args, beam_args = _parser().parse_known_args(argv)
+    beam_args = [a for a in beam_args if a != "--debug"] + passthrough
+    if args.command == "schema":
+        from pipelines.config import json_schema
+
+        print(json.dumps(json_schema(), indent=2))
+        return 0
+    if args.command == "validate":
+        if beam_args:
+            raise ConfigError(f"validate takes no other options, got {' '.join(beam_args)}")
+        return _validate(args.config)
+    if args.command == "run":
+        return _run(args.config, args.output, args.runner, beam_args)
+    if args.command == "demo":
+        return _demo(args.output, args.rows, args.seed, args.runner, beam_args)
+    raise ConfigError(f"unknown command {args.command!r}")  # pragma: no cover
+
+
+def _validate(config: str) -> int:
+    from pipelines.plan import load_plan
+
+    plan = load_plan(config)
+    c = plan.config
+    print(f"{Path(config).name}: valid: dataset {c.name!r}, {len(plan.input_paths)} input "
+          f"file(s) ({plan.input_format}), {len(c.schema_.quasi_identifiers)} quasi-identifiers, "
+          f"{len(c.hierarchies)} hierarchies, {len(c.releases)} release(s); output "
+          f"{plan.output_dir}")
+    return 0
+
+
+def _run(config: str, output: str | None, runner: str | None, beam_args: list[str],
+         input_override: str | None = None) -> int:
+    from pipelines.plan import load_plan
+    from pipelines.run import run
+
+    plan = load_plan(config, output_dir=output, input_override=input_override)
+    result = run(plan, beam_args=beam_args, runner=runner)
+    m = result.manifest
+    prof = m["profile"]
+    combos = prof["qi_combinations"]
+    print(f"privpipe: {m['rows_accepted']:,} rows accepted, {m['rows_rejected']:,} rejected; "
+          f"{combos['distinct']:,} distinct QI combinations, "
+          f"{combos['unique_share_of_rows']:.1%} of rows unique on their QIs")
+    print(f"privpipe: published to {result.output_dir} (manifest.json) in {m['seconds']:.1f}s")
+    return 0
+
+
+def _demo(output: str, rows: int, seed: int, runner: str | None, beam_args: list[str]) -> int:
+    from pipelines.demo_data import write_csv
+
+    if rows < 1:
+        raise ConfigError(f"--rows must be a positive integer, got {rows}")
+    out = Path(output).resolve()
+    try:
+        data = write_csv(out / "input" / "demo.csv", rows, seed=seed)
+    except OSError as e:
+        raise ConfigError(f"{out}: cannot write the demo input ({e.strerror}); "
+                          "choose another folder with --output") from None
+    print(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
+    return _run(str(DEMO_CONFIG), str(out), runner, beam_args, input_override=str(data))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

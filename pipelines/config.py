@@ -1,0 +1,515 @@
+"""The YAML config as an immutable, validated model, and its JSON Schema.
+
+Every key of DESIGN.md's config contract is a field here. Models are frozen,
+strict (a quoted "5" is not the integer 5) and forbid unknown keys, so a typo
+fails loudly with the nearest valid key instead of being ignored. Semantic
+rules that span sections (a QI needs a hierarchy, names are unique, ...) live
+in `PrivpipeConfig._check_semantics`. `configs/schema.json` is generated from
+these models (`privpipe schema`), and a test keeps the committed copy in sync.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from privpipe.errors import ConfigError
+
+ColumnType = Literal["string", "integer", "float"]
+InputFormat = Literal["csv", "parquet", "jsonl"]
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_KEY_MARK = "\x00"  # brackets an offending key inside a message, so the formatter can move it
+
+
+class _Model(BaseModel):
+    """Base of every config section: frozen, strict, unknown keys rejected with a hint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            allowed = set(cls.model_fields)
+            allowed |= {f.alias for f in cls.model_fields.values() if f.alias}
+            unknown = [k for k in data if k not in allowed]
+            if unknown:
+                key = str(unknown[0])
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ValueError(
+                    f"{_KEY_MARK}{key}{_KEY_MARK}unknown key; {hint}"
+                    f"allowed keys here: {', '.join(sorted(allowed))}"
+                )
+        return data
+
+
+# --------------------------------------------------------------------------- input
+
+
+class InputConfig(_Model):
+    """Where the microdata is and how to parse it."""
+
+    path: str | list[str] = Field(
+        description="File, list of files or glob, relative to the config file's folder."
+    )
+    format: InputFormat | None = Field(
+        default=None, description="csv, parquet or jsonl; default: from the file extension."
+    )
+    delimiter: str = Field(default=",", min_length=1, max_length=1)
+    quotechar: str = Field(default='"', min_length=1, max_length=1)
+    encoding: str = "utf-8"
+    header: bool = True
+    columns: list[str] | None = Field(
+        default=None, description="Column names when the CSV has no header row."
+    )
+    batch_rows: int = Field(default=65_536, ge=1, description="Rows per batch on the hot path.")
+    split_mb: float = Field(
+        default=32,
+        gt=0,
+        allow_inf_nan=False,
+        description="Target size of the byte ranges read in parallel.",
+    )
+    multiline_records: bool = Field(
+        default=False,
+        description="Quoted fields may contain newlines; disables byte-range splitting.",
+    )
+    max_rejected_fraction: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Share of rows that may be rejected before the run fails (exit 3).",
+    )
+
+    @model_validator(mode="after")
+    def _columns_when_headerless(self) -> InputConfig:
+        if not self.header and not self.columns:
+            raise ValueError("header: false needs 'columns' (the column names in file order)")
+        return self
+
+
+# -------------------------------------------------------------------------- schema
+
+
+class SchemaConfig(_Model):
+    """Roles of the columns."""
+
+    quasi_identifiers: list[str] = Field(default_factory=list)
+    sensitive: str | None = None
+    privacy_unit: str | None = Field(
+        default=None, description="Column identifying a person; null = one row per person."
+    )
+    types: dict[str, ColumnType] = Field(
+        default_factory=dict,
+        description="Column types (default string); integer/float columns reject unparsable rows.",
+    )
+
+
+# --------------------------------------------------------------------- hierarchies
+
+
+class MaskSpec(_Model):
+    digits: int | None = Field(default=None, ge=1, description="Length of every code.")
+    char: str = Field(default="*", min_length=1, max_length=1)
+
+
+class IntervalSpec(_Model):
+    widths: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(min_length=1)
+    start: float = Field(default=0.0, allow_inf_nan=False)
+    lower: float | None = Field(default=None, allow_inf_nan=False)
+    upper: float | None = Field(default=None, allow_inf_nan=False)
+
+
+DateLevel = Literal["week", "month", "year", "decade"]
+
+
+class DateSpec(_Model):
+    levels: list[DateLevel] = Field(default_factory=lambda: ["month", "year"], min_length=1)
+    format: str = "%Y-%m-%d"
+
+
+HIERARCHY_KINDS = ("file", "mask", "intervals", "dates", "groups")
+
+
+class HierarchyConfig(_Model):
+    """One generalisation hierarchy: an ARX CSV file or one builder."""
+
+    file: str | None = Field(default=None, description="ARX CSV hierarchy: raw;level1;...;*")
+    delimiter: str = Field(default=";", min_length=1, max_length=1)
+    mask: MaskSpec | None = None
+    intervals: IntervalSpec | None = None
+    dates: DateSpec | None = None
+    groups: list[dict[str, str]] | None = Field(
+        default=None,
+        min_length=1,
+        description="Explicit groupings: level 1 maps raw values to groups, level 2 maps those...",
+    )
+    map: dict[str, str] = Field(
+        default_factory=dict,
+        description="Raw values to treat as another value of the hierarchy (e.g. '?': '*').",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> HierarchyConfig:
+        given = [k for k in HIERARCHY_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            what = "none" if not given else " and ".join(given)
+            raise ValueError(
+                f"give exactly one of {', '.join(HIERARCHY_KINDS)} (got {what}), "
+                "e.g. {file: hierarchies/age.csv} or {mask: {digits: 5}}"
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in HIERARCHY_KINDS if getattr(self, k) is not None)
+
+
+# ------------------------------------------------------------------------ releases
+
+
+class _Release(_Model):
+    name: str = Field(pattern=NAME_PATTERN, description="Folder name under releases/.")
+
+
+Metric = Literal["loss", "discernibility", "precision", "entropy", "aecs", "kl"]
+Algorithm = Literal["optimal", "heuristic", "mondrian"]
+
+
+class _AnonymityRelease(_Release):
+    suppression_limit: float = Field(default=0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
+    algorithm: Algorithm = "optimal"
+    metric: Metric = "loss"
+    min_levels: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    max_levels: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    time_limit_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    suppressed: Literal["star", "drop"] = Field(
+        default="star", description="Suppressed records as '*' rows, or dropped."
+    )
+
+
+class KAnonymityRelease(_AnonymityRelease):
+    kind: Literal["k_anonymity"]
+    k: int = Field(ge=2)
+
+
+class LDiversityRelease(_AnonymityRelease):
+    kind: Literal["l_diversity"]
+    k: int = Field(default=1, ge=1)
+    l: int = Field(ge=2)  # noqa: E741 - the field's own name in the literature
+    variant: Literal["distinct", "entropy", "recursive"] = "distinct"
+    c: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _c_for_recursive(self) -> LDiversityRelease:
+        if self.variant == "recursive" and self.c is None:
+            raise ValueError("variant: recursive needs 'c' (e.g. c: 4)")
+        if self.variant != "recursive" and self.c is not None:
+            raise ValueError(f"'c' applies only to variant: recursive, not {self.variant}")
+        return self
+
+
+class TClosenessRelease(_AnonymityRelease):
+    kind: Literal["t_closeness"]
+    k: int = Field(default=1, ge=1)
+    t: float = Field(gt=0.0, le=1.0, allow_inf_nan=False)
+    distance: Literal["equal", "ordered", "hierarchical"] = "equal"
+
+
+Release = Annotated[
+    KAnonymityRelease | LDiversityRelease | TClosenessRelease,
+    Field(discriminator="kind"),
+]
+ANONYMITY_KINDS = ("k_anonymity", "l_diversity", "t_closeness")
+RELEASE_KINDS = ANONYMITY_KINDS
+
+
+# -------------------------------------------------------------------------- output
+
+
+class OutputConfig(_Model):
+    dir: str = Field(description="Output folder, relative to the config file's folder.")
+    format: Literal["csv", "parquet"] = "csv"
+
+
+# -------------------------------------------------------------------------- config
+
+
+class PrivpipeConfig(_Model):
+    """A whole privpipe config file."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Dataset name (ledger, manifest).")
+    input: InputConfig
+    schema_: SchemaConfig = Field(alias="schema")
+    hierarchies: dict[str, HierarchyConfig] = Field(default_factory=dict)
+    releases: list[Release] = Field(default_factory=list)
+    output: OutputConfig
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=False)
+
+    @field_validator("releases", mode="before")
+    @classmethod
+    def _known_kind(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for i, r in enumerate(value):
+                if isinstance(r, Mapping) and r.get("kind") not in RELEASE_KINDS:
+                    raise ValueError(
+                        f"releases[{i}].kind: unknown release kind {r.get('kind')!r}; "
+                        f"this version supports: {', '.join(RELEASE_KINDS)}"
+                    )
+        return value
+
+    @model_validator(mode="after")
+    def _check_semantics(self) -> PrivpipeConfig:
+        problems = semantic_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def needs_hierarchy(self) -> set[str]:
+        """Columns that a configured release generalises (so they need a hierarchy)."""
+        needed: set[str] = set()
+        for r in self.releases:
+            if r.kind in ANONYMITY_KINDS:
+                needed |= set(self.schema_.quasi_identifiers)
+            if isinstance(r, TClosenessRelease) and r.distance == "hierarchical":
+                if self.schema_.sensitive:
+                    needed.add(self.schema_.sensitive)
+        return needed
+
+
+def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
+    """Cross-section rules, each message starting with the key path it is about."""
+    s = cfg.schema_
+    out: list[str] = []
+    qis = s.quasi_identifiers
+    dupes = sorted({q for q in qis if qis.count(q) > 1})
+    if dupes:
+        out.append(f"schema.quasi_identifiers: {dupes[0]!r} is listed twice")
+    if s.sensitive is not None and s.sensitive in qis:
+        out.append(
+            f"schema.sensitive: {s.sensitive!r} is also a quasi-identifier; a column is "
+            "either a QI or the sensitive attribute — remove it from one of the lists"
+        )
+    if s.privacy_unit is not None and (s.privacy_unit in qis or s.privacy_unit == s.sensitive):
+        out.append(
+            f"schema.privacy_unit: {s.privacy_unit!r} is also a QI or the sensitive attribute; "
+            "the person id is neither"
+        )
+    roles = set(qis) | ({s.sensitive} if s.sensitive else set())
+    for col in cfg.hierarchies:
+        if col not in roles:
+            out.append(
+                f"hierarchies.{col}: {col!r} is neither a quasi-identifier nor the sensitive "
+                "attribute; add it to schema.quasi_identifiers or remove the hierarchy"
+            )
+    for col, h in cfg.hierarchies.items():
+        typ = s.types.get(col, "string")
+        if h.intervals is not None and typ == "string" and col in s.types:
+            out.append(
+                f"hierarchies.{col}.intervals: needs a numeric column but schema.types.{col} "
+                "is string; set it to integer or float"
+            )
+        iv = h.intervals
+        if iv is not None:
+            w = iv.widths
+            if any(b <= a for a, b in zip(w, w[1:], strict=False)):
+                out.append(f"hierarchies.{col}.intervals.widths: must increase, got {w}")
+            elif any(not _is_multiple(b, a) for a, b in zip(w, w[1:], strict=False)):
+                out.append(
+                    f"hierarchies.{col}.intervals.widths: each width must be a multiple of "
+                    f"the previous one (so every level generalises the one below), got {w}"
+                )
+            if iv.lower is not None and iv.upper is not None and iv.lower >= iv.upper:
+                out.append(f"hierarchies.{col}.intervals: lower must be < upper")
+    names = [r.name for r in cfg.releases]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            out.append(f"releases[{i}].name: {n!r} is used by an earlier release; names must be unique")
+    needed = cfg.needs_hierarchy()
+    for i, r in enumerate(cfg.releases):
+        if r.kind in ANONYMITY_KINDS and not qis:
+            out.append(f"releases[{i}]: kind {r.kind} needs schema.quasi_identifiers")
+        if isinstance(r, LDiversityRelease | TClosenessRelease) and not s.sensitive:
+            out.append(f"releases[{i}]: kind {r.kind} needs schema.sensitive")
+        if r.kind in ANONYMITY_KINDS:
+            for key in ("min_levels", "max_levels"):
+                for col in getattr(r, key):
+                    if col not in qis:
+                        out.append(f"releases[{i}].{key}.{col}: {col!r} is not a quasi-identifier")
+            for col, lo in r.min_levels.items():
+                hi = r.max_levels.get(col)
+                if hi is not None and lo > hi:
+                    out.append(f"releases[{i}].min_levels.{col}: {lo} > max_levels.{col} {hi}")
+    for col in sorted(needed):
+        if col not in cfg.hierarchies:
+            which = next(
+                (f"releases[{i}] ({r.kind})" for i, r in enumerate(cfg.releases)), "a release"
+            )
+            out.append(
+                f"hierarchies.{col}: missing; {which} generalises {col!r} and needs its "
+                f"hierarchy, e.g. hierarchies: {{{col}: {{file: hierarchies/{col}.csv}}}}"
+            )
+    return out
+
+
+def _is_multiple(b: float, a: float) -> bool:
+    q = b / a
+    return math.isclose(q, round(q), rel_tol=0, abs_tol=1e-9)
+
+
+# ------------------------------------------------------------------ error messages
+
+
+def _loc_to_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in RELEASE_KINDS:  # discriminated-union tag inserted by pydantic
+            continue
+        else:
+            path += ("." if path else "") + ("schema" if part == "schema_" else str(part))
+    return path
+
+
+_PREFIX = re.compile(r"^(Value error|Assertion failed), ")
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    typ = err["type"]
+    ctx = err.get("ctx") or {}
+    got = err.get("input")
+    shown = _show(got)
+    if typ == "missing":
+        return "required key is missing"
+    if typ in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
+              "less_than": "<"}[typ]
+        bound = next(iter(ctx.values()))
+        kind = "an integer" if isinstance(bound, int) else "a number"
+        return f"must be {kind} {op} {bound}, got {shown}"
+    if typ in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be an integer, got {shown}"
+    if typ in ("float_type", "float_parsing"):
+        return f"must be a number, got {shown}"
+    if typ == "finite_number":
+        return f"must be a finite number, got {shown}"
+    if typ in ("string_type",):
+        return f"must be a string, got {shown}"
+    if typ == "bool_type":
+        return f"must be true or false, got {shown}"
+    if typ in ("list_type",):
+        return f"must be a list, got {shown}"
+    if typ in ("dict_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping of keys to values, got {shown}"
+    if typ == "literal_error":
+        return f"must be one of {ctx.get('expected')}, got {shown}"
+    if typ == "string_pattern_mismatch":
+        return (
+            f"must start with a letter or digit and use only letters, digits, '.', '_', '-', "
+            f"got {shown}"
+        )
+    if typ in ("string_too_short", "string_too_long") and ctx.get("max_length") == 1:
+        return f"must be a single character, got {shown}"
+    if typ == "too_short":
+        return f"must have at least {ctx.get('min_length')} item(s), got {shown}"
+    if typ == "union_tag_invalid":
+        return f"unknown kind {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+    if typ == "union_tag_not_found":
+        return "needs a 'kind' key"
+    msg = _PREFIX.sub("", str(err["msg"]))
+    return msg[0].lower() + msg[1:] if msg else typ
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    """One line per problem: `demo.yaml: releases[2].k: must be an integer >= 2, got 1`."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        path = _loc_to_path(tuple(err["loc"]))
+        for msg in _describe(err).split("\n"):
+            if msg.startswith(_KEY_MARK):
+                key, msg = msg[1:].split(_KEY_MARK, 1)
+                path_here = f"{path}.{key}" if path else key
+                lines.append(f"{source}: {path_here}: {msg}")
+            # messages from our own validators may already start with their key path
+            elif path and not msg.startswith(path.split("[")[0]):
+                lines.append(f"{source}: {path}: {msg}")
+            else:
+                lines.append(f"{source}: {msg}")
+    return "\n".join(dict.fromkeys(lines))
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the config, generated from the models."""
+    schema = PrivpipeConfig.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "privpipe config"
+    return schema
+
+
+# ----------------------------------------------------------------------- loading
+
+
+def read_config(path: str | Path) -> tuple[dict[str, Any], str]:
+    """Parse the YAML file; returns the raw mapping and its sha256."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found; check the path") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the config file: {e.strerror}") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(
+            f"{p.name}: YAML syntax error at {where}{e.problem or e.context}; "
+            "fix the indentation or quoting there"
+        ) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p.name}: YAML error: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{p.name}: the config must be a mapping of keys (name, input, schema, ...), "
+            f"got {type(data).__name__}"
+        )
+    return data, digest
+
+
+def validate_config(data: dict[str, Any], source: str) -> PrivpipeConfig:
+    """The raw mapping as a validated PrivpipeConfig, or a ConfigError listing every problem."""
+    try:
+        return PrivpipeConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(source, e)) from None

@@ -1,0 +1,143 @@
+"""From a YAML file to an immutable Plan: the validated config plus everything resolved.
+
+A Plan is what the pipeline runs: absolute input paths (globs expanded), the
+output folder, the config's sha256 for the manifest, and the hierarchies that
+can be loaded without reading data (ARX files, explicit groupings). Builders
+that derive their domain from the data (intervals, masks, dates) are built
+later from the data's distinct values.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv
+from pipelines.config import HierarchyConfig, PrivpipeConfig, read_config, validate_config
+from privpipe.errors import ConfigError, InputDataError
+from transforms.io import InputSpec
+
+_EXTENSIONS = {".csv": "csv", ".tsv": "csv", ".txt": "csv", ".parquet": "parquet",
+               ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated config with paths resolved; immutable."""
+
+    config: PrivpipeConfig
+    config_path: Path
+    config_sha256: str
+    input_paths: tuple[str, ...]
+    input_format: str
+    output_dir: Path
+    hierarchies: MappingProxyType[str, Hierarchy] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def resolve(self, path: str) -> Path:
+        """A config-relative path made absolute."""
+        p = Path(os.path.expanduser(path))
+        return p if p.is_absolute() else (self.config_path.parent / p)
+
+    def input_spec(self) -> InputSpec:
+        """What the batched reader needs, derived from the config."""
+        c = self.config
+        s = c.schema_
+        required = list(s.quasi_identifiers)
+        for col in (s.sensitive, s.privacy_unit):
+            if col and col not in required:
+                required.append(col)
+        for col in s.types:
+            if col not in required:
+                required.append(col)
+        return InputSpec(
+            paths=self.input_paths,
+            format=self.input_format,  # type: ignore[arg-type]
+            delimiter=c.input.delimiter,
+            quotechar=c.input.quotechar,
+            encoding=c.input.encoding,
+            header=c.input.header,
+            column_names=tuple(c.input.columns) if c.input.columns else None,
+            batch_rows=c.input.batch_rows,
+            split_bytes=max(1, int(c.input.split_mb * 2**20)),
+            required_columns=tuple(required),
+            column_types=dict(self.column_types()),
+            nonempty_columns=tuple(s.quasi_identifiers),
+            multiline_records=c.input.multiline_records,
+        )
+
+    def column_types(self) -> dict[str, str]:
+        """Declared types, plus numeric for columns with an intervals hierarchy."""
+        types = dict(self.config.schema_.types)
+        for col, h in self.config.hierarchies.items():
+            if h.intervals is not None and col not in types:
+                types[col] = "float"
+        return types
+
+
+def load_plan(path: str | Path, output_dir: str | Path | None = None,
+              input_override: str | Path | None = None) -> Plan:
+    """Read, validate and resolve a config file into a Plan (no data is read)."""
+    p = Path(path).resolve()
+    data, digest = read_config(p)
+    cfg = validate_config(data, p.name)
+    base = p.parent
+    raw_paths = [input_override] if input_override else (
+        cfg.input.path if isinstance(cfg.input.path, list) else [cfg.input.path]
+    )
+    paths: list[str] = []
+    for rp in raw_paths:
+        ap = Path(os.path.expanduser(str(rp)))
+        ap = ap if ap.is_absolute() else base / ap
+        if glob.has_magic(str(ap)):
+            matches = sorted(glob.glob(str(ap)))
+            if not matches:
+                raise InputDataError(
+                    f"{p.name}: input.path: no file matches {str(ap)!r}; check the pattern"
+                )
+            paths.extend(matches)
+        else:
+            paths.append(str(ap))
+    fmt = cfg.input.format
+    if fmt is None:
+        exts = {_EXTENSIONS.get(Path(q).suffix.lower()) for q in paths}
+        if len(exts) != 1 or None in exts:
+            raise ConfigError(
+                f"{p.name}: input.format: cannot tell the format from the file extension(s) "
+                f"of {', '.join(Path(q).name for q in paths[:3])}; set format: csv|parquet|jsonl"
+            )
+        fmt = exts.pop()
+    out = Path(output_dir) if output_dir else Path(os.path.expanduser(cfg.output.dir))
+    out = out if out.is_absolute() else (Path.cwd() / out if output_dir else base / out)
+    plan = Plan(config=cfg, config_path=p, config_sha256=digest, input_paths=tuple(paths),
+                input_format=str(fmt), output_dir=out)
+    return _with_static_hierarchies(plan)
+
+
+def _with_static_hierarchies(plan: Plan) -> Plan:
+    """Load the hierarchies that need no data: ARX files and explicit groupings."""
+    loaded: dict[str, Hierarchy] = {}
+    for col, h in plan.config.hierarchies.items():
+        loaded_h = load_static_hierarchy(plan, col, h)
+        if loaded_h is not None:
+            loaded[col] = loaded_h
+    return Plan(**{**plan.__dict__, "hierarchies": MappingProxyType(loaded)})
+
+
+def load_static_hierarchy(plan: Plan, col: str, h: HierarchyConfig) -> Hierarchy | None:
+    if h.file is not None:
+        path = plan.resolve(h.file)
+        return load_arx_csv(path, col, delimiter=h.delimiter, aliases=dict(h.map))
+    if h.groups is not None:
+        g = build_grouping(col, h.groups)
+        return Hierarchy(attribute=g.attribute, table=g.table, source=g.source,
+                         aliases=dict(h.map)) if h.map else g
+    return None

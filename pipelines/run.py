@@ -1,0 +1,193 @@
+"""One privpipe run: plan → Beam pipeline → checks → manifest → atomic publish.
+
+The driver only orchestrates: it inspects the input's header, builds the graph,
+runs it, and reads back the small files the pipeline wrote into the staging
+folder (profile, rejected rows) to decide whether the run may be published.
+All row-level work happens in the pipeline, so the same graph runs on any runner.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import pandas as pd
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+import privpipe
+from anonymity.hierarchy import Hierarchy, build_dates, build_intervals, build_mask
+from pipelines.output import RunOutput, new_run_id
+from pipelines.plan import Plan
+from privpipe import errors
+from privpipe.errors import InputDataError, PrivpipeError
+from transforms.io import InputSpec, ReadMicrodata, inspect_input
+from transforms.profile import ProfileMicrodata, load_json, split_internal
+from transforms.sink import WriteTable, write_json
+
+REJECTED_COLUMNS = ("file", "line", "reason")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    output_dir: Path
+    manifest: dict[str, Any]
+
+
+def pipeline_options(beam_args: Sequence[str], runner: str | None) -> PipelineOptions:
+    """Beam options from pass-through flags; DirectRunner unless told otherwise."""
+    options = PipelineOptions(list(beam_args))
+    std = options.view_as(StandardOptions)
+    if runner:
+        std.runner = runner
+    if not std.runner:
+        std.runner = "DirectRunner"
+    return options
+
+
+def build_graph(p: beam.Pipeline, spec: InputSpec, columns: Sequence[str], plan: Plan,
+                out: RunOutput) -> None:
+    """The profile graph: read batches, profile them, write rejected rows."""
+    s = plan.config.schema_
+    counted = list(s.quasi_identifiers) + ([s.sensitive] if s.sensitive else [])
+    read = p | "Read" >> ReadMicrodata(spec)
+    _ = read["batches"] | "Profile" >> ProfileMicrodata(
+        str(out.work / "profile.json"), columns, s.quasi_identifiers, counted
+    )
+    _ = (
+        read["rejected"]
+        | "RejectedColumns" >> beam.Map(lambda df: df[list(REJECTED_COLUMNS)])
+        | "WriteRejected" >> WriteTable(str(out.staging), "rejected", REJECTED_COLUMNS)
+    )
+
+
+def run(plan: Plan, beam_args: Sequence[str] = (), runner: str | None = None,
+        log: Callable[[str], None] = print) -> RunResult:
+    """Run a plan end to end; on any failure nothing is published (DESIGN.md, fail closed)."""
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    spec = plan.input_spec()
+    columns = inspect_input(spec)
+    options = pipeline_options(beam_args, runner)
+    runner_name = str(options.view_as(StandardOptions).runner)
+    run_id = new_run_id()
+    out = RunOutput(plan.output_dir, run_id)
+    try:
+        log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
+        try:
+            with beam.Pipeline(options=options) as p:
+                build_graph(p, spec, columns, plan, out)
+        except PrivpipeError:
+            raise
+        except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
+            raise unwrap_pipeline_error(e) from e
+        profile, value_counts = split_internal(load_json(str(out.work / "profile.json")))
+        rejected = pd.read_csv(out.staging / "rejected.csv", dtype={"file": str, "reason": str})
+        check_rejected(plan, profile["rows"], rejected)
+        hierarchies = resolve_hierarchies(plan, value_counts)
+        finished = datetime.now(UTC)
+        manifest = {
+            "run_id": run_id,
+            "privpipe_version": privpipe.__version__,
+            "name": plan.name,
+            "config": str(plan.config_path),
+            "config_sha256": plan.config_sha256,
+            "input": list(plan.input_paths),
+            "input_format": plan.input_format,
+            "rows_read": int(profile["rows"]) + len(rejected),
+            "rows_accepted": int(profile["rows"]),
+            "rows_rejected": len(rejected),
+            "started": started.isoformat(timespec="seconds"),
+            "finished": finished.isoformat(timespec="seconds"),
+            "seconds": round(time.perf_counter() - t0, 3),
+            "runner": runner_name,
+            "releases": [r.name for r in plan.config.releases],
+            "hierarchies": {c: {"levels": h.levels, "domain_size": h.domain_size,
+                                "source": h.source} for c, h in hierarchies.items()},
+            "profile": profile,
+            "status": "succeeded",
+        }
+        write_json(str(out.staging / "manifest.json"), manifest)
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+    return RunResult(run_id=run_id, output_dir=plan.output_dir, manifest=manifest)
+
+
+def check_rejected(plan: Plan, accepted: int, rejected: pd.DataFrame) -> None:
+    """Fail the run (exit 3) when more rows were rejected than input.max_rejected_fraction."""
+    total = accepted + len(rejected)
+    if total == 0:
+        raise InputDataError(
+            f"{', '.join(Path(q).name for q in plan.input_paths)}: no data rows; "
+            "the input has a header but nothing below it"
+        )
+    limit = plan.config.input.max_rejected_fraction
+    share = len(rejected) / total
+    if len(rejected) and share > limit:
+        first = rejected.sort_values(["file", "line"]).head(5)
+        examples = "; ".join(
+            f"{Path(f).name} line {ln}: {r}"
+            for f, ln, r in zip(first["file"], first["line"], first["reason"], strict=True)
+        )
+        raise InputDataError(
+            f"{len(rejected):,} of {total:,} rows rejected ({share:.2%}) but "
+            f"input.max_rejected_fraction is {limit:g}. First problems: {examples}. "
+            "Fix those rows, or raise input.max_rejected_fraction to accept dropping them"
+        )
+
+
+def resolve_hierarchies(plan: Plan, value_counts: dict[str, pd.Series]) -> dict[str, Hierarchy]:
+    """All hierarchies of the config, builders made from the data's distinct values,
+    each checked to cover every value in the data (exit 3 otherwise)."""
+    out: dict[str, Hierarchy] = {}
+    for col, hc in plan.config.hierarchies.items():
+        counts = value_counts.get(col, pd.Series(dtype="int64"))
+        values = list(counts.index)
+        h = plan.hierarchies.get(col)
+        if h is None:
+            if hc.mask is not None:
+                h = build_mask(col, values, digits=hc.mask.digits, char=hc.mask.char)
+            elif hc.intervals is not None:
+                iv = hc.intervals
+                h = build_intervals(col, values, widths=iv.widths, start=iv.start,
+                                    lower=iv.lower, upper=iv.upper)
+            elif hc.dates is not None:
+                h = build_dates(col, values, levels=tuple(hc.dates.levels),
+                                format=hc.dates.format)
+            else:  # pragma: no cover - config validation guarantees one kind
+                raise AssertionError(hc)
+            if hc.map:
+                h = Hierarchy(attribute=h.attribute, table=h.table, source=h.source,
+                              aliases=dict(hc.map))
+        h.check_covers(counts)
+        out[col] = h
+    return out
+
+
+_WRAPPED = re.compile(
+    r"(ConfigError|InputDataError|PrivacyRefusal|OutputError|PrivpipeError): (.+?)(?:\n|$)"
+)
+
+
+def unwrap_pipeline_error(exc: BaseException) -> BaseException:
+    """Recover a privpipe error (and so its exit code) from a runner's wrapped exception."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, PrivpipeError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    match = _WRAPPED.search(str(exc))
+    if match:
+        cls = getattr(errors, match.group(1))
+        return cls(match.group(2).strip())  # type: ignore[no-any-return]
+    return exc

@@ -1,0 +1,37 @@
+"""The error taxonomy: each kind of failure maps to one process exit code.
+
+Exit codes (DESIGN.md): 0 ok; 2 invalid config or arguments; 3 invalid input
+data; 4 privacy refusal (guarantee not reachable, verification failed, budget
+exhausted); 1 anything else. Messages name the file, the key path or the
+row/column, and the fix.
+"""
+
+
+class PrivpipeError(Exception):
+    """Base class of every error privpipe raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(PrivpipeError):
+    """The config file or the command-line arguments are invalid (exit 2)."""
+
+    exit_code = 2
+
+
+class InputDataError(PrivpipeError):
+    """The input data (or a hierarchy file) is invalid (exit 3)."""
+
+    exit_code = 3
+
+
+class PrivacyRefusal(PrivpipeError):
+    """A guarantee cannot be reached or verified, or the budget is exhausted (exit 4)."""
+
+    exit_code = 4
+
+
+class OutputError(PrivpipeError):
+    """The output location cannot be written (exit 1)."""
+
+    exit_code = 1

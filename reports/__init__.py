@@ -1,0 +1,1 @@
+"""The comparative audit: workload utility, JSON/Markdown/HTML reports and plots."""

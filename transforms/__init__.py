@@ -1,0 +1,1 @@
+"""Beam PTransforms and DoFns: batched IO, summaries, recoding, DP aggregation."""

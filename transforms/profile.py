@@ -1,0 +1,189 @@
+"""Profile of the microdata, computed batch-wise: rows, distinct values, QI combinations.
+
+Distinct counts use 64-bit hashes of the values (pandas' hash_pandas_object), so
+memory grows with the number of distinct values at 8 bytes each, never with rows
+or with the length of the values; with 10^7 distinct values the chance that two
+collide is below 3·10^-6. The frequency table of the QI combinations is kept the
+same way (hash → count), so the share of unique combinations is exact up to that
+collision bound. Value counts of the QIs and the sensitive attribute are kept
+exactly: they are bounded by the attributes' domains and are needed to check the
+hierarchies. They are internal (never published): they can hold small counts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pandas as pd
+
+
+def _hash(values: pd.Series | pd.DataFrame) -> np.ndarray:
+    return pd.util.hash_pandas_object(values, index=False).to_numpy(dtype=np.uint64)
+
+
+def _compact_unique(parts: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.unique(np.concatenate(parts))] if len(parts) > 1 else parts
+
+
+def _compact_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    if len(parts) <= 1:
+        return parts
+    keys = np.concatenate([k for k, _ in parts])
+    counts = np.concatenate([c for _, c in parts])
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return [(uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64))]
+
+
+def _size(parts: Sequence[Any]) -> int:
+    return sum(len(p[0]) if isinstance(p, tuple) else len(p) for p in parts)
+
+
+@dataclass
+class ProfileAccumulator:
+    """Partial profile of some batches; merged across batches and workers."""
+
+    rows: int = 0
+    missing: dict[str, int] = field(default_factory=dict)
+    hashes: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    compacted: dict[str, int] = field(default_factory=dict)
+    combos: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    combos_compacted: int = 0
+    value_counts: dict[str, dict[Any, int]] = field(default_factory=dict)
+
+    def maybe_compact(self) -> None:
+        """Deduplicate once the pending parts double the last compacted size (amortised)."""
+        for col, parts in self.hashes.items():
+            if _size(parts) > 2 * max(self.compacted.get(col, 0), 65_536):
+                self.hashes[col] = _compact_unique(parts)
+                self.compacted[col] = _size(self.hashes[col])
+        if _size(self.combos) > 2 * max(self.combos_compacted, 65_536):
+            self.combos = _compact_counts(self.combos)
+            self.combos_compacted = _size(self.combos)
+
+
+class ProfileFn(beam.CombineFn):  # type: ignore[misc]
+    """CombineFn over DataFrame batches producing the profile dict."""
+
+    def __init__(self, columns: Sequence[str], quasi_identifiers: Sequence[str],
+                 counted: Sequence[str]) -> None:
+        self.columns = list(columns)
+        self.qis = list(quasi_identifiers)
+        self.counted = list(counted)  # columns whose exact value counts are kept
+
+    def create_accumulator(self) -> ProfileAccumulator:
+        return ProfileAccumulator()
+
+    def add_input(self, acc: ProfileAccumulator, batch: pd.DataFrame) -> ProfileAccumulator:
+        acc.rows += len(batch)
+        for col in self.columns:
+            series = batch[col]
+            acc.missing[col] = acc.missing.get(col, 0) + int(series.isna().sum())
+            acc.hashes.setdefault(col, []).append(np.unique(_hash(series)))
+        if self.qis:
+            keys, counts = np.unique(_hash(batch[self.qis]), return_counts=True)
+            acc.combos.append((keys, counts.astype(np.int64)))
+        for col in self.counted:
+            vc = batch[col].value_counts(dropna=True)
+            target = acc.value_counts.setdefault(col, {})
+            for value, n in zip(vc.index, vc.to_numpy(), strict=True):
+                target[value] = target.get(value, 0) + int(n)
+        acc.maybe_compact()
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[ProfileAccumulator]) -> ProfileAccumulator:
+        out = ProfileAccumulator()
+        for a in accs:
+            out.rows += a.rows
+            for col, n in a.missing.items():
+                out.missing[col] = out.missing.get(col, 0) + n
+            for col, parts in a.hashes.items():
+                out.hashes.setdefault(col, []).extend(parts)
+            out.combos.extend(a.combos)
+            for col, vc in a.value_counts.items():
+                target = out.value_counts.setdefault(col, {})
+                for value, n in vc.items():
+                    target[value] = target.get(value, 0) + n
+        out.maybe_compact()
+        return out
+
+    def extract_output(self, acc: ProfileAccumulator) -> dict[str, Any]:
+        return profile_from(acc, self.columns, self.qis)
+
+
+def profile_from(acc: ProfileAccumulator, columns: Sequence[str],
+                 qis: Sequence[str]) -> dict[str, Any]:
+    """The published profile (counts only, no values) plus internal value counts."""
+    cols = {}
+    for col in columns:
+        parts = _compact_unique(acc.hashes.get(col, []))
+        distinct = len(parts[0]) if parts else 0
+        if acc.missing.get(col, 0):
+            distinct -= 1  # missing is not a value
+        cols[col] = {"distinct": int(max(distinct, 0)), "missing": int(acc.missing.get(col, 0))}
+    combos = _compact_counts(acc.combos)
+    n_combos = len(combos[0][0]) if combos else 0
+    uniques = int((combos[0][1] == 1).sum()) if combos else 0
+    rows = acc.rows
+    return {
+        "rows": rows,
+        "columns": cols,
+        "quasi_identifiers": list(qis),
+        "qi_combinations": {
+            "distinct": n_combos,
+            "unique": uniques,
+            "unique_share_of_rows": (uniques / rows) if rows else 0.0,
+            "unique_share_of_combinations": (uniques / n_combos) if n_combos else 0.0,
+        },
+        "_value_counts": {col: [[_plain(v), n] for v, n in vc.items()]
+                          for col, vc in acc.value_counts.items()},
+    }
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-able scalar (numpy/pandas scalars to Python)."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def split_internal(profile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, pd.Series]]:
+    """Separate the publishable profile from the internal value counts (value -> rows)."""
+    public = {k: v for k, v in profile.items() if not k.startswith("_")}
+    counts = {
+        col: pd.Series([n for _, n in pairs], index=[v for v, _ in pairs], dtype="int64")
+        for col, pairs in profile.get("_value_counts", {}).items()
+    }
+    return public, counts
+
+
+class ProfileMicrodata(beam.PTransform):  # type: ignore[misc]
+    """PCollection[pd.DataFrame] -> writes the profile as JSON to `path` (one element: path)."""
+
+    def __init__(self, path: str, columns: Sequence[str], quasi_identifiers: Sequence[str],
+                 counted: Sequence[str]) -> None:
+        super().__init__()
+        self.path = path
+        self.fn = ProfileFn(columns, quasi_identifiers, counted)
+
+    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        path = self.path
+        return (
+            batches
+            | "Profile" >> beam.CombineGlobally(self.fn)
+            | "WriteProfile" >> beam.Map(_write_json, path)
+        )
+
+
+def _write_json(obj: dict[str, Any], path: str) -> str:
+    from transforms.sink import write_json
+
+    write_json(path, obj)
+    return path
+
+
+def load_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
