@@ -17,8 +17,13 @@ from types import MappingProxyType
 
 from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv
 from pipelines.config import HierarchyConfig, PrivpipeConfig, read_config, validate_config
+import privpipe
 from privpipe.errors import ConfigError, InputDataError
 from transforms.io import InputSpec
+
+# Release kinds this version runs; the config model validates every kind of DESIGN.md's
+# contract, and a kind that is validated but not run here is refused before any data is read.
+IMPLEMENTED_KINDS: frozenset[str] = frozenset()
 
 _EXTENSIONS = {".csv": "csv", ".tsv": "csv", ".txt": "csv", ".parquet": "parquet",
                ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -89,6 +94,12 @@ def load_plan(path: str | Path, output_dir: str | Path | None = None,
     p = Path(path).resolve()
     data, digest = read_config(p)
     cfg = validate_config(data, p.name)
+    for i, r in enumerate(cfg.releases):
+        if r.kind not in IMPLEMENTED_KINDS:
+            raise ConfigError(
+                f"{p.name}: releases[{i}] ({r.name}): kind {r.kind} is not run by privpipe "
+                f"{privpipe.__version__}; remove the release or upgrade privpipe"
+            )
     base = p.parent
     raw_paths = [input_override] if input_override else (
         cfg.input.path if isinstance(cfg.input.path, list) else [cfg.input.path]
@@ -137,7 +148,6 @@ def load_static_hierarchy(plan: Plan, col: str, h: HierarchyConfig) -> Hierarchy
         path = plan.resolve(h.file)
         return load_arx_csv(path, col, delimiter=h.delimiter, aliases=dict(h.map))
     if h.groups is not None:
-        g = build_grouping(col, h.groups)
-        return Hierarchy(attribute=g.attribute, table=g.table, source=g.source,
-                         aliases=dict(h.map)) if h.map else g
+        return build_grouping(col, h.groups, key=f"hierarchies.{col}.groups",
+                              aliases=dict(h.map))
     return None

@@ -153,20 +153,20 @@ def resolve_hierarchies(plan: Plan, value_counts: dict[str, pd.Series]) -> dict[
         values = list(counts.index)
         h = plan.hierarchies.get(col)
         if h is None:
+            key = f"hierarchies.{col}.{hc.kind}"
+            aliases = dict(hc.map)
             if hc.mask is not None:
-                h = build_mask(col, values, digits=hc.mask.digits, char=hc.mask.char)
+                h = build_mask(col, values, digits=hc.mask.digits, char=hc.mask.char, key=key,
+                               aliases=aliases)
             elif hc.intervals is not None:
                 iv = hc.intervals
                 h = build_intervals(col, values, widths=iv.widths, start=iv.start,
-                                    lower=iv.lower, upper=iv.upper)
+                                    lower=iv.lower, upper=iv.upper, key=key, aliases=aliases)
             elif hc.dates is not None:
                 h = build_dates(col, values, levels=tuple(hc.dates.levels),
-                                format=hc.dates.format)
+                                format=hc.dates.format, key=key, aliases=aliases)
             else:  # pragma: no cover - config validation guarantees one kind
                 raise AssertionError(hc)
-            if hc.map:
-                h = Hierarchy(attribute=h.attribute, table=h.table, source=h.source,
-                              aliases=dict(hc.map))
         h.check_covers(counts)
         out[col] = h
     return out
