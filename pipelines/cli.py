@@ -126,7 +126,9 @@ def _run(config: str, output: str | None, runner: str | None, beam_args: list[st
     combos = prof["qi_combinations"]
     print(f"privpipe: {m['rows_accepted']:,} rows accepted, {m['rows_rejected']:,} rejected; "
           f"{combos['distinct']:,} distinct QI combinations, "
-          f"{combos['unique_share_of_rows']:.1%} of rows unique on their QIs")
+          f"{combos['unique_share_of_rows']:.1%} of rows unique on their QIs"
+          + (f", {combos['unique_share_of_persons']:.1%} of persons"
+             if "unique_share_of_persons" in combos else ""))
     print(f"privpipe: published to {result.output_dir} (manifest.json) in {m['seconds']:.1f}s")
     return 0
 

@@ -58,7 +58,7 @@ def build_graph(p: beam.Pipeline, spec: InputSpec, columns: Sequence[str], plan:
     counted = list(s.quasi_identifiers) + ([s.sensitive] if s.sensitive else [])
     read = p | "Read" >> ReadMicrodata(spec)
     _ = read["batches"] | "Profile" >> ProfileMicrodata(
-        str(out.work / "profile.json"), columns, s.quasi_identifiers, counted
+        str(out.work / "profile.json"), columns, s.quasi_identifiers, counted, s.privacy_unit
     )
     _ = (
         read["rejected"]

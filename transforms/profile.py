@@ -5,7 +5,8 @@ memory grows with the number of distinct values at 8 bytes each, never with rows
 or with the length of the values; with 10^7 distinct values the chance that two
 collide is below 3·10^-6. The frequency table of the QI combinations is kept the
 same way (hash → count), so the share of unique combinations is exact up to that
-collision bound. Value counts of the QIs and the sensitive attribute are kept
+collision bound. With a privacy unit, a person with several rows is one person:
+the profile also counts persons whose QI combination no other person shares. Value counts of the QIs and the sensitive attribute are kept
 exactly: they are bounded by the attributes' domains and are needed to check the
 hierarchies. They are internal (never published): they can hold small counts.
 """
@@ -39,6 +40,15 @@ def _compact_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np
     return [(uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64))]
 
 
+def _compact_pairs(parts: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    if len(parts) <= 1:
+        return parts
+    keys = np.concatenate([k for k, _ in parts])
+    values = np.concatenate([v for _, v in parts])
+    uniq, first = np.unique(keys, return_index=True)
+    return [(uniq, values[first])]
+
+
 def _size(parts: Sequence[Any]) -> int:
     return sum(len(p[0]) if isinstance(p, tuple) else len(p) for p in parts)
 
@@ -53,6 +63,9 @@ class ProfileAccumulator:
     compacted: dict[str, int] = field(default_factory=dict)
     combos: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     combos_compacted: int = 0
+    # distinct (QI combination, person) pairs as (pair hash -> QI hash), when a unit is given
+    pairs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    pairs_compacted: int = 0
     value_counts: dict[str, dict[Any, int]] = field(default_factory=dict)
 
     def maybe_compact(self) -> None:
@@ -64,16 +77,20 @@ class ProfileAccumulator:
         if _size(self.combos) > 2 * max(self.combos_compacted, 65_536):
             self.combos = _compact_counts(self.combos)
             self.combos_compacted = _size(self.combos)
+        if _size(self.pairs) > 2 * max(self.pairs_compacted, 65_536):
+            self.pairs = _compact_pairs(self.pairs)
+            self.pairs_compacted = _size(self.pairs)
 
 
 class ProfileFn(beam.CombineFn):  # type: ignore[misc]
     """CombineFn over DataFrame batches producing the profile dict."""
 
     def __init__(self, columns: Sequence[str], quasi_identifiers: Sequence[str],
-                 counted: Sequence[str]) -> None:
+                 counted: Sequence[str], privacy_unit: str | None = None) -> None:
         self.columns = list(columns)
         self.qis = list(quasi_identifiers)
         self.counted = list(counted)  # columns whose exact value counts are kept
+        self.unit = privacy_unit
 
     def create_accumulator(self) -> ProfileAccumulator:
         return ProfileAccumulator()
@@ -85,8 +102,13 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
             acc.missing[col] = acc.missing.get(col, 0) + int(series.isna().sum())
             acc.hashes.setdefault(col, []).append(np.unique(_hash(series)))
         if self.qis:
-            keys, counts = np.unique(_hash(batch[self.qis]), return_counts=True)
+            qi_hash = _hash(batch[self.qis])
+            keys, counts = np.unique(qi_hash, return_counts=True)
             acc.combos.append((keys, counts.astype(np.int64)))
+            if self.unit is not None:
+                pair = _hash(batch[[*self.qis, self.unit]])
+                uniq, first = np.unique(pair, return_index=True)
+                acc.pairs.append((uniq, qi_hash[first]))
         for col in self.counted:
             vc = batch[col].value_counts(dropna=True)
             target = acc.value_counts.setdefault(col, {})
@@ -104,6 +126,7 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
             for col, parts in a.hashes.items():
                 out.hashes.setdefault(col, []).extend(parts)
             out.combos.extend(a.combos)
+            out.pairs.extend(a.pairs)
             for col, vc in a.value_counts.items():
                 target = out.value_counts.setdefault(col, {})
                 for value, n in vc.items():
@@ -112,11 +135,11 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         return out
 
     def extract_output(self, acc: ProfileAccumulator) -> dict[str, Any]:
-        return profile_from(acc, self.columns, self.qis)
+        return profile_from(acc, self.columns, self.qis, self.unit)
 
 
 def profile_from(acc: ProfileAccumulator, columns: Sequence[str],
-                 qis: Sequence[str]) -> dict[str, Any]:
+                 qis: Sequence[str], unit: str | None = None) -> dict[str, Any]:
     """The published profile (counts only, no values) plus internal value counts."""
     cols = {}
     for col in columns:
@@ -129,16 +152,27 @@ def profile_from(acc: ProfileAccumulator, columns: Sequence[str],
     n_combos = len(combos[0][0]) if combos else 0
     uniques = int((combos[0][1] == 1).sum()) if combos else 0
     rows = acc.rows
+    combos_out: dict[str, Any] = {
+        "distinct": n_combos,
+        "unique": uniques,
+        "unique_share_of_rows": (uniques / rows) if rows else 0.0,
+        "unique_share_of_combinations": (uniques / n_combos) if n_combos else 0.0,
+    }
+    if unit is not None:
+        pairs = _compact_pairs(acc.pairs)
+        persons = cols[unit]["distinct"] if unit in cols else 0
+        if pairs and persons:
+            # persons per QI combination; a person alone in their combination is unique
+            _, per_combo = np.unique(pairs[0][1], return_counts=True)
+            unique_persons = int((per_combo == 1).sum())
+            combos_out["persons"] = persons
+            combos_out["unique_persons"] = unique_persons
+            combos_out["unique_share_of_persons"] = unique_persons / persons
     return {
         "rows": rows,
         "columns": cols,
         "quasi_identifiers": list(qis),
-        "qi_combinations": {
-            "distinct": n_combos,
-            "unique": uniques,
-            "unique_share_of_rows": (uniques / rows) if rows else 0.0,
-            "unique_share_of_combinations": (uniques / n_combos) if n_combos else 0.0,
-        },
+        "qi_combinations": combos_out,
         "_value_counts": {col: [[_plain(v), n] for v, n in vc.items()]
                           for col, vc in acc.value_counts.items()},
     }
@@ -163,10 +197,10 @@ class ProfileMicrodata(beam.PTransform):  # type: ignore[misc]
     """PCollection[pd.DataFrame] -> writes the profile as JSON to `path` (one element: path)."""
 
     def __init__(self, path: str, columns: Sequence[str], quasi_identifiers: Sequence[str],
-                 counted: Sequence[str]) -> None:
+                 counted: Sequence[str], privacy_unit: str | None = None) -> None:
         super().__init__()
         self.path = path
-        self.fn = ProfileFn(columns, quasi_identifiers, counted)
+        self.fn = ProfileFn(columns, quasi_identifiers, counted, privacy_unit)
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         path = self.path

@@ -1,0 +1,64 @@
+"""Shared fixtures: a small valid project (CSV, hierarchies, config) in a temp folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+ARX = ROOT.parent / "shared" / "data" / "arx"
+
+HEADER = "id;zip;age;sex;disease"
+ROWS = [
+    "1;47677;29;Female;Heart Disease",
+    "2;47602;22;Female;Heart Disease",
+    "3;47678;27;Male;Heart Disease",
+    "4;47905;43;Male;Flu",
+    "5;47909;52;Female;Heart Disease",
+    "6;47906;47;Male;Cancer",
+    "7;47605;30;Male;Heart Disease",
+    "8;47673;36;Male;Cancer",
+    "9;47607;32;Male;Cancer",
+]
+
+
+class Project:
+    """A config folder the tests can break in one place at a time."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data = root / "data.csv"
+        self.config = root / "config.yaml"
+        self.out = root / "out"
+        (root / "h").mkdir()
+        (root / "h" / "sex.csv").write_text("Male;*\nFemale;*\n")
+        self.write_rows(ROWS)
+        self.cfg: dict[str, Any] = {
+            "name": "tiny",
+            "input": {"path": "data.csv", "delimiter": ";"},
+            "schema": {"quasi_identifiers": ["zip", "age", "sex"], "sensitive": "disease",
+                       "privacy_unit": "id", "types": {"age": "integer"}},
+            "hierarchies": {
+                "zip": {"mask": {"digits": 5}},
+                "age": {"intervals": {"widths": [10, 20], "lower": 0, "upper": 120}},
+                "sex": {"file": "h/sex.csv"},
+            },
+            "releases": [],
+            "output": {"dir": "out"},
+        }
+        self.save()
+
+    def write_rows(self, rows: list[str], header: str = HEADER, newline: str = "\n") -> None:
+        self.data.write_text(newline.join([header, *rows]) + newline)
+
+    def save(self) -> Path:
+        self.config.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
+        return self.config
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    return Project(tmp_path)

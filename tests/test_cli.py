@@ -1,0 +1,231 @@
+"""End-to-end: the privpipe command on small projects, good and bad (exit codes, messages,
+nothing half-written, earlier output kept)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from tests.conftest import ROWS, Project
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def assert_nothing_published(out: Path, before: dict[str, bytes] | None = None) -> None:
+    if not out.exists():
+        return
+    leftovers = [n for n in os.listdir(out) if n.startswith(".privpipe")]
+    assert not leftovers, leftovers
+    if before is not None:
+        assert snapshot(out) == before
+    else:
+        assert not (out / "manifest.json").exists()
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_run_writes_manifest(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["run", str(project.config)], capsys)
+    assert code == 0, err
+    m = json.loads((project.out / "manifest.json").read_text())
+    assert m["status"] == "succeeded" and m["name"] == "tiny"
+    assert m["rows_read"] == 9 and m["rows_rejected"] == 0 and m["rows_accepted"] == 9
+    assert m["runner"] == "DirectRunner" and m["releases"] == []
+    assert len(m["config_sha256"]) == 64
+    prof = m["profile"]
+    assert prof["columns"]["zip"]["distinct"] == 9
+    assert prof["columns"]["sex"]["distinct"] == 2
+    assert prof["qi_combinations"] == {"distinct": 9, "unique": 9, "unique_share_of_rows": 1.0,
+                                       "unique_share_of_combinations": 1.0}
+    assert m["hierarchies"]["zip"]["levels"] == 6
+    assert (project.out / "rejected.csv").read_text().strip() == "file,line,reason"
+    assert "9 rows accepted" in out
+
+
+def test_second_run_replaces_first(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["run", str(project.config)], capsys)[0] == 0
+    first = json.loads((project.out / "manifest.json").read_text())["run_id"]
+    assert run_cli(["run", str(project.config)], capsys)[0] == 0
+    second = json.loads((project.out / "manifest.json").read_text())["run_id"]
+    assert first != second
+    assert sorted(os.listdir(project.out)) == ["manifest.json", "rejected.csv"]
+
+
+def test_validate_reads_no_data(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.data.unlink()
+    project.cfg["input"]["path"] = "data.csv"
+    project.save()
+    code, out, _ = run_cli(["validate", str(project.config)], capsys)
+    assert code == 0 and "valid" in out
+
+
+def bad(project: Project, capsys: pytest.CaptureFixture[str], expected_code: int,
+        *fragments: str) -> str:
+    """Run after a good run; the bad run must fail and leave the good output as it was."""
+    code, _, err = run_cli(["run", str(project.config)], capsys)
+    assert code == expected_code, err
+    for f in fragments:
+        assert f in err, err
+    assert_nothing_published(project.out, getattr(project, "before", None))
+    return err
+
+
+@pytest.fixture
+def published(project: Project, capsys: pytest.CaptureFixture[str]) -> Project:
+    """A project with a successful earlier run, so failures must keep its output."""
+    assert run_cli(["run", str(project.config)], capsys)[0] == 0
+    project.before = snapshot(project.out)  # type: ignore[attr-defined]
+    return project
+
+
+def test_missing_input_file(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.data.unlink()
+    bad(published, capsys, 3, "data.csv", "not found")
+
+
+def test_empty_file(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.data.write_text("")
+    bad(published, capsys, 3, "data.csv", "empty")
+
+
+def test_header_only(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.write_rows([])
+    bad(published, capsys, 3, "data.csv")
+
+
+def test_wrong_delimiter(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.cfg["input"]["delimiter"] = ","
+    published.save()
+    bad(published, capsys, 3, "'zip'", "not found", "looks ';'-delimited")
+
+
+def test_ragged_rows(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.write_rows([*ROWS[:3], "10;47677;29;Female;Flu;extra", *ROWS[3:]])
+    err = bad(published, capsys, 3, "1 of 10 rows rejected", "line 5",
+              "max_rejected_fraction")
+    assert "expected 5 fields" in err
+
+
+def test_ragged_rows_within_limit_publish(project: Project,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_rows([*ROWS[:3], "10;47677;29", "11;47677;abc;Male;Flu", *ROWS[3:]])
+    project.cfg["input"]["max_rejected_fraction"] = 0.25
+    project.save()
+    code, _, err = run_cli(["run", str(project.config)], capsys)
+    assert code == 0, err
+    m = json.loads((project.out / "manifest.json").read_text())
+    assert (m["rows_read"], m["rows_rejected"], m["rows_accepted"]) == (11, 2, 9)
+    rejected = (project.out / "rejected.csv").read_text().splitlines()
+    assert rejected[0] == "file,line,reason" and len(rejected) == 3
+    assert any(",5," in r for r in rejected) and any(",6," in r for r in rejected)
+    assert "abc" in "".join(rejected)  # the reason names the bad value of the typed column
+
+
+def test_non_utf8(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = published.data.read_bytes().replace(b"Flu", b"Fl\xfc")
+    published.data.write_bytes(raw)
+    bad(published, capsys, 3, "data.csv", "UTF-8")
+
+
+def test_declared_column_absent(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.cfg["schema"]["quasi_identifiers"].append("race")
+    published.save()
+    bad(published, capsys, 3, "'race' not found")
+
+
+def test_value_missing_from_hierarchy(published: Project,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    published.write_rows([*ROWS, "10;47677;29;Unknown;Flu"])
+    bad(published, capsys, 3, "sex", "1 row")
+
+
+def test_inconsistent_hierarchy_file(published: Project,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (published.root / "h" / "sex.csv").write_text("Male;M;*\nFemale;*\n")
+    bad(published, capsys, 3, "sex.csv")
+
+
+def test_yaml_syntax_error(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.config.write_text(published.config.read_text() + "  bad: [\n")
+    bad(published, capsys, 2, "YAML syntax error at line")
+
+
+def test_unknown_key(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.cfg["input"]["delimter"] = ";"
+    published.save()
+    bad(published, capsys, 2, "input.delimter: unknown key; did you mean 'delimiter'?")
+
+
+def test_wrong_type(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.cfg["schema"]["quasi_identifiers"] = "zip"
+    published.save()
+    bad(published, capsys, 2, "schema.quasi_identifiers: must be a list")
+
+
+def test_negative_batch_size(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.cfg["input"]["batch_rows"] = -1
+    published.save()
+    bad(published, capsys, 2, "input.batch_rows: must be an integer >= 1, got -1")
+
+
+def test_output_dir_not_writable(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = project.root / "blocked"
+    blocker.write_text("a file where the output folder should be")
+    code, _, err = run_cli(["run", str(project.config), "--output", str(blocker / "out")],
+                           capsys)
+    assert code == 2 and "not writable" in err
+    assert blocker.read_text().startswith("a file")
+
+
+def test_unimplemented_release_kind_is_refused_before_reading(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.cfg["hierarchies"]["zip"] = {"mask": {"digits": 5}}
+    project.cfg["releases"] = [{"name": "k2", "kind": "k_anonymity", "k": 2}]
+    project.save()
+    project.data.unlink()  # proves no data is read
+    code, _, err = run_cli(["run", str(project.config)], capsys)
+    from pipelines.plan import IMPLEMENTED_KINDS
+
+    if "k_anonymity" in IMPLEMENTED_KINDS:
+        pytest.skip("k_anonymity is implemented")
+    assert code == 2 and "releases[0] (k2)" in err
+
+
+def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["frobnicate"], capsys)
+    assert code == 2 and "invalid choice" in err
+
+
+@pytest.mark.slow
+def test_subprocess_exit_code_and_stderr(project: Project) -> None:
+    """The installed console script: real process exit codes."""
+    project.cfg["input"]["batch_rows"] = 0
+    project.save()
+    exe = Path(sys.executable).parent / "privpipe"
+    proc = subprocess.run([str(exe), "run", str(project.config)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "privpipe: error: config.yaml: input.batch_rows" in proc.stderr
+
+
+@pytest.mark.slow
+def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["demo", "--output", str(tmp_path / "d"), "--rows", "3000"], capsys)
+    assert code == 0, err
+    m = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert m["rows_accepted"] == 3000 and m["rows_rejected"] == 0
+    assert m["profile"]["columns"]["person_id"]["distinct"] < 3000  # several visits per person
+    assert 0 < m["profile"]["qi_combinations"]["unique_share_of_rows"] < 1
+    assert "published to" in out

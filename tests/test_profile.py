@@ -1,0 +1,91 @@
+"""The batch-wise profile equals the same statistics computed by pandas on the whole table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transforms.profile import ProfileFn, split_internal
+
+
+def run_combine(fn: ProfileFn, batches: list[pd.DataFrame], split: int) -> dict:
+    """Combine as a runner would: several accumulators, merged."""
+    accs = []
+    for chunk in (batches[:split], batches[split:]):
+        acc = fn.create_accumulator()
+        for b in chunk:
+            acc = fn.add_input(acc, b)
+        accs.append(acc)
+    return fn.extract_output(fn.merge_accumulators(accs))
+
+
+def table(seed: int, n: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({
+        "zip": rng.choice(["47677", "47678", "47602", "13053"], n),
+        "age": pd.array(rng.integers(20, 40, n), dtype="Int64"),
+        "sex": rng.choice(["M", "F"], n),
+        "disease": pd.array(rng.choice(["flu", "ulcer", None], n), dtype="str"),
+    })
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), parts=st.integers(1, 7),
+       split=st.integers(0, 7))
+def test_profile_matches_pandas(seed: int, n: int, parts: int, split: int) -> None:
+    df = table(seed, n)
+    bounds = np.linspace(0, n, parts + 1).astype(int)
+    batches = [df.iloc[a:b].reset_index(drop=True) for a, b in zip(bounds, bounds[1:]) if b > a]
+    fn = ProfileFn(list(df.columns), ["zip", "age", "sex"], ["zip", "age", "sex", "disease"])
+    public, counts = split_internal(run_combine(fn, batches, min(split, len(batches))))
+    assert public["rows"] == n
+    for col in df.columns:
+        assert public["columns"][col]["distinct"] == df[col].nunique(dropna=True)
+        assert public["columns"][col]["missing"] == int(df[col].isna().sum())
+    sizes = df.groupby(["zip", "age", "sex"]).size()
+    assert public["qi_combinations"]["distinct"] == len(sizes)
+    assert public["qi_combinations"]["unique"] == int((sizes == 1).sum())
+    assert public["qi_combinations"]["unique_share_of_rows"] == (sizes == 1).sum() / n
+    for col in ["zip", "age", "sex", "disease"]:
+        expected = df[col].value_counts(dropna=True)
+        got = counts[col]
+        assert dict(zip(map(str, got.index), got.to_numpy(), strict=True)) == dict(
+            zip(map(str, expected.index), expected.to_numpy(), strict=True)
+        )
+
+
+def test_published_profile_holds_no_values() -> None:
+    df = table(1, 50)
+    fn = ProfileFn(list(df.columns), ["zip"], ["zip"])
+    public, _ = split_internal(run_combine(fn, [df], 1))
+    assert "47677" not in repr(public)
+
+
+def test_compaction_keeps_counts_exact() -> None:
+    """Many batches trigger the amortised compaction; counts stay exact."""
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 300_000, 400_000).astype(str)
+    df = pd.DataFrame({"pid": ids, "q": rng.integers(0, 1000, 400_000).astype(str)})
+    batches = [df.iloc[i:i + 20_000].reset_index(drop=True) for i in range(0, len(df), 20_000)]
+    fn = ProfileFn(["pid", "q"], ["q", "pid"], [])
+    public, _ = split_internal(run_combine(fn, batches, 11))
+    assert public["columns"]["pid"]["distinct"] == df["pid"].nunique()
+    sizes = df.groupby(["q", "pid"]).size()
+    assert public["qi_combinations"]["distinct"] == len(sizes)
+    assert public["qi_combinations"]["unique"] == int((sizes == 1).sum())
+
+
+def test_unique_persons_count_a_person_once() -> None:
+    """Two visits of one person share a QI combination: that person is still unique."""
+    df = pd.DataFrame({
+        "pid": ["a", "a", "b", "c", "c", "d"],
+        "zip": ["1", "1", "2", "3", "3", "3"],
+    })
+    fn = ProfileFn(["pid", "zip"], ["zip"], [], privacy_unit="pid")
+    public, _ = split_internal(run_combine(fn, [df.iloc[:3], df.iloc[3:]], 1))
+    q = public["qi_combinations"]
+    assert q["unique"] == 1  # only zip 2 has one row
+    assert q["persons"] == 4 and q["unique_persons"] == 2  # a (zip 1) and b (zip 2)
+    assert q["unique_share_of_persons"] == 0.5
