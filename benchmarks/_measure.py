@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -23,10 +24,8 @@ def measure(cmd: Sequence[str], interval: float = 0.05, timeout: float = 1800) -
             procs = [root, *root.children(recursive=True)]
             rss = 0
             for p in procs:
-                try:
+                with contextlib.suppress(psutil.Error):
                     rss += p.memory_info().rss
-                except psutil.Error:
-                    pass
             peak = max(peak, rss)
         except psutil.Error:
             pass

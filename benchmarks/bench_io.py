@@ -71,8 +71,15 @@ def pandas_side(path: str, batch_rows: int) -> None:
         rejected += int(bad.sum())
         acc = fn.add_input(acc, chunk[~bad].reset_index(drop=True))
     public, _ = split_internal(fn.extract_output(acc))
-    print(json.dumps({"rows": public["rows"], "rejected": rejected,
-                      "inner_s": round(time.perf_counter() - t0, 3)}))
+    print(
+        json.dumps(
+            {
+                "rows": public["rows"],
+                "rejected": rejected,
+                "inner_s": round(time.perf_counter() - t0, 3),
+            }
+        )
+    )
 
 
 def beam_side(path: str, out: str, extra: list[str]) -> None:
@@ -84,9 +91,15 @@ def beam_side(path: str, out: str, extra: list[str]) -> None:
     t0 = time.perf_counter()
     plan = load_plan(DEMO_CONFIG, output_dir=out, input_override=path)
     result = run(plan, beam_args=extra, log=lambda _m: None)
-    print(json.dumps({"rows": result.manifest["rows_accepted"],
-                      "rejected": result.manifest["rows_rejected"],
-                      "inner_s": round(time.perf_counter() - t0, 3)}))
+    print(
+        json.dumps(
+            {
+                "rows": result.manifest["rows_accepted"],
+                "rejected": result.manifest["rows_rejected"],
+                "inner_s": round(time.perf_counter() - t0, 3),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -107,10 +120,15 @@ def main() -> None:
         path = data_file(rows)
         with tempfile.TemporaryDirectory() as out:
             pandas = measure([py, __file__, "--side", "pandas", "--path", str(path)])
-            beam_args = ["--direct_num_workers", str(args.workers),
-                         "--direct_running_mode", "multi_processing"]
-            beam = measure([py, __file__, "--side", "beam", "--path", str(path), "--out", out,
-                            *beam_args])
+            beam_args = [
+                "--direct_num_workers",
+                str(args.workers),
+                "--direct_running_mode",
+                "multi_processing",
+            ]
+            beam = measure(
+                [py, __file__, "--side", "beam", "--path", str(path), "--out", out, *beam_args]
+            )
         assert beam["rows"] == pandas["rows"], (beam, pandas)
         res = {
             "benchmark": "io_read_profile",
@@ -124,7 +142,8 @@ def main() -> None:
         res["beam_vs_pandas_throughput"] = round(pandas["wall_s"] / beam["wall_s"], 3)
         res["targets"] = {
             "beam_at_least_half_pandas": res["beam_vs_pandas_throughput"] >= 0.5,
-            "peak_rss_under_2gb_at_10m": (beam["peak_rss_mb"] < 2048) if rows >= 10_000_000
+            "peak_rss_under_2gb_at_10m": (beam["peak_rss_mb"] < 2048)
+            if rows >= 10_000_000
             else None,
         }
         print(json.dumps(res))

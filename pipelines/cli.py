@@ -34,8 +34,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog="privpipe", description="Publish sensitive microdata as anonymised "
-                "tables and DP statistics, attack every output, and audit the result.")
+    p = _Parser(
+        prog="privpipe",
+        description="Publish sensitive microdata as anonymised "
+        "tables and DP statistics, attack every output, and audit the result.",
+    )
     p.add_argument("--version", action="version", version=f"privpipe {privpipe.__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -73,15 +76,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # anything unexpected: exit 1, no partial output (RunOutput aborts)
         if debug:
             traceback.print_exc()
-        print(f"privpipe: error: unexpected {type(e).__name__}: {e} "
-              "(run with --debug for the traceback); nothing was published", file=sys.stderr)
+        print(
+            f"privpipe: error: unexpected {type(e).__name__}: {e} "
+            "(run with --debug for the traceback); nothing was published",
+            file=sys.stderr,
+        )
         return 1
 
 
 def _dispatch(argv: list[str]) -> int:
     if "--" in argv:
         i = argv.index("--")
-        argv, passthrough = argv[:i], argv[i + 1:]
+        argv, passthrough = argv[:i], argv[i + 1 :]
     else:
         passthrough = []
     args, beam_args = _parser().parse_known_args(argv)
@@ -107,15 +113,22 @@ def _validate(config: str) -> int:
 
     plan = load_plan(config)
     c = plan.config
-    print(f"{Path(config).name}: valid: dataset {c.name!r}, {len(plan.input_paths)} input "
-          f"file(s) ({plan.input_format}), {len(c.schema_.quasi_identifiers)} quasi-identifiers, "
-          f"{len(c.hierarchies)} hierarchies, {len(c.releases)} release(s); output "
-          f"{plan.output_dir}")
+    print(
+        f"{Path(config).name}: valid: dataset {c.name!r}, {len(plan.input_paths)} input "
+        f"file(s) ({plan.input_format}), {len(c.schema_.quasi_identifiers)} quasi-identifiers, "
+        f"{len(c.hierarchies)} hierarchies, {len(c.releases)} release(s); output "
+        f"{plan.output_dir}"
+    )
     return 0
 
 
-def _run(config: str, output: str | None, runner: str | None, beam_args: list[str],
-         input_override: str | None = None) -> int:
+def _run(
+    config: str,
+    output: str | None,
+    runner: str | None,
+    beam_args: list[str],
+    input_override: str | None = None,
+) -> int:
     from pipelines.plan import load_plan
     from pipelines.run import run
 
@@ -124,11 +137,16 @@ def _run(config: str, output: str | None, runner: str | None, beam_args: list[st
     m = result.manifest
     prof = m["profile"]
     combos = prof["qi_combinations"]
-    print(f"privpipe: {m['rows_accepted']:,} rows accepted, {m['rows_rejected']:,} rejected; "
-          f"{combos['distinct']:,} distinct QI combinations, "
-          f"{combos['unique_share_of_rows']:.1%} of rows unique on their QIs"
-          + (f", {combos['unique_share_of_persons']:.1%} of persons"
-             if "unique_share_of_persons" in combos else ""))
+    print(
+        f"privpipe: {m['rows_accepted']:,} rows accepted, {m['rows_rejected']:,} rejected; "
+        f"{combos['distinct']:,} distinct QI combinations, "
+        f"{combos['unique_share_of_rows']:.1%} of rows unique on their QIs"
+        + (
+            f", {combos['unique_share_of_persons']:.1%} of persons"
+            if "unique_share_of_persons" in combos
+            else ""
+        )
+    )
     print(f"privpipe: published to {result.output_dir} (manifest.json) in {m['seconds']:.1f}s")
     return 0
 
@@ -142,8 +160,10 @@ def _demo(output: str, rows: int, seed: int, runner: str | None, beam_args: list
     try:
         data = write_csv(out / "input" / "demo.csv", rows, seed=seed)
     except OSError as e:
-        raise ConfigError(f"{out}: cannot write the demo input ({e.strerror}); "
-                          "choose another folder with --output") from None
+        raise ConfigError(
+            f"{out}: cannot write the demo input ({e.strerror}); "
+            "choose another folder with --output"
+        ) from None
     print(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
     return _run(str(DEMO_CONFIG), str(out), runner, beam_args, input_override=str(data))
 

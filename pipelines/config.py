@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -141,8 +141,12 @@ class IntervalSpec(_Model):
 DateLevel = Literal["week", "month", "year", "decade"]
 
 
+def _default_date_levels() -> list[DateLevel]:
+    return ["month", "year"]
+
+
 class DateSpec(_Model):
-    levels: list[DateLevel] = Field(default_factory=lambda: ["month", "year"], min_length=1)
+    levels: list[DateLevel] = Field(default_factory=lambda: _default_date_levels(), min_length=1)
     format: str = "%Y-%m-%d"
 
 
@@ -290,9 +294,9 @@ class PrivpipeConfig(_Model):
         for r in self.releases:
             if r.kind in ANONYMITY_KINDS:
                 needed |= set(self.schema_.quasi_identifiers)
-            if isinstance(r, TClosenessRelease) and r.distance == "hierarchical":
-                if self.schema_.sensitive:
-                    needed.add(self.schema_.sensitive)
+            hierarchical = isinstance(r, TClosenessRelease) and r.distance == "hierarchical"
+            if hierarchical and self.schema_.sensitive:
+                needed.add(self.schema_.sensitive)
         return needed
 
 
@@ -331,9 +335,9 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
         iv = h.intervals
         if iv is not None:
             w = iv.widths
-            if any(b <= a for a, b in zip(w, w[1:], strict=False)):
+            if any(b <= a for a, b in itertools.pairwise(w)):
                 out.append(f"hierarchies.{col}.intervals.widths: must increase, got {w}")
-            elif any(not _is_multiple(b, a) for a, b in zip(w, w[1:], strict=False)):
+            elif any(not _is_multiple(b, a) for a, b in itertools.pairwise(w)):
                 out.append(
                     f"hierarchies.{col}.intervals.widths: each width must be a multiple of "
                     f"the previous one (so every level generalises the one below), got {w}"
@@ -343,7 +347,9 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
     names = [r.name for r in cfg.releases]
     for i, n in enumerate(names):
         if n in names[:i]:
-            out.append(f"releases[{i}].name: {n!r} is used by an earlier release; names must be unique")
+            out.append(
+                f"releases[{i}].name: {n!r} is used by an earlier release; names must be unique"
+            )
     needed = cfg.needs_hierarchy()
     for i, r in enumerate(cfg.releases):
         if r.kind in ANONYMITY_KINDS and not qis:
@@ -402,8 +408,12 @@ def _describe(err: Mapping[str, Any]) -> str:
     if typ == "missing":
         return "required key is missing"
     if typ in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
-              "less_than": "<"}[typ]
+        op = {
+            "greater_than_equal": ">=",
+            "greater_than": ">",
+            "less_than_equal": "<=",
+            "less_than": "<",
+        }[typ]
         bound = next(iter(ctx.values()))
         kind = "an integer" if isinstance(bound, int) else "a number"
         return f"must be {kind} {op} {bound}, got {shown}"

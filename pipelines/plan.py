@@ -15,9 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv
-from pipelines.config import HierarchyConfig, PrivpipeConfig, read_config, validate_config
 import privpipe
+from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv
+from pipelines.config import (
+    ColumnType,
+    HierarchyConfig,
+    PrivpipeConfig,
+    read_config,
+    validate_config,
+)
 from privpipe.errors import ConfigError, InputDataError
 from transforms.io import InputSpec
 
@@ -25,8 +31,15 @@ from transforms.io import InputSpec
 # contract, and a kind that is validated but not run here is refused before any data is read.
 IMPLEMENTED_KINDS: frozenset[str] = frozenset()
 
-_EXTENSIONS = {".csv": "csv", ".tsv": "csv", ".txt": "csv", ".parquet": "parquet",
-               ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+_EXTENSIONS = {
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".txt": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+}
 
 
 @dataclass(frozen=True)
@@ -79,17 +92,18 @@ class Plan:
             multiline_records=c.input.multiline_records,
         )
 
-    def column_types(self) -> dict[str, str]:
+    def column_types(self) -> dict[str, ColumnType]:
         """Declared types, plus numeric for columns with an intervals hierarchy."""
-        types = dict(self.config.schema_.types)
+        types: dict[str, ColumnType] = dict(self.config.schema_.types)
         for col, h in self.config.hierarchies.items():
             if h.intervals is not None and col not in types:
                 types[col] = "float"
         return types
 
 
-def load_plan(path: str | Path, output_dir: str | Path | None = None,
-              input_override: str | Path | None = None) -> Plan:
+def load_plan(
+    path: str | Path, output_dir: str | Path | None = None, input_override: str | Path | None = None
+) -> Plan:
     """Read, validate and resolve a config file into a Plan (no data is read)."""
     p = Path(path).resolve()
     data, digest = read_config(p)
@@ -101,8 +115,10 @@ def load_plan(path: str | Path, output_dir: str | Path | None = None,
                 f"{privpipe.__version__}; remove the release or upgrade privpipe"
             )
     base = p.parent
-    raw_paths = [input_override] if input_override else (
-        cfg.input.path if isinstance(cfg.input.path, list) else [cfg.input.path]
+    raw_paths = (
+        [input_override]
+        if input_override
+        else (cfg.input.path if isinstance(cfg.input.path, list) else [cfg.input.path])
     )
     paths: list[str] = []
     for rp in raw_paths:
@@ -117,7 +133,7 @@ def load_plan(path: str | Path, output_dir: str | Path | None = None,
             paths.extend(matches)
         else:
             paths.append(str(ap))
-    fmt = cfg.input.format
+    fmt: str | None = cfg.input.format
     if fmt is None:
         exts = {_EXTENSIONS.get(Path(q).suffix.lower()) for q in paths}
         if len(exts) != 1 or None in exts:
@@ -128,8 +144,14 @@ def load_plan(path: str | Path, output_dir: str | Path | None = None,
         fmt = exts.pop()
     out = Path(output_dir) if output_dir else Path(os.path.expanduser(cfg.output.dir))
     out = out if out.is_absolute() else (Path.cwd() / out if output_dir else base / out)
-    plan = Plan(config=cfg, config_path=p, config_sha256=digest, input_paths=tuple(paths),
-                input_format=str(fmt), output_dir=out)
+    plan = Plan(
+        config=cfg,
+        config_path=p,
+        config_sha256=digest,
+        input_paths=tuple(paths),
+        input_format=str(fmt),
+        output_dir=out,
+    )
     return _with_static_hierarchies(plan)
 
 
@@ -148,6 +170,5 @@ def load_static_hierarchy(plan: Plan, col: str, h: HierarchyConfig) -> Hierarchy
         path = plan.resolve(h.file)
         return load_arx_csv(path, col, delimiter=h.delimiter, aliases=dict(h.map))
     if h.groups is not None:
-        return build_grouping(col, h.groups, key=f"hierarchies.{col}.groups",
-                              aliases=dict(h.map))
+        return build_grouping(col, h.groups, key=f"hierarchies.{col}.groups", aliases=dict(h.map))
     return None

@@ -51,8 +51,9 @@ def pipeline_options(beam_args: Sequence[str], runner: str | None) -> PipelineOp
     return options
 
 
-def build_graph(p: beam.Pipeline, spec: InputSpec, columns: Sequence[str], plan: Plan,
-                out: RunOutput) -> None:
+def build_graph(
+    p: beam.Pipeline, spec: InputSpec, columns: Sequence[str], plan: Plan, out: RunOutput
+) -> None:
     """The profile graph: read batches, profile them, write rejected rows."""
     s = plan.config.schema_
     counted = list(s.quasi_identifiers) + ([s.sensitive] if s.sensitive else [])
@@ -67,8 +68,12 @@ def build_graph(p: beam.Pipeline, spec: InputSpec, columns: Sequence[str], plan:
     )
 
 
-def run(plan: Plan, beam_args: Sequence[str] = (), runner: str | None = None,
-        log: Callable[[str], None] = print) -> RunResult:
+def run(
+    plan: Plan,
+    beam_args: Sequence[str] = (),
+    runner: str | None = None,
+    log: Callable[[str], None] = print,
+) -> RunResult:
     """Run a plan end to end; on any failure nothing is published (DESIGN.md, fail closed)."""
     started = datetime.now(UTC)
     t0 = time.perf_counter()
@@ -108,8 +113,10 @@ def run(plan: Plan, beam_args: Sequence[str] = (), runner: str | None = None,
             "seconds": round(time.perf_counter() - t0, 3),
             "runner": runner_name,
             "releases": [r.name for r in plan.config.releases],
-            "hierarchies": {c: {"levels": h.levels, "domain_size": h.domain_size,
-                                "source": h.source} for c, h in hierarchies.items()},
+            "hierarchies": {
+                c: {"levels": h.levels, "domain_size": h.domain_size, "source": h.source}
+                for c, h in hierarchies.items()
+            },
             "profile": profile,
             "status": "succeeded",
         }
@@ -156,15 +163,30 @@ def resolve_hierarchies(plan: Plan, value_counts: dict[str, pd.Series]) -> dict[
             key = f"hierarchies.{col}.{hc.kind}"
             aliases = dict(hc.map)
             if hc.mask is not None:
-                h = build_mask(col, values, digits=hc.mask.digits, char=hc.mask.char, key=key,
-                               aliases=aliases)
+                h = build_mask(
+                    col, values, digits=hc.mask.digits, char=hc.mask.char, key=key, aliases=aliases
+                )
             elif hc.intervals is not None:
                 iv = hc.intervals
-                h = build_intervals(col, values, widths=iv.widths, start=iv.start,
-                                    lower=iv.lower, upper=iv.upper, key=key, aliases=aliases)
+                h = build_intervals(
+                    col,
+                    values,
+                    widths=iv.widths,
+                    start=iv.start,
+                    lower=iv.lower,
+                    upper=iv.upper,
+                    key=key,
+                    aliases=aliases,
+                )
             elif hc.dates is not None:
-                h = build_dates(col, values, levels=tuple(hc.dates.levels),
-                                format=hc.dates.format, key=key, aliases=aliases)
+                h = build_dates(
+                    col,
+                    values,
+                    levels=tuple(hc.dates.levels),
+                    format=hc.dates.format,
+                    key=key,
+                    aliases=aliases,
+                )
             else:  # pragma: no cover - config validation guarantees one kind
                 raise AssertionError(hc)
         h.check_covers(counts)

@@ -39,8 +39,12 @@ class Project:
         self.cfg: dict[str, Any] = {
             "name": "tiny",
             "input": {"path": "data.csv", "delimiter": ";"},
-            "schema": {"quasi_identifiers": ["zip", "age", "sex"], "sensitive": "disease",
-                       "privacy_unit": "id", "types": {"age": "integer"}},
+            "schema": {
+                "quasi_identifiers": ["zip", "age", "sex"],
+                "sensitive": "disease",
+                "privacy_unit": "id",
+                "types": {"age": "integer"},
+            },
             "hierarchies": {
                 "zip": {"mask": {"digits": 5}},
                 "age": {"intervals": {"widths": [10, 20], "lower": 0, "upper": 120}},

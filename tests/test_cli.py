@@ -47,8 +47,15 @@ def test_run_writes_manifest(project: Project, capsys: pytest.CaptureFixture[str
     prof = m["profile"]
     assert prof["columns"]["zip"]["distinct"] == 9
     assert prof["columns"]["sex"]["distinct"] == 2
-    assert prof["qi_combinations"] == {"distinct": 9, "unique": 9, "unique_share_of_rows": 1.0,
-                                       "unique_share_of_combinations": 1.0}
+    assert prof["qi_combinations"] == {
+        "distinct": 9,
+        "unique": 9,
+        "unique_share_of_rows": 1.0,
+        "unique_share_of_combinations": 1.0,
+        "persons": 9,
+        "unique_persons": 9,
+        "unique_share_of_persons": 1.0,
+    }
     assert m["hierarchies"]["zip"]["levels"] == 6
     assert (project.out / "rejected.csv").read_text().strip() == "file,line,reason"
     assert "9 rows accepted" in out
@@ -71,8 +78,9 @@ def test_validate_reads_no_data(project: Project, capsys: pytest.CaptureFixture[
     assert code == 0 and "valid" in out
 
 
-def bad(project: Project, capsys: pytest.CaptureFixture[str], expected_code: int,
-        *fragments: str) -> str:
+def bad(
+    project: Project, capsys: pytest.CaptureFixture[str], expected_code: int, *fragments: str
+) -> str:
     """Run after a good run; the bad run must fail and leave the good output as it was."""
     code, _, err = run_cli(["run", str(project.config)], capsys)
     assert code == expected_code, err
@@ -113,13 +121,13 @@ def test_wrong_delimiter(published: Project, capsys: pytest.CaptureFixture[str])
 
 def test_ragged_rows(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
     published.write_rows([*ROWS[:3], "10;47677;29;Female;Flu;extra", *ROWS[3:]])
-    err = bad(published, capsys, 3, "1 of 10 rows rejected", "line 5",
-              "max_rejected_fraction")
+    err = bad(published, capsys, 3, "1 of 10 rows rejected", "line 5", "max_rejected_fraction")
     assert "expected 5 fields" in err
 
 
-def test_ragged_rows_within_limit_publish(project: Project,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_ragged_rows_within_limit_publish(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
     project.write_rows([*ROWS[:3], "10;47677;29", "11;47677;abc;Male;Flu", *ROWS[3:]])
     project.cfg["input"]["max_rejected_fraction"] = 0.25
     project.save()
@@ -145,14 +153,16 @@ def test_declared_column_absent(published: Project, capsys: pytest.CaptureFixtur
     bad(published, capsys, 3, "'race' not found")
 
 
-def test_value_missing_from_hierarchy(published: Project,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_value_missing_from_hierarchy(
+    published: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
     published.write_rows([*ROWS, "10;47677;29;Unknown;Flu"])
     bad(published, capsys, 3, "sex", "1 row")
 
 
-def test_inconsistent_hierarchy_file(published: Project,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_inconsistent_hierarchy_file(
+    published: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
     (published.root / "h" / "sex.csv").write_text("Male;M;*\nFemale;*\n")
     bad(published, capsys, 3, "sex.csv")
 
@@ -183,14 +193,14 @@ def test_negative_batch_size(published: Project, capsys: pytest.CaptureFixture[s
 def test_output_dir_not_writable(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = project.root / "blocked"
     blocker.write_text("a file where the output folder should be")
-    code, _, err = run_cli(["run", str(project.config), "--output", str(blocker / "out")],
-                           capsys)
+    code, _, err = run_cli(["run", str(project.config), "--output", str(blocker / "out")], capsys)
     assert code == 2 and "not writable" in err
     assert blocker.read_text().startswith("a file")
 
 
 def test_unimplemented_release_kind_is_refused_before_reading(
-        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
     project.cfg["hierarchies"]["zip"] = {"mask": {"digits": 5}}
     project.cfg["releases"] = [{"name": "k2", "kind": "k_anonymity", "k": 2}]
     project.save()
@@ -214,8 +224,9 @@ def test_subprocess_exit_code_and_stderr(project: Project) -> None:
     project.cfg["input"]["batch_rows"] = 0
     project.save()
     exe = Path(sys.executable).parent / "privpipe"
-    proc = subprocess.run([str(exe), "run", str(project.config)], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [str(exe), "run", str(project.config)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "privpipe: error: config.yaml: input.batch_rows" in proc.stderr
 

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.config import PrivpipeConfig, json_schema
-from pipelines.config import read_config, validate_config
+from pipelines.config import PrivpipeConfig, json_schema, read_config, validate_config
 from privpipe.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,10 +30,14 @@ def base() -> dict[str, Any]:
             "race": {"mask": {"digits": 1}},
         },
         "releases": [
-            {"name": "k5", "kind": "k_anonymity", "k": 5, "suppression_limit": 0.05,
-             "algorithm": "optimal"},
-            {"name": "l3", "kind": "l_diversity", "k": 5, "l": 3, "variant": "recursive",
-             "c": 4},
+            {
+                "name": "k5",
+                "kind": "k_anonymity",
+                "k": 5,
+                "suppression_limit": 0.05,
+                "algorithm": "optimal",
+            },
+            {"name": "l3", "kind": "l_diversity", "k": 5, "l": 3, "variant": "recursive", "c": 4},
             {"name": "t02", "kind": "t_closeness", "k": 5, "t": 0.2, "distance": "equal"},
         ],
         "output": {"dir": "out/adult-nightly", "format": "csv"},
@@ -91,52 +94,93 @@ output: {dir: out/adult-nightly, format: csv}
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda d: d["releases"][2].update(k=0),
-         "demo.yaml: releases[2].k: must be an integer >= 1, got 0"),
-        (lambda d: d["releases"][0].update(k=1),
-         "demo.yaml: releases[0].k: must be an integer >= 2, got 1"),
-        (lambda d: d["releases"][0].update(k=2.5),
-         "demo.yaml: releases[0].k: must be an integer, got 2.5"),
-        (lambda d: d["releases"][0].update(k="5"),
-         "demo.yaml: releases[0].k: must be an integer, got '5'"),
-        (lambda d: d["input"].update(batch_rows=-5),
-         "demo.yaml: input.batch_rows: must be an integer >= 1, got -5"),
-        (lambda d: d["input"].update(delimter=";"),
-         "demo.yaml: input.delimter: unknown key; did you mean 'delimiter'?"),
-        (lambda d: d.update(outptu={"dir": "x"}),
-         "demo.yaml: outptu: unknown key; did you mean 'output'?"),
-        (lambda d: d["releases"][1].update(variant="recursive", c=None),
-         "variant: recursive needs 'c'"),
-        (lambda d: d["releases"][2].update(t=1.5),
-         "demo.yaml: releases[2].t: must be a number <= 1.0, got 1.5"),
-        (lambda d: d["releases"][2].update(t=float("nan")),
-         "releases[2].t: must be a finite number"),
-        (lambda d: d["releases"][0].update(kind="k_anon"),
-         "releases[0].kind: unknown release kind 'k_anon'"),
-        (lambda d: d["releases"][1].update(name="k5"),
-         "releases[1].name: 'k5' is used by an earlier release; names must be unique"),
-        (lambda d: d["schema"].update(sensitive="age"),
-         "schema.sensitive: 'age' is also a quasi-identifier"),
-        (lambda d: d["hierarchies"].pop("race"),
-         "hierarchies.race: missing; releases[0] (k_anonymity) generalises 'race'"),
-        (lambda d: d["hierarchies"].update(zip={"mask": {"digits": 5}}),
-         "hierarchies.zip: 'zip' is neither a quasi-identifier nor the sensitive attribute"),
-        (lambda d: d["hierarchies"].update(age={"file": "a.csv", "mask": {"digits": 2}}),
-         "hierarchies.age: give exactly one of file, mask, intervals, dates, groups"),
-        (lambda d: d["hierarchies"].update(age={"intervals": {"widths": [5, 7]}}),
-         "hierarchies.age.intervals.widths: each width must be a multiple of the previous"),
-        (lambda d: d["schema"].update(quasi_identifiers=["age", "sex", "race", "age"]),
-         "schema.quasi_identifiers: 'age' is listed twice"),
-        (lambda d: d["input"].update(delimiter=";;"),
-         "input.delimiter: must be a single character, got ';;'"),
+        (
+            lambda d: d["releases"][2].update(k=0),
+            "demo.yaml: releases[2].k: must be an integer >= 1, got 0",
+        ),
+        (
+            lambda d: d["releases"][0].update(k=1),
+            "demo.yaml: releases[0].k: must be an integer >= 2, got 1",
+        ),
+        (
+            lambda d: d["releases"][0].update(k=2.5),
+            "demo.yaml: releases[0].k: must be an integer, got 2.5",
+        ),
+        (
+            lambda d: d["releases"][0].update(k="5"),
+            "demo.yaml: releases[0].k: must be an integer, got '5'",
+        ),
+        (
+            lambda d: d["input"].update(batch_rows=-5),
+            "demo.yaml: input.batch_rows: must be an integer >= 1, got -5",
+        ),
+        (
+            lambda d: d["input"].update(delimter=";"),
+            "demo.yaml: input.delimter: unknown key; did you mean 'delimiter'?",
+        ),
+        (
+            lambda d: d.update(outptu={"dir": "x"}),
+            "demo.yaml: outptu: unknown key; did you mean 'output'?",
+        ),
+        (
+            lambda d: d["releases"][1].update(variant="recursive", c=None),
+            "variant: recursive needs 'c'",
+        ),
+        (
+            lambda d: d["releases"][2].update(t=1.5),
+            "demo.yaml: releases[2].t: must be a number <= 1.0, got 1.5",
+        ),
+        (
+            lambda d: d["releases"][2].update(t=float("nan")),
+            "releases[2].t: must be a finite number",
+        ),
+        (
+            lambda d: d["releases"][0].update(kind="k_anon"),
+            "releases[0].kind: unknown release kind 'k_anon'",
+        ),
+        (
+            lambda d: d["releases"][1].update(name="k5"),
+            "releases[1].name: 'k5' is used by an earlier release; names must be unique",
+        ),
+        (
+            lambda d: d["schema"].update(sensitive="age"),
+            "schema.sensitive: 'age' is also a quasi-identifier",
+        ),
+        (
+            lambda d: d["hierarchies"].pop("race"),
+            "hierarchies.race: missing; releases[0] (k_anonymity) generalises 'race'",
+        ),
+        (
+            lambda d: d["hierarchies"].update(zip={"mask": {"digits": 5}}),
+            "hierarchies.zip: 'zip' is neither a quasi-identifier nor the sensitive attribute",
+        ),
+        (
+            lambda d: d["hierarchies"].update(age={"file": "a.csv", "mask": {"digits": 2}}),
+            "hierarchies.age: give exactly one of file, mask, intervals, dates, groups",
+        ),
+        (
+            lambda d: d["hierarchies"].update(age={"intervals": {"widths": [5, 7]}}),
+            "hierarchies.age.intervals.widths: each width must be a multiple of the previous",
+        ),
+        (
+            lambda d: d["schema"].update(quasi_identifiers=["age", "sex", "race", "age"]),
+            "schema.quasi_identifiers: 'age' is listed twice",
+        ),
+        (
+            lambda d: d["input"].update(delimiter=";;"),
+            "input.delimiter: must be a single character, got ';;'",
+        ),
         (lambda d: d.pop("output"), "demo.yaml: output: required key is missing"),
         (lambda d: d.update(name="my name"), "demo.yaml: name: must start with a letter"),
-        (lambda d: d["input"].update(max_rejected_fraction=2),
-         "input.max_rejected_fraction: must be a number <= 1.0, got 2"),
-        (lambda d: d["releases"][0].update(min_levels={"zip": 1}),
-         "releases[0].min_levels.zip: 'zip' is not a quasi-identifier"),
-        (lambda d: d["input"].update(header=False),
-         "header: false needs 'columns'"),
+        (
+            lambda d: d["input"].update(max_rejected_fraction=2),
+            "input.max_rejected_fraction: must be a number <= 1.0, got 2",
+        ),
+        (
+            lambda d: d["releases"][0].update(min_levels={"zip": 1}),
+            "releases[0].min_levels.zip: 'zip' is not a quasi-identifier",
+        ),
+        (lambda d: d["input"].update(header=False), "header: false needs 'columns'"),
     ],
 )
 def test_invalid_configs_name_key_and_fix(mutate: Any, expected: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 from hypothesis import given, settings
@@ -23,21 +25,27 @@ def run_combine(fn: ProfileFn, batches: list[pd.DataFrame], split: int) -> dict:
 
 def table(seed: int, n: int) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "zip": rng.choice(["47677", "47678", "47602", "13053"], n),
-        "age": pd.array(rng.integers(20, 40, n), dtype="Int64"),
-        "sex": rng.choice(["M", "F"], n),
-        "disease": pd.array(rng.choice(["flu", "ulcer", None], n), dtype="str"),
-    })
+    return pd.DataFrame(
+        {
+            "zip": rng.choice(["47677", "47678", "47602", "13053"], n),
+            "age": pd.array(rng.integers(20, 40, n), dtype="Int64"),
+            "sex": rng.choice(["M", "F"], n),
+            "disease": pd.array(rng.choice(["flu", "ulcer", None], n), dtype="str"),
+        }
+    )
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), parts=st.integers(1, 7),
-       split=st.integers(0, 7))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 400),
+    parts=st.integers(1, 7),
+    split=st.integers(0, 7),
+)
 def test_profile_matches_pandas(seed: int, n: int, parts: int, split: int) -> None:
     df = table(seed, n)
     bounds = np.linspace(0, n, parts + 1).astype(int)
-    batches = [df.iloc[a:b].reset_index(drop=True) for a, b in zip(bounds, bounds[1:]) if b > a]
+    batches = [df.iloc[a:b].reset_index(drop=True) for a, b in itertools.pairwise(bounds) if b > a]
     fn = ProfileFn(list(df.columns), ["zip", "age", "sex"], ["zip", "age", "sex", "disease"])
     public, counts = split_internal(run_combine(fn, batches, min(split, len(batches))))
     assert public["rows"] == n
@@ -68,7 +76,7 @@ def test_compaction_keeps_counts_exact() -> None:
     rng = np.random.default_rng(7)
     ids = rng.integers(0, 300_000, 400_000).astype(str)
     df = pd.DataFrame({"pid": ids, "q": rng.integers(0, 1000, 400_000).astype(str)})
-    batches = [df.iloc[i:i + 20_000].reset_index(drop=True) for i in range(0, len(df), 20_000)]
+    batches = [df.iloc[i : i + 20_000].reset_index(drop=True) for i in range(0, len(df), 20_000)]
     fn = ProfileFn(["pid", "q"], ["q", "pid"], [])
     public, _ = split_internal(run_combine(fn, batches, 11))
     assert public["columns"]["pid"]["distinct"] == df["pid"].nunique()
@@ -79,10 +87,12 @@ def test_compaction_keeps_counts_exact() -> None:
 
 def test_unique_persons_count_a_person_once() -> None:
     """Two visits of one person share a QI combination: that person is still unique."""
-    df = pd.DataFrame({
-        "pid": ["a", "a", "b", "c", "c", "d"],
-        "zip": ["1", "1", "2", "3", "3", "3"],
-    })
+    df = pd.DataFrame(
+        {
+            "pid": ["a", "a", "b", "c", "c", "d"],
+            "zip": ["1", "1", "2", "3", "3", "3"],
+        }
+    )
     fn = ProfileFn(["pid", "zip"], ["zip"], [], privacy_unit="pid")
     public, _ = split_internal(run_combine(fn, [df.iloc[:3], df.iloc[3:]], 1))
     q = public["qi_combinations"]

@@ -27,8 +27,18 @@ ROWS = 4_000
 
 def figures(out: Path) -> dict[str, object]:
     m = json.loads((out / "manifest.json").read_text())
-    return {k: m[k] for k in ("rows_read", "rows_accepted", "rows_rejected", "profile",
-                              "hierarchies", "releases", "status")}
+    return {
+        k: m[k]
+        for k in (
+            "rows_read",
+            "rows_accepted",
+            "rows_rejected",
+            "profile",
+            "hierarchies",
+            "releases",
+            "status",
+        )
+    }
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +54,15 @@ def job_service() -> Iterator[int]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main",
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "apache_beam.runners.portability.local_job_service_main",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 60
@@ -88,24 +104,36 @@ def test_direct_runner_figures_are_sane(direct_figures: dict) -> None:
     assert direct_figures["profile"]["qi_combinations"]["distinct"] > 100
 
 
-def test_portable_runner_matches_direct(tmp_path: Path, demo_input: Path, job_service: int,
-                                        direct_figures: dict) -> None:
-    out = _run(tmp_path / "portable", demo_input, "--runner=PortableRunner",
-               f"--job_endpoint=localhost:{job_service}", "--environment_type=LOOPBACK")
+def test_portable_runner_matches_direct(
+    tmp_path: Path, demo_input: Path, job_service: int, direct_figures: dict
+) -> None:
+    out = _run(
+        tmp_path / "portable",
+        demo_input,
+        "--runner=PortableRunner",
+        f"--job_endpoint=localhost:{job_service}",
+        "--environment_type=LOOPBACK",
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["runner"] == "PortableRunner"
     assert figures(out) == direct_figures
 
 
-def test_multiprocessing_direct_runner_matches(tmp_path: Path, demo_input: Path,
-                                               direct_figures: dict) -> None:
-    out = _run(tmp_path / "mp", demo_input, "--direct_num_workers=2",
-               "--direct_running_mode=multi_processing")
+def test_multiprocessing_direct_runner_matches(
+    tmp_path: Path, demo_input: Path, direct_figures: dict
+) -> None:
+    out = _run(
+        tmp_path / "mp",
+        demo_input,
+        "--direct_num_workers=2",
+        "--direct_running_mode=multi_processing",
+    )
     assert figures(out) == direct_figures
 
 
-def test_runner_flag_passes_through_the_cli(tmp_path: Path, demo_input: Path,
-                                            job_service: int, direct_figures: dict) -> None:
+def test_runner_flag_passes_through_the_cli(
+    tmp_path: Path, demo_input: Path, job_service: int, direct_figures: dict
+) -> None:
     cfg = tmp_path / "demo.yaml"
     from pipelines.cli import DEMO_CONFIG
 
@@ -113,7 +141,18 @@ def test_runner_flag_passes_through_the_cli(tmp_path: Path, demo_input: Path,
     text = text.replace("demo/hierarchies/", str(DEMO_CONFIG.parent / "demo" / "hierarchies") + "/")
     cfg.write_text(text)
     out = tmp_path / "cli"
-    code = main(["run", str(cfg), "--output", str(out), "--runner", "PortableRunner",
-                 "--", f"--job_endpoint=localhost:{job_service}", "--environment_type=LOOPBACK"])
+    code = main(
+        [
+            "run",
+            str(cfg),
+            "--output",
+            str(out),
+            "--runner",
+            "PortableRunner",
+            "--",
+            f"--job_endpoint=localhost:{job_service}",
+            "--environment_type=LOOPBACK",
+        ]
+    )
     assert code == 0
     assert figures(out) == direct_figures

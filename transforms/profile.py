@@ -6,9 +6,10 @@ or with the length of the values; with 10^7 distinct values the chance that two
 collide is below 3·10^-6. The frequency table of the QI combinations is kept the
 same way (hash → count), so the share of unique combinations is exact up to that
 collision bound. With a privacy unit, a person with several rows is one person:
-the profile also counts persons whose QI combination no other person shares. Value counts of the QIs and the sensitive attribute are kept
-exactly: they are bounded by the attributes' domains and are needed to check the
-hierarchies. They are internal (never published): they can hold small counts.
+the profile also counts persons whose QI combination no other person shares.
+Value counts of the QIs and the sensitive attribute are kept exactly: they are
+bounded by the attributes' domains and are needed to check the hierarchies. They
+are internal (never published): they can hold small counts.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def _compact_unique(parts: list[np.ndarray]) -> list[np.ndarray]:
     return [np.unique(np.concatenate(parts))] if len(parts) > 1 else parts
 
 
-def _compact_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+def _compact_counts(
+    parts: list[tuple[np.ndarray, np.ndarray]],
+) -> list[tuple[np.ndarray, np.ndarray]]:
     if len(parts) <= 1:
         return parts
     keys = np.concatenate([k for k, _ in parts])
@@ -40,7 +43,9 @@ def _compact_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np
     return [(uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64))]
 
 
-def _compact_pairs(parts: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+def _compact_pairs(
+    parts: list[tuple[np.ndarray, np.ndarray]],
+) -> list[tuple[np.ndarray, np.ndarray]]:
     if len(parts) <= 1:
         return parts
     keys = np.concatenate([k for k, _ in parts])
@@ -85,8 +90,13 @@ class ProfileAccumulator:
 class ProfileFn(beam.CombineFn):  # type: ignore[misc]
     """CombineFn over DataFrame batches producing the profile dict."""
 
-    def __init__(self, columns: Sequence[str], quasi_identifiers: Sequence[str],
-                 counted: Sequence[str], privacy_unit: str | None = None) -> None:
+    def __init__(
+        self,
+        columns: Sequence[str],
+        quasi_identifiers: Sequence[str],
+        counted: Sequence[str],
+        privacy_unit: str | None = None,
+    ) -> None:
         self.columns = list(columns)
         self.qis = list(quasi_identifiers)
         self.counted = list(counted)  # columns whose exact value counts are kept
@@ -138,8 +148,9 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         return profile_from(acc, self.columns, self.qis, self.unit)
 
 
-def profile_from(acc: ProfileAccumulator, columns: Sequence[str],
-                 qis: Sequence[str], unit: str | None = None) -> dict[str, Any]:
+def profile_from(
+    acc: ProfileAccumulator, columns: Sequence[str], qis: Sequence[str], unit: str | None = None
+) -> dict[str, Any]:
     """The published profile (counts only, no values) plus internal value counts."""
     cols = {}
     for col in columns:
@@ -173,8 +184,9 @@ def profile_from(acc: ProfileAccumulator, columns: Sequence[str],
         "columns": cols,
         "quasi_identifiers": list(qis),
         "qi_combinations": combos_out,
-        "_value_counts": {col: [[_plain(v), n] for v, n in vc.items()]
-                          for col, vc in acc.value_counts.items()},
+        "_value_counts": {
+            col: [[_plain(v), n] for v, n in vc.items()] for col, vc in acc.value_counts.items()
+        },
     }
 
 
@@ -196,8 +208,14 @@ def split_internal(profile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, p
 class ProfileMicrodata(beam.PTransform):  # type: ignore[misc]
     """PCollection[pd.DataFrame] -> writes the profile as JSON to `path` (one element: path)."""
 
-    def __init__(self, path: str, columns: Sequence[str], quasi_identifiers: Sequence[str],
-                 counted: Sequence[str], privacy_unit: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        columns: Sequence[str],
+        quasi_identifiers: Sequence[str],
+        counted: Sequence[str],
+        privacy_unit: str | None = None,
+    ) -> None:
         super().__init__()
         self.path = path
         self.fn = ProfileFn(columns, quasi_identifiers, counted, privacy_unit)
