@@ -32,6 +32,6 @@ class PrivacyRefusal(PrivpipeError):
 
 
 class OutputError(PrivpipeError):
-    """The output location cannot be written (exit 1)."""
+    """The output folder cannot be written (exit 2: fix --output or output.dir)."""
 
-    exit_code = 1
+    exit_code = 2
