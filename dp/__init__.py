@@ -1,1 +1,2 @@
-"""Pure core (no Beam): mechanisms, secure noise, accounting, ledger, local DP, continual observation."""
+"""Pure core (no Beam): mechanisms, secure noise, accounting, ledger, partition selection,
+local DP and continual observation."""

@@ -1,0 +1,666 @@
+"""Searching the lattice for the transformation that satisfies the models at least loss.
+
+``optimal`` is an exhaustive full-domain search with pruning that never changes the
+answer; ``heuristic`` is a time-limited greedy search for lattices too large to search
+exhaustively (more than ``MAX_OPTIMAL_NODES``).
+
+Optimal search. Nodes are visited in order of a lower bound of the metric (when the
+metric has one: Loss, precision, non-uniform entropy), ties in the deterministic node
+order. The bound is the metric without suppression, which suppression can only raise,
+and it is non-decreasing along generalisation; so once a node's bound exceeds the best
+value found, no later node can beat it and the search stops. Classes are rolled up from
+an evaluated predecessor when one is cached (see ``transformation``), else counted
+from the summary rows.
+
+Monotonicity is used only where it is valid (REFERENCE.md):
+- Failure goes down: if a node fails the *monotone* models (k-anonymity, distinct
+  l-diversity) within the suppression limit, so do all its specialisations, which are
+  then never checked; this holds even when other, non-monotone models are also asked
+  for, since they can only add suppression. To find such failures early, an unknown
+  node is first probed by a binary search along a chain from it to the top (as Flash
+  does), each failure marking a whole down-set.
+- Dominance goes up: when every model is monotone and the metric is monotone without
+  suppression, a node satisfying the models *with nothing suppressed* dominates all its
+  generalisations (they satisfy with nothing suppressed too and their metric is not
+  lower), which are skipped.
+Nothing else is inferred: with suppression, metrics are not monotone, and entropy or
+recursive l-diversity and t-closeness are checked on each node itself.
+
+Ties: values within a relative 1e-9 are equal; the winner is then the node with the
+lower sum of levels, then the lexicographically smaller level vector.
+
+Pure core: numpy and the standard library only (no Beam).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Literal, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from anonymity.lattice import MAX_OPTIMAL_NODES, Lattice, Node, node_key
+from anonymity.metrics import Metric, Metrics, all_metrics, get_metric
+from anonymity.models import (
+    Assessment,
+    PrivacyModel,
+    assess,
+    check_models,
+    describe_models,
+    max_suppressed,
+)
+from anonymity.transformation import EquivalenceClasses, Evaluator, describe_node
+from privpipe.errors import ConfigError, PrivacyRefusal
+
+__all__ = ["SearchResult", "heuristic", "optimal", "search"]
+
+IntArray: TypeAlias = npt.NDArray[np.int64]
+Algorithm: TypeAlias = Literal["optimal", "heuristic"]
+
+RELATIVE_TIE: Final = 1e-9
+"""Metric values closer than this (relative) are ties, broken by the node order."""
+CACHE_CELLS: Final = 4_000_000
+"""Cells of equivalence classes kept for roll-ups during the optimal search (~64 MB)."""
+
+
+def _tol(value: float) -> float:
+    return RELATIVE_TIE * max(1.0, abs(value))
+
+
+def _pct(share: float) -> str:
+    text = f"{share * 100:.1f}".rstrip("0").rstrip(".")
+    return f"{text}%"
+
+
+@dataclass(frozen=True, eq=False)
+class SearchResult:
+    """The best transformation found and how the search went.
+
+    ``assessment`` holds the node's equivalence classes and which are suppressed;
+    ``proven_optimal`` is True for the optimal search only.
+    """
+
+    transformation: Node
+    qi_names: tuple[str, ...]
+    metric: str
+    value: float
+    assessment: Assessment
+    nodes_checked: int
+    lattice_size: int
+    seconds: float
+    algorithm: str
+    proven_optimal: bool
+
+    @property
+    def levels(self) -> dict[str, int]:
+        """The level of each QI."""
+        return dict(zip(self.qi_names, self.transformation, strict=True))
+
+    @property
+    def classes(self) -> EquivalenceClasses:
+        """The node's equivalence classes (suppressed ones included)."""
+        return self.assessment.classes
+
+    @property
+    def suppressed(self) -> bool:
+        """Whether any record is suppressed."""
+        return self.assessment.suppressed_records > 0
+
+    @property
+    def suppressed_records(self) -> int:
+        """Number of suppressed records."""
+        return self.assessment.suppressed_records
+
+    @property
+    def suppressed_share(self) -> float:
+        """Suppressed records over |D|."""
+        return self.assessment.suppressed_share
+
+    def metrics(self) -> Metrics:
+        """Every metric of the node (with its suppression)."""
+        return all_metrics(self.classes, self.assessment.suppressed)
+
+    def describe(self) -> str:
+        """One line for logs: node, metric, suppression, effort."""
+        return (
+            f"{describe_node(self.qi_names, self.transformation)} {self.metric}="
+            f"{self.value:.6g}, suppressed {self.suppressed_records} "
+            f"({_pct(self.suppressed_share)}), {self.nodes_checked} of {self.lattice_size} "
+            f"nodes checked in {self.seconds:.3f}s ({self.algorithm})"
+        )
+
+
+class _ClassCache:
+    """Equivalence classes of recently evaluated nodes, for roll-ups; at most
+    ``CACHE_CELLS`` cells are kept (the oldest entries are evicted first)."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[object, EquivalenceClasses] = OrderedDict()
+        self._cells = 0
+
+    def get(self, key: object) -> EquivalenceClasses | None:
+        return self._items.get(key)
+
+    def put(self, key: object, classes: EquivalenceClasses) -> None:
+        if classes.n_cells > CACHE_CELLS or key in self._items:
+            return
+        while self._items and self._cells + classes.n_cells > CACHE_CELLS:
+            _, old = self._items.popitem(last=False)
+            self._cells -= old.n_cells
+        self._items[key] = classes
+        self._cells += classes.n_cells
+
+
+class _Watch:
+    """Keeps the least suppression any checked node needed, for the refusal message."""
+
+    def __init__(self) -> None:
+        self.least: Assessment | None = None
+        self.top: Assessment | None = None
+
+    def note(self, assessment: Assessment, top: bool = False) -> None:
+        if top:
+            self.top = assessment
+        least = self.least
+        if least is None or (assessment.suppressed_records, node_key(assessment.levels)) < (
+            least.suppressed_records,
+            node_key(least.levels),
+        ):
+            self.least = assessment
+
+
+def _refusal(
+    models: Sequence[PrivacyModel],
+    evaluator: Evaluator,
+    lattice: Lattice,
+    limit: float,
+    watch: _Watch,
+    complete: bool,
+) -> PrivacyRefusal:
+    top = watch.top
+    if top is None:
+        top = assess(evaluator.classes(lattice.top), models, limit)
+    n = evaluator.n_records
+    names = evaluator.qi_names
+    text = (
+        f"{describe_models(models)} needs {_pct(top.suppressed_share)} suppression "
+        f"({top.suppressed_records} of {n} records) at the most general node "
+        f"{describe_node(names, lattice.top)}; the suppression limit is {_pct(limit)} "
+        f"({top.max_suppressed} records)"
+    )
+    least = watch.least
+    if least is not None and least.suppressed_records < top.suppressed_records:
+        scope = "any transformation" if complete else "any transformation checked"
+        text += (
+            f"; the least {scope} needs is {_pct(least.suppressed_share)} "
+            f"({least.suppressed_records} records) at {describe_node(names, least.levels)}"
+        )
+    text += (
+        ". No transformation satisfies the privacy model(s): raise suppression_limit, relax "
+        "the model, or allow coarser generalisation (hierarchies, max levels)"
+    )
+    return PrivacyRefusal(text)
+
+
+def _prepare(
+    evaluator: Evaluator,
+    models: Sequence[PrivacyModel] | PrivacyModel,
+    metric: str | Metric,
+    lattice: Lattice | None,
+) -> tuple[tuple[PrivacyModel, ...], Metric, Lattice, Evaluator]:
+    items = check_models(models, evaluator)
+    chosen = get_metric(metric)
+    lattice = lattice if lattice is not None else evaluator.lattice()
+    if lattice.n_qi != len(evaluator.qi_names) or any(
+        high > h for high, h in zip(lattice.max_levels, evaluator.heights, strict=True)
+    ):
+        raise ConfigError("the lattice does not match the evaluator's hierarchies")
+    work = evaluator if any(model.needs_sa for model in items) else evaluator.without_sa()
+    return items, chosen, lattice, work
+
+
+def _result(
+    evaluator: Evaluator,
+    work: Evaluator,
+    best: Assessment,
+    models: tuple[PrivacyModel, ...],
+    chosen: Metric,
+    limit: float,
+    checked: int,
+    lattice: Lattice,
+    started: float,
+    algorithm: str,
+) -> SearchResult:
+    if work is not evaluator:  # hand back classes with SA cells (for attacks, reports)
+        best = assess(evaluator.classes(best.levels), models, limit)
+    value = chosen.value(best.classes, best.suppressed)
+    return SearchResult(
+        best.levels,
+        evaluator.qi_names,
+        chosen.name,
+        value,
+        best,
+        checked,
+        lattice.size,
+        time.perf_counter() - started,
+        algorithm,
+        algorithm == "optimal",
+    )
+
+
+def optimal(
+    evaluator: Evaluator,
+    models: Sequence[PrivacyModel] | PrivacyModel,
+    *,
+    suppression_limit: float = 0.0,
+    metric: str | Metric = "loss",
+    lattice: Lattice | None = None,
+    probe: bool = True,
+) -> SearchResult:
+    """The node satisfying all models with the least ``metric`` (module docstring).
+
+    Raises ConfigError for lattices above ``MAX_OPTIMAL_NODES`` (use ``heuristic``) and
+    PrivacyRefusal, with the suppression needed, when no node satisfies the models.
+    ``probe=False`` disables the chain probes (same answer, for tests and benchmarks).
+    """
+    started = time.perf_counter()
+    items, chosen, lattice, work = _prepare(evaluator, models, metric, lattice)
+    if lattice.too_large():
+        raise ConfigError(
+            f"the lattice has {lattice.size:,} transformations, more than the "
+            f"{MAX_OPTIMAL_NODES:,} algorithm: optimal searches; use algorithm: heuristic, "
+            "or restrict the levels (min/max level per quasi-identifier)"
+        )
+    state = _OptimalState(work, items, chosen, lattice, suppression_limit)
+    # if the top fails the monotone models, every node does
+    if state.monotone and not state.evaluate(state.top_rank).satisfied and state.fails[-1]:
+        raise _refusal(items, work, lattice, suppression_limit, state.watch, complete=True)
+    for rank in state.order.tolist():
+        if state.best is not None and state.bounds is not None:
+            bound = float(state.bounds[rank])
+            if bound > state.best_value + _tol(state.best_value):
+                break  # bounds only grow from here
+            if bound >= state.best_value - _tol(state.best_value) and rank > state.best_rank:
+                continue  # at best a tie, which it would lose
+        if state.known(rank):
+            continue
+        if probe and state.monotone:
+            state.probe(rank)
+            if state.known(rank):
+                continue
+        state.evaluate(rank)
+    if state.best is None:
+        raise _refusal(items, work, lattice, suppression_limit, state.watch, complete=True)
+    return _result(
+        evaluator,
+        work,
+        state.best,
+        items,
+        chosen,
+        suppression_limit,
+        state.checked,
+        lattice,
+        started,
+        "optimal",
+    )
+
+
+class _OptimalState:
+    """Bookkeeping of the optimal search over the ranks of the lattice's node order.
+
+    ``fails``: known to fail the monotone models (a generalisation failed them), a
+    down-set. ``mono_ok``: known to satisfy them (a predecessor did), an up-set.
+    ``dominated``: a predecessor satisfied *all* models (all monotone) with nothing
+    suppressed, and the metric is monotone without suppression: cannot win.
+    """
+
+    def __init__(
+        self,
+        work: Evaluator,
+        models: tuple[PrivacyModel, ...],
+        metric: Metric,
+        lattice: Lattice,
+        limit: float,
+    ) -> None:
+        self.work = work
+        self.models = models
+        self.metric = metric
+        self.limit = limit
+        self.mono = tuple(model for model in models if model.monotone)
+        self.monotone = bool(self.mono)
+        self.dominance = len(self.mono) == len(models) and metric.monotone_without_suppression
+        self.cap = max_suppressed(limit, work.n_records)
+        self.watch = _Watch()
+        self.checked = 0
+        nodes = lattice.nodes()
+        self.nodes = nodes.tolist()
+        n_nodes, n_qi = nodes.shape
+        self.n_qi = n_qi
+        self.low = lattice.min_levels
+        self.high = lattice.max_levels
+        self.top_rank = n_nodes - 1
+        self.bounds = metric.lower_bounds(work, nodes)
+        self.order = (
+            np.arange(n_nodes) if self.bounds is None else np.argsort(self.bounds, kind="stable")
+        )
+        spans = lattice.ranges
+        self.strides = [math.prod(spans[j + 1 :]) for j in range(n_qi)]
+        flat = (nodes - np.asarray(lattice.min_levels)) @ np.asarray(self.strides, np.int64)
+        self.flat = flat.tolist()
+        rank_of_flat = np.empty(n_nodes, dtype=np.int64)
+        rank_of_flat[flat] = np.arange(n_nodes)
+        self.rank_of_flat = rank_of_flat.tolist()
+        self.fails = np.zeros(n_nodes, dtype=bool)
+        self.mono_ok = np.zeros(n_nodes, dtype=bool)
+        self.dominated = np.zeros(n_nodes, dtype=bool)
+        self.evaluated = np.zeros(n_nodes, dtype=bool)
+        self.cache = _ClassCache()
+        self.best: Assessment | None = None
+        self.best_value = math.inf
+        self.best_rank = -1
+
+    def known(self, rank: int) -> bool:
+        """Whether the node needs no check (evaluated, failing or dominated)."""
+        return bool(self.evaluated[rank] or self.fails[rank] or self.dominated[rank])
+
+    def _neighbours(self, rank: int, up: bool) -> list[int]:
+        node = self.nodes[rank]
+        flat = self.flat[rank]
+        if up:
+            return [
+                self.rank_of_flat[flat + self.strides[j]]
+                for j in range(self.n_qi)
+                if node[j] < self.high[j]
+            ]
+        return [
+            self.rank_of_flat[flat - self.strides[j]]
+            for j in range(self.n_qi)
+            if node[j] > self.low[j]
+        ]
+
+    def _mark(self, rank: int, flags: npt.NDArray[np.bool_], up: bool, itself: bool) -> None:
+        """Flag the up-set (or down-set) of ``rank``; flagged sets are closed, so stop there."""
+        stack = [rank] if itself else self._neighbours(rank, up)
+        while stack:
+            current = stack.pop()
+            if flags[current]:
+                continue
+            flags[current] = True
+            stack.extend(self._neighbours(current, up))
+
+    def _classes(self, rank: int) -> EquivalenceClasses:
+        """Rolled up from the smallest cached predecessor, else from the summary rows."""
+        node = self.nodes[rank]
+        flat = self.flat[rank]
+        source: tuple[int, EquivalenceClasses] | None = None
+        for j in range(self.n_qi):
+            if node[j] > self.low[j]:
+                candidate = self.cache.get(self.rank_of_flat[flat - self.strides[j]])
+                if candidate is not None and (
+                    source is None or candidate.n_cells < source[1].n_cells
+                ):
+                    source = (j, candidate)
+        if source is not None:
+            classes = self.work.rollup(source[1], source[0])
+        else:
+            classes = self.work.classes(tuple(node))
+        self.cache.put(rank, classes)
+        return classes
+
+    def evaluate(self, rank: int) -> Assessment:
+        """Check a node, record what it implies for others, and update the best node."""
+        classes = self._classes(rank)
+        result = assess(classes, self.models, self.limit)
+        self.checked += 1
+        self.evaluated[rank] = True
+        self.watch.note(result, top=rank == self.top_rank)
+        if self.monotone:
+            needed = (
+                result.suppressed_records
+                if len(self.mono) == len(self.models)
+                else result.needed_for(self.mono)
+            )
+            if needed > self.cap:
+                self._mark(rank, self.fails, up=False, itself=True)
+            else:
+                self._mark(rank, self.mono_ok, up=True, itself=True)
+        if not result.satisfied:
+            return result
+        if self.dominance and result.suppressed_records == 0:
+            self._mark(rank, self.dominated, up=True, itself=False)
+        value = self.metric.value(classes, result.suppressed)
+        tol = _tol(self.best_value) if self.best is not None else 0.0
+        if (
+            self.best is None
+            or value < self.best_value - tol
+            or (value <= self.best_value + tol and rank < self.best_rank)
+        ):
+            self.best, self.best_value, self.best_rank = result, value, rank
+        return result
+
+    def probe(self, rank: int) -> None:
+        """Binary search up a chain from ``rank`` to the top for the lowest node that
+        satisfies the monotone models; every failure found marks a whole down-set."""
+        chain = [rank]
+        node = list(self.nodes[rank])
+        j = 0
+        while True:
+            for _ in range(self.n_qi):
+                if node[j] < self.high[j]:
+                    break
+                j = (j + 1) % self.n_qi
+            else:
+                break
+            node[j] += 1
+            flat = self.flat[chain[-1]] + self.strides[j]
+            chain.append(self.rank_of_flat[flat])
+            j = (j + 1) % self.n_qi
+        low, high = 0, len(chain) - 1
+        while low < high:
+            mid = (low + high) // 2
+            current = chain[mid]
+            if self.fails[current]:
+                low = mid + 1
+            elif self.mono_ok[current] or self.dominated[current]:
+                high = mid
+            else:
+                self.evaluate(current)
+                if self.fails[current]:
+                    low = mid + 1
+                else:
+                    high = mid
+
+
+def heuristic(
+    evaluator: Evaluator,
+    models: Sequence[PrivacyModel] | PrivacyModel,
+    *,
+    suppression_limit: float = 0.0,
+    metric: str | Metric = "loss",
+    lattice: Lattice | None = None,
+    time_limit: float = 10.0,
+) -> SearchResult:
+    """A good satisfying node within ``time_limit`` seconds; works on any lattice size.
+
+    1. Greedy climb from the bottom: at each step evaluate the successors (rolled up from
+       the current node) and move to the one needing the least suppression (then the
+       least metric, counting the violators as suppressed), until a node satisfies.
+    2. Local improvement: from the best satisfying node, evaluate its neighbours (one QI
+       one level lower, or one QI lower and another higher) and move to the best
+       satisfying one while the metric improves.
+    3. Anytime best-first search for the remaining time: nodes in order of the metric's
+       lower bound (lattice order without one), expanded from the bottom, pruned by the
+       best value found. If it runs out of nodes before the time limit, the result is
+       optimal and ``proven_optimal`` is True.
+    4. If nothing satisfied (or the time ran out first), the most general node is
+       checked; if it fails too, PrivacyRefusal.
+    ``nodes_checked`` counts the distinct nodes evaluated.
+    """
+    started = time.perf_counter()
+    deadline = started + max(float(time_limit), 0.0)
+    items, chosen, lattice, work = _prepare(evaluator, models, metric, lattice)
+    limit = suppression_limit
+    watch = _Watch()
+    seen: dict[Node, tuple[Assessment, float]] = {}
+    cache = _ClassCache()
+
+    def classes_of(node: Node) -> EquivalenceClasses:
+        for j, pred in enumerate(_lower_each(lattice, node)):
+            source = None if pred is None else cache.get(pred)
+            if source is not None:
+                return work.rollup(source, j)
+        return work.classes(node)
+
+    def evaluate(node: Node, classes: EquivalenceClasses | None = None) -> tuple[Assessment, float]:
+        found = seen.get(node)
+        if found is not None:
+            return found
+        built = classes if classes is not None else classes_of(node)
+        cache.put(node, built)
+        result = assess(built, items, limit)
+        watch.note(result, top=node == lattice.top)
+        value = chosen.value(built, result.suppressed)
+        seen[node] = (result, value)
+        return result, value
+
+    def better(a: tuple[Assessment, float], b: tuple[Assessment, float] | None) -> bool:
+        if b is None:
+            return True
+        if a[1] < b[1] - _tol(b[1]):
+            return True
+        return a[1] <= b[1] + _tol(b[1]) and node_key(a[0].levels) < node_key(b[0].levels)
+
+    def out_of_time() -> bool:
+        return time.perf_counter() >= deadline
+
+    # 1. greedy climb
+    current_classes = work.classes(lattice.bottom)
+    current = evaluate(lattice.bottom, current_classes)
+    best = current if current[0].satisfied else None
+    while best is None and not out_of_time():
+        options = []
+        for j, node in enumerate(_raise_each(lattice, current[0].levels)):
+            if node is None:
+                continue
+            rolled = work.rollup(current_classes, j)
+            outcome = evaluate(node, rolled)
+            score = (outcome[0].suppressed_records, outcome[1], node_key(node))
+            options.append((score, outcome, rolled))
+            if out_of_time():
+                break
+        if not options:
+            break
+        _, current, current_classes = min(options, key=lambda option: option[0])
+        if current[0].satisfied:
+            best = current
+
+    # 2. local improvement
+    improved = best is not None
+    while improved and not out_of_time():
+        improved = False
+        assert best is not None
+        for node in _neighbours(lattice, best[0].levels):
+            if out_of_time():
+                break
+            outcome = evaluate(node)
+            if outcome[0].satisfied and better(outcome, best):
+                best, improved = outcome, True
+
+    # 3. anytime best-first search by lower bound
+    def bound(node: Node) -> float:
+        bounds = chosen.lower_bounds(work, np.asarray([node], dtype=np.int64))
+        return 0.0 if bounds is None else float(bounds[0])
+
+    heap = [(bound(lattice.bottom), node_key(lattice.bottom), lattice.bottom)]
+    pushed = {lattice.bottom}
+    exhausted = False
+    while not out_of_time():
+        if not heap:
+            exhausted = True
+            break
+        low, key, node = heapq.heappop(heap)
+        if best is not None:
+            if low > best[1] + _tol(best[1]):
+                exhausted = True  # every node left has a larger bound
+                break
+            if low >= best[1] - _tol(best[1]) and key > node_key(best[0].levels):
+                continue  # neither it nor its generalisations can win
+        outcome = evaluate(node)
+        if outcome[0].satisfied and better(outcome, best):
+            best = outcome
+        for successor in lattice.successors(node):
+            if successor not in pushed:
+                pushed.add(successor)
+                heapq.heappush(heap, (bound(successor), node_key(successor), successor))
+
+    for outcome in seen.values():  # anything evaluated along the way
+        if outcome[0].satisfied and better(outcome, best):
+            best = outcome
+    if best is None:
+        top = evaluate(lattice.top)
+        if not top[0].satisfied:
+            raise _refusal(items, work, lattice, limit, watch, complete=exhausted)
+        best = top
+    result = _result(
+        evaluator, work, best[0], items, chosen, limit, len(seen), lattice, started, "heuristic"
+    )
+    return replace(result, proven_optimal=exhausted)
+
+
+def _lower_each(lattice: Lattice, node: Node) -> list[Node | None]:
+    """Per QI: the node with that QI one level lower (None at its min level)."""
+    out: list[Node | None] = []
+    for j, (level, low) in enumerate(zip(node, lattice.min_levels, strict=True)):
+        out.append((*node[:j], level - 1, *node[j + 1 :]) if level > low else None)
+    return out
+
+
+def _raise_each(lattice: Lattice, node: Node) -> list[Node | None]:
+    """Per QI: the node with that QI one level higher (None at its max level)."""
+    out: list[Node | None] = []
+    for j, (level, high) in enumerate(zip(node, lattice.max_levels, strict=True)):
+        out.append((*node[:j], level + 1, *node[j + 1 :]) if level < high else None)
+    return out
+
+
+def _neighbours(lattice: Lattice, node: Node) -> list[Node]:
+    """Predecessors, then nodes lowering one QI and raising another (deterministic order)."""
+    out = list(lattice.predecessors(node))
+    for lower in lattice.predecessors(node):
+        for higher in lattice.successors(lower):
+            if higher != node and higher not in out:
+                out.append(higher)
+    return out
+
+
+def search(
+    evaluator: Evaluator,
+    models: Sequence[PrivacyModel] | PrivacyModel,
+    *,
+    algorithm: str = "optimal",
+    suppression_limit: float = 0.0,
+    metric: str | Metric = "loss",
+    lattice: Lattice | None = None,
+    time_limit: float = 10.0,
+) -> SearchResult:
+    """Run ``optimal`` or ``heuristic`` (ConfigError for other algorithm names)."""
+    if algorithm == "optimal":
+        return optimal(
+            evaluator, models, suppression_limit=suppression_limit, metric=metric, lattice=lattice
+        )
+    if algorithm == "heuristic":
+        return heuristic(
+            evaluator,
+            models,
+            suppression_limit=suppression_limit,
+            metric=metric,
+            lattice=lattice,
+            time_limit=time_limit,
+        )
+    raise ConfigError(f"unknown algorithm {algorithm!r}; use optimal or heuristic")

@@ -1,0 +1,575 @@
+"""Evaluating a transformation (lattice node) on a summary: its equivalence classes.
+
+For a level vector, every summary tuple is generalised (each QI to its label at that
+QI's level); tuples with equal generalised QIs form an equivalence class. The result,
+``EquivalenceClasses``, holds the class sizes and the class x SA counts in sparse form
+("cells": one per distinct (class, SA code) pair), which is all the privacy models,
+metrics and risk measures need.
+
+How it is fast: per QI, the values present in the summary get *local* label ids per
+level, numbered in tree (depth-first) order so that the id of a label's parent is a
+non-decreasing function of the label id. A class is one int64 key packing the local ids
+(first QI most significant) with the SA code as the lowest digit. Generalising one QI by
+one level from a node already evaluated (``Evaluator.rollup``) then rewrites one digit of
+the sorted cell keys; the result consists of sorted runs that a stable (run-aware) sort
+merges in near-linear time. Work is proportional to the number of cells of the
+predecessor, which shrinks quickly towards the top of the lattice. A node evaluated
+from the summary rows is counted with a dense ``bincount`` when its key space is small
+(most nodes above the bottom), else sorted. When the packed key space would not fit in
+63 bits (many QIs with large domains), classes are grouped from the summary rows column
+by column instead (slower, same result; ``Evaluator(packed=False)`` forces it).
+
+Recoding a batch of rows (next step of the pipeline): encode each QI with its hierarchy,
+``EquivalenceClasses.classify`` the raw codes, and suppress the records whose class is
+marked in ``Assessment.suppressed``; generalise the others with
+``Hierarchy.generalize(codes, level)``.
+
+Pure core: numpy, pandas and the standard library only (no Beam).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from anonymity.hierarchy import Hierarchy
+from anonymity.lattice import Lattice, Node
+from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
+from privpipe.errors import ConfigError, InputDataError
+
+__all__ = ["EquivalenceClasses", "Evaluator", "QIArrays", "describe_node"]
+
+IntArray: TypeAlias = npt.NDArray[np.int64]
+FloatArray: TypeAlias = npt.NDArray[np.float64]
+BoolArray: TypeAlias = npt.NDArray[np.bool_]
+
+_KEY_LIMIT: Final = 1 << 62
+
+
+@dataclass(frozen=True, eq=False)
+class QIArrays:
+    """Per-QI arrays over the raw values present in the summary (see module docstring).
+
+    Local label ids number, per level, the labels of the present values in tree order;
+    ``to_global`` maps them to the hierarchy's label ids (``Hierarchy.label_ids``).
+    """
+
+    hierarchy: Hierarchy
+    present: IntArray  # raw codes present in the summary, sorted
+    row_index: IntArray  # per summary row: index into ``present``
+    local: tuple[IntArray, ...]  # per level: local label id per present value
+    to_global: tuple[IntArray, ...]  # per level: hierarchy label id per local label id
+    up: tuple[IntArray, ...]  # per level < top: local id at level+1 per local id at level
+    identity: tuple[bool, ...]  # per level < top: level+1 groups exactly like level
+    leaves: tuple[IntArray, ...]  # per level: raw values of the hierarchy under each label
+    label_counts: tuple[IntArray, ...]  # per level: records per local label
+    value_counts: IntArray  # records per present value
+
+    @property
+    def radix(self) -> int:
+        return int(self.present.shape[0])
+
+    def n_labels(self, level: int) -> int:
+        return int(self.to_global[level].shape[0])
+
+
+def _build_qi(hierarchy: Hierarchy, codes: IntArray, counts: IntArray) -> QIArrays:
+    present = np.unique(codes)
+    row_index = np.searchsorted(present, codes).astype(np.int64)
+    ids = [hierarchy.label_ids(level)[present] for level in range(hierarchy.levels)]
+    order = np.lexsort(tuple(ids))  # last key (the top level) is the primary one
+    value_counts = np.bincount(row_index, weights=counts, minlength=present.shape[0])
+    value_counts = np.rint(value_counts).astype(np.int64)
+    local, to_global, leaves, label_counts = [], [], [], []
+    for level in range(hierarchy.levels):
+        sequence = ids[level][order]
+        change = np.empty(sequence.shape[0], dtype=bool)
+        change[:1] = True
+        np.not_equal(sequence[1:], sequence[:-1], out=change[1:])
+        local_sorted = np.cumsum(change) - 1
+        ids_local = np.empty_like(local_sorted)
+        ids_local[order] = local_sorted
+        globals_ = sequence[change]
+        local.append(ids_local.astype(np.int64))
+        to_global.append(globals_.astype(np.int64))
+        all_leaves = np.bincount(hierarchy.label_ids(level))
+        leaves.append(all_leaves[globals_].astype(np.int64))
+        per_label = np.bincount(ids_local, weights=value_counts, minlength=globals_.shape[0])
+        label_counts.append(np.rint(per_label).astype(np.int64))
+    up, identity = [], []
+    for level in range(hierarchy.levels - 1):
+        mapping = np.empty(to_global[level].shape[0], dtype=np.int64)
+        mapping[local[level]] = local[level + 1]
+        up.append(mapping)
+        identity.append(bool(np.array_equal(mapping, np.arange(mapping.shape[0]))))
+    return QIArrays(
+        hierarchy,
+        present,
+        row_index,
+        tuple(local),
+        tuple(to_global),
+        tuple(up),
+        tuple(identity),
+        tuple(leaves),
+        tuple(label_counts),
+        value_counts,
+    )
+
+
+class EquivalenceClasses:
+    """The equivalence classes of one transformation of a summary.
+
+    ``sizes[c]`` is the number of records of class ``c``. The class x SA counts are sparse
+    "cells": ``cell_class`` (non-decreasing), ``cell_sa`` (increasing within a class; None
+    without SA) and ``cell_count``. ``labels`` gives each class's hierarchy label id per QI
+    (``hierarchy.label_names(level)[labels[:, j]]`` are the generalised values). Classes
+    are ordered deterministically (by their local label ids), whatever path built them.
+    """
+
+    __slots__ = (
+        "_cell_keys",
+        "_class_keys",
+        "_local",
+        "cell_class",
+        "cell_count",
+        "cell_sa",
+        "evaluator",
+        "levels",
+        "sizes",
+    )
+
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        levels: Node,
+        sizes: IntArray,
+        cell_class: IntArray,
+        cell_sa: IntArray | None,
+        cell_count: IntArray,
+        *,
+        cell_keys: IntArray | None = None,
+        class_keys: IntArray | None = None,
+        local_labels: IntArray | None = None,
+    ) -> None:
+        self.evaluator = evaluator
+        self.levels: Node = tuple(int(x) for x in levels)
+        self.sizes = sizes
+        self.cell_class = cell_class
+        self.cell_sa = cell_sa
+        self.cell_count = cell_count
+        self._cell_keys = cell_keys
+        self._class_keys = class_keys
+        self._local = local_labels
+
+    def __repr__(self) -> str:
+        return (
+            f"EquivalenceClasses(levels={self.levels}, classes={self.n_classes}, "
+            f"cells={self.n_cells}, records={self.n_records})"
+        )
+
+    @property
+    def n_classes(self) -> int:
+        """Number of equivalence classes."""
+        return int(self.sizes.shape[0])
+
+    @property
+    def n_cells(self) -> int:
+        """Number of distinct (class, SA code) pairs (classes when there is no SA)."""
+        return int(self.cell_count.shape[0])
+
+    @property
+    def n_records(self) -> int:
+        """Number of records (all classes)."""
+        return self.evaluator.n_records
+
+    def local_labels(self, qi: int) -> IntArray:
+        """Per class: the evaluator-local label id of QI ``qi`` (see ``Evaluator``)."""
+        if self._local is not None:
+            return self._local[:, qi]
+        assert self._class_keys is not None
+        ev = self.evaluator
+        stride = ev.strides[qi] // ev.sa_radix
+        return (self._class_keys // stride) % ev.radices[qi]
+
+    @property
+    def labels(self) -> IntArray:
+        """(n_classes, n_qi) hierarchy label ids of each class at this node's levels."""
+        ev = self.evaluator
+        columns = [
+            ev.qi_info(j).to_global[level][self.local_labels(j)]
+            for j, level in enumerate(self.levels)
+        ]
+        return np.stack(columns, axis=1) if columns else np.zeros((self.n_classes, 0), np.int64)
+
+    def label_frame(self) -> pd.DataFrame:
+        """The generalised QI values of each class (one row per class) and its size."""
+        ev = self.evaluator
+        labels = self.labels
+        data = {
+            name: ev.hierarchies[j].label_names(level)[labels[:, j]]
+            for j, (name, level) in enumerate(zip(ev.qi_names, self.levels, strict=True))
+        }
+        frame = pd.DataFrame(data)
+        frame["size"] = self.sizes
+        return frame
+
+    def sa_matrix(self) -> IntArray:
+        """Dense (n_classes, sa_domain) counts of SA codes per class (small data only)."""
+        if self.cell_sa is None:
+            raise ValueError("these classes were built without a sensitive attribute")
+        out = np.zeros((self.n_classes, self.evaluator.sa_radix), dtype=np.int64)
+        out[self.cell_class, self.cell_sa] = self.cell_count
+        return out
+
+    def class_starts(self) -> IntArray:
+        """Index of each class's first cell."""
+        return np.searchsorted(self.cell_class, np.arange(self.n_classes)).astype(np.int64)
+
+    def row_classes(self) -> IntArray:
+        """Class index of every summary row (rows of ``evaluator.summary``)."""
+        ev = self.evaluator
+        if self._class_keys is not None:
+            keys = ev.row_class_keys(self.levels)
+            return np.searchsorted(self._class_keys, keys).astype(np.int64)
+        _, rows = ev.classes_with_rows(self.levels)
+        return rows
+
+    def classify(self, raw_codes: npt.ArrayLike) -> IntArray:
+        """Class index of records given by raw QI codes (n, n_qi); -1 if in no class.
+
+        For recoding a batch: ``Hierarchy.encode`` each QI column, stack, classify, then
+        ``assessment.suppressed[index]`` says which records to suppress.
+        """
+        array = np.asarray(raw_codes, dtype=np.int64).reshape(-1, len(self.levels))
+        columns = []
+        for j, level in enumerate(self.levels):
+            hierarchy = self.evaluator.hierarchies[j]
+            ids = hierarchy.label_ids(level)
+            column = array[:, j]
+            valid = (column >= 0) & (column < hierarchy.domain_size)
+            columns.append(np.where(valid, ids[np.where(valid, column, 0)], -1))
+        return self.lookup(np.stack(columns, axis=1))
+
+    def lookup(self, labels: npt.ArrayLike) -> IntArray:
+        """Class index of each row of hierarchy label ids (n, n_qi) at this node; -1 if none."""
+        ev = self.evaluator
+        array = np.asarray(labels, dtype=np.int64).reshape(-1, len(self.levels))
+        found = np.ones(array.shape[0], dtype=bool)
+        local_columns = []
+        for j, level in enumerate(self.levels):
+            info = ev.qi_info(j)
+            n_global = info.hierarchy.label_names(level).shape[0]
+            to_local = np.full(n_global + 1, -1, dtype=np.int64)
+            to_local[info.to_global[level]] = np.arange(info.n_labels(level))
+            column = array[:, j]
+            valid = (column >= 0) & (column < n_global)
+            local = np.where(valid, to_local[np.where(valid, column, n_global)], -1)
+            found &= local >= 0
+            local_columns.append(np.where(local >= 0, local, 0))
+        if self._class_keys is not None:
+            if self.n_classes == 0:
+                return np.full(array.shape[0], -1, dtype=np.int64)
+            key = np.zeros(array.shape[0], dtype=np.int64)
+            for j, column in enumerate(local_columns):
+                key += column * (ev.strides[j] // ev.sa_radix)
+            position = np.minimum(np.searchsorted(self._class_keys, key), self.n_classes - 1)
+            hit = found & (self._class_keys[position] == key)
+            return np.where(hit, position, -1).astype(np.int64)
+        assert self._local is not None
+        index = pd.MultiIndex.from_arrays([self._local[:, j] for j in range(len(self.levels))])
+        query = pd.MultiIndex.from_arrays(local_columns)
+        position = index.get_indexer(query)
+        return np.where(found, position, -1).astype(np.int64)
+
+
+class Evaluator:
+    """Evaluates transformations of one summary (see the module docstring).
+
+    ``hierarchies`` are those of the summary's QIs (by name or aligned). With
+    ``use_sa=False`` (or a summary without SA) classes carry no SA cells, which is faster
+    for models that only need class sizes. ``sa_distribution`` is the SA distribution
+    of the whole table D (the global distribution p of t-closeness).
+    """
+
+    def __init__(
+        self,
+        summary: Summary,
+        hierarchies: Hierarchies,
+        *,
+        use_sa: bool = True,
+        packed: bool = True,
+        _shared: tuple[QIArrays, ...] | None = None,
+    ) -> None:
+        self.summary = summary
+        self.hierarchies = resolve_hierarchies(summary.qi_names, hierarchies)
+        if summary.n_records == 0:
+            raise InputDataError("no records to anonymise: the input has no rows")
+        for name, hierarchy, j in zip(
+            summary.qi_names, self.hierarchies, range(summary.n_qi), strict=True
+        ):
+            top = int(summary.qi_codes[:, j].max())
+            if top >= hierarchy.domain_size or (
+                summary.qi_domains and summary.qi_domains[j] != hierarchy.domain_size
+            ):
+                raise ConfigError(
+                    f"the summary of {name!r} was encoded with another hierarchy than the "
+                    f"one given ({hierarchy.domain_size} raw values)"
+                )
+        self.use_sa = bool(use_sa and summary.sa_codes is not None)
+        self._qi = _shared or tuple(
+            _build_qi(h, summary.qi_codes[:, j], summary.counts)
+            for j, h in enumerate(self.hierarchies)
+        )
+        self.sa_radix = summary.sa_domain if self.use_sa else 1
+        self.sa_radix = max(self.sa_radix, 1)
+        self.radices = tuple(max(info.radix, 1) for info in self._qi)
+        strides = [0] * len(self.radices)
+        stride = self.sa_radix
+        for j in range(len(self.radices) - 1, -1, -1):
+            strides[j] = stride
+            stride *= self.radices[j]
+        self.strides = tuple(strides)
+        self.packed = bool(packed and stride < _KEY_LIMIT)
+        self._row_sa = (
+            summary.sa_codes
+            if self.use_sa and summary.sa_codes is not None
+            else np.zeros(summary.n_distinct, dtype=np.int64)
+        )
+        self._row_labels: dict[tuple[int, int], IntArray] = {}
+        self._tuple_index: tuple[IntArray, IntArray] | None = None
+        self.sa_distribution: FloatArray | None = None
+        if self.use_sa:
+            self.sa_distribution = summary.sa_counts().astype(np.float64) / summary.n_records
+
+    def __repr__(self) -> str:
+        return (
+            f"Evaluator(qis={self.qi_names}, sa={self.use_sa}, rows={self.summary.n_distinct}, "
+            f"records={self.n_records}, packed={self.packed})"
+        )
+
+    # ----------------------------------------------------------------- facts
+
+    @property
+    def qi_names(self) -> tuple[str, ...]:
+        """The QI names, in summary order."""
+        return self.summary.qi_names
+
+    @property
+    def n_records(self) -> int:
+        """|D|, the number of records."""
+        return self.summary.n_records
+
+    @property
+    def heights(self) -> tuple[int, ...]:
+        """Top level of each QI's hierarchy."""
+        return tuple(h.height for h in self.hierarchies)
+
+    @property
+    def sa_domain(self) -> int:
+        """Number of SA codes (1 without SA)."""
+        return self.sa_radix
+
+    def qi_info(self, qi: int) -> QIArrays:
+        """Per-QI local arrays (internal to the package: metrics use them)."""
+        return self._qi[qi]
+
+    def lattice(
+        self, min_levels: Sequence[int] | None = None, max_levels: Sequence[int] | None = None
+    ) -> Lattice:
+        """The lattice of this evaluator's hierarchies (optionally restricted)."""
+        return Lattice.from_hierarchies(self.hierarchies, min_levels, max_levels, self.qi_names)
+
+    def without_sa(self) -> Evaluator:
+        """The same evaluator without SA cells (shares the per-QI precomputation)."""
+        if not self.use_sa:
+            return self
+        return Evaluator(
+            self.summary, self.hierarchies, use_sa=False, packed=self.packed, _shared=self._qi
+        )
+
+    # ----------------------------------------------------------------- evaluation
+
+    def classes(self, levels: Sequence[int]) -> EquivalenceClasses:
+        """Equivalence classes of the transformation ``levels``, from the summary rows."""
+        node = self._check(levels)
+        if not self.packed:
+            classes, _ = self.classes_with_rows(node)
+            return classes
+        radices = [self._qi[j].n_labels(level) for j, level in enumerate(node)]
+        space = math.prod(radices) * self.sa_radix
+        if space <= max(4 * self.summary.n_distinct, 1 << 16):
+            # small key space: count with a dense bincount (no sort), then re-pack
+            dense = self._row_sa.copy()
+            stride = self.sa_radix
+            for j in range(len(node) - 1, -1, -1):
+                dense += self._labels_of_rows(j, node[j]) * stride
+                stride *= radices[j]
+            tally = np.bincount(dense, weights=self.summary.counts, minlength=space)
+            present = np.flatnonzero(tally)
+            counts = np.rint(tally[present]).astype(np.int64)
+            keys = present % self.sa_radix
+            rest = present // self.sa_radix
+            for j in range(len(node) - 1, -1, -1):
+                keys += (rest % radices[j]) * self.strides[j]
+                rest //= radices[j]
+            return self._from_cells(node, keys, counts)
+        keys = self._row_keys(node)
+        cell_keys, inverse = np.unique(keys, return_inverse=True)
+        tally = np.bincount(inverse.ravel(), weights=self.summary.counts)
+        return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64))
+
+    def classes_with_rows(self, levels: Sequence[int]) -> tuple[EquivalenceClasses, IntArray]:
+        """Classes of ``levels`` and the class index of every summary row."""
+        node = self._check(levels)
+        if self.packed:
+            classes = self.classes(node)
+            return classes, classes.row_classes()
+        columns = [self._labels_of_rows(j, level) for j, level in enumerate(node)]
+        radices = [self._qi[j].n_labels(level) for j, level in enumerate(node)]
+        row_class, first = group_rows(columns, radices)
+        n_classes = first.shape[0]
+        local = np.stack([column[first] for column in columns], axis=1)
+        sizes = np.rint(np.bincount(row_class, weights=self.summary.counts, minlength=n_classes))
+        if self.use_sa:
+            cell_of_row, cell_first = group_rows(
+                [row_class, self._row_sa], [n_classes, self.sa_radix]
+            )
+            cell_class = row_class[cell_first]
+            cell_sa: IntArray | None = self._row_sa[cell_first]
+            counts = np.bincount(cell_of_row, weights=self.summary.counts)
+            cell_count = np.rint(counts).astype(np.int64)
+        else:
+            cell_class = np.arange(n_classes, dtype=np.int64)
+            cell_sa = None
+            cell_count = sizes.astype(np.int64)
+        classes = EquivalenceClasses(
+            self,
+            node,
+            sizes.astype(np.int64),
+            cell_class,
+            cell_sa,
+            cell_count,
+            local_labels=local,
+        )
+        return classes, row_class
+
+    def rollup(self, classes: EquivalenceClasses, qi: int) -> EquivalenceClasses:
+        """Classes of the successor that raises QI ``qi`` by one level, from ``classes``."""
+        if classes.evaluator is not self:
+            raise ValueError("rollup needs classes built by this evaluator")
+        level = classes.levels[qi]
+        if level >= self.hierarchies[qi].height:
+            raise ValueError(f"QI {self.qi_names[qi]!r} is already at its top level")
+        node = (*classes.levels[:qi], level + 1, *classes.levels[qi + 1 :])
+        if not self.packed or classes._cell_keys is None:
+            return self.classes(node)
+        info = self._qi[qi]
+        if info.identity[level]:
+            return EquivalenceClasses(
+                self,
+                node,
+                classes.sizes,
+                classes.cell_class,
+                classes.cell_sa,
+                classes.cell_count,
+                cell_keys=classes._cell_keys,
+                class_keys=classes._class_keys,
+            )
+        keys = classes._cell_keys
+        stride = self.strides[qi]
+        digit = (keys // stride) % self.radices[qi]
+        keys = keys + (info.up[level][digit] - digit) * stride
+        order = np.argsort(keys, kind="stable")  # sorted runs: near-linear merge
+        keys = keys[order]
+        counts = classes.cell_count[order]
+        starts = _starts(keys)
+        return self._from_cells(node, keys[starts], np.add.reduceat(counts, starts))
+
+    def row_class_keys(self, levels: Sequence[int]) -> IntArray:
+        """Packed class key of every summary row at ``levels`` (packed mode only)."""
+        keys = self._row_keys(self._check(levels), with_sa=False)
+        return keys
+
+    def qi_tuples(self) -> tuple[IntArray, IntArray]:
+        """Distinct raw QI tuples: (tuple index per summary row, first row per tuple)."""
+        if self._tuple_index is None:
+            columns = [self._qi[j].row_index for j in range(len(self._qi))]
+            self._tuple_index = group_rows(columns, self.radices)
+        return self._tuple_index
+
+    # ----------------------------------------------------------------- internals
+
+    def _check(self, levels: Sequence[int]) -> Node:
+        node = tuple(int(x) for x in levels)
+        if len(node) != len(self._qi):
+            raise ValueError(f"a transformation needs {len(self._qi)} levels, got {len(node)}")
+        for name, level, hierarchy in zip(self.qi_names, node, self.hierarchies, strict=True):
+            if not 0 <= level <= hierarchy.height:
+                raise ValueError(f"level {level} of {name!r} is out of 0..{hierarchy.height}")
+        return node
+
+    def _labels_of_rows(self, qi: int, level: int) -> IntArray:
+        key = (qi, level)
+        cached = self._row_labels.get(key)
+        if cached is None:
+            info = self._qi[qi]
+            cached = info.local[level][info.row_index]
+            self._row_labels[key] = cached
+        return cached
+
+    def _row_keys(self, node: Node, *, with_sa: bool = True) -> IntArray:
+        keys = self._row_sa.copy() if with_sa else np.zeros(self.summary.n_distinct, np.int64)
+        for j, level in enumerate(node):
+            keys += self._labels_of_rows(j, level) * self.strides[j]
+        return keys if with_sa else keys // self.sa_radix
+
+    def _from_cells(self, node: Node, cell_keys: IntArray, counts: IntArray) -> EquivalenceClasses:
+        if not self.use_sa:  # cells are the classes
+            return EquivalenceClasses(
+                self,
+                node,
+                counts,
+                np.arange(counts.shape[0], dtype=np.int64),
+                None,
+                counts,
+                cell_keys=cell_keys,
+                class_keys=cell_keys,
+            )
+        radix = self.sa_radix
+        class_of_cell = cell_keys // radix
+        starts = _starts(class_of_cell)
+        flags = np.zeros(cell_keys.shape[0], dtype=np.int64)
+        flags[starts] = 1
+        cell_class = np.cumsum(flags) - 1
+        sizes = np.add.reduceat(counts, starts) if counts.size else counts
+        return EquivalenceClasses(
+            self,
+            node,
+            sizes.astype(np.int64, copy=False),
+            cell_class,
+            cell_keys % radix,
+            counts.astype(np.int64, copy=False),
+            cell_keys=cell_keys,
+            class_keys=class_of_cell[starts],
+        )
+
+
+def _starts(sorted_keys: IntArray) -> IntArray:
+    """Indices where a run of equal values starts in a sorted array."""
+    if sorted_keys.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    change = np.empty(sorted_keys.shape[0], dtype=bool)
+    change[0] = True
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=change[1:])
+    return np.flatnonzero(change)
+
+
+def describe_node(names: Sequence[str], node: Sequence[int]) -> str:
+    """A node for messages: ``[age=2, sex=0]``."""
+    return "[" + ", ".join(f"{n}={int(v)}" for n, v in zip(names, node, strict=True)) + "]"
