@@ -82,7 +82,7 @@ class InputConfig(_Model):
     )
     batch_rows: int = Field(default=65_536, ge=1, description="Rows per batch on the hot path.")
     split_mb: float = Field(
-        default=32,
+        default=8,
         gt=0,
         allow_inf_nan=False,
         description="Target size of the byte ranges read in parallel.",

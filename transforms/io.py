@@ -119,7 +119,7 @@ class InputSpec:
     header: bool = True  # CSV: if False, column_names is required
     column_names: tuple[str, ...] | None = None
     batch_rows: int = 65_536  # max rows per emitted DataFrame
-    split_bytes: int = 32 * 2**20  # target byte-range size for parallel CSV/JSONL reads
+    split_bytes: int = 8 * 2**20  # target byte-range size for parallel CSV/JSONL reads
     required_columns: tuple[str, ...] = ()  # must exist in every file
     column_types: Mapping[str, ColumnType] = field(default_factory=dict)  # default string
     nonempty_columns: tuple[str, ...] = ()  # an empty value rejects the row

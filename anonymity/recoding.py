@@ -1,0 +1,119 @@
+"""A recoding: what every raw QI tuple of the data is published as.
+
+Both algorithms end here: full-domain generalisation (one level per QI for the
+whole table) and Mondrian local recoding (a label per partition) produce a
+`Recoding` keyed by the distinct raw QI tuples of the summary. Recoding a batch is
+then one vectorised lookup, so rows are touched only to summarise and to recode
+(DESIGN.md "Work on summaries"). Its size is bounded by the distinct QI tuples,
+which is what travels to the workers as a side input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from anonymity.hierarchy import SUPPRESSED, Hierarchy
+from privpipe.errors import InputDataError
+
+IntArray = npt.NDArray[np.int64]
+ObjArray = npt.NDArray[np.object_]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, eq=False)
+class Recoding:
+    """Published labels per distinct raw QI tuple; suppressed tuples are all `*`.
+
+    ``codes[i]`` is a distinct tuple of raw codes (one per QI, codes of the QI's
+    hierarchy), ``labels[i]`` the labels it is published with, ``suppressed[i]`` whether
+    its records are suppressed. ``description`` says how the labels were chosen
+    (e.g. the transformation), for release.json.
+    """
+
+    qi_names: tuple[str, ...]
+    codes: IntArray
+    labels: ObjArray
+    suppressed: BoolArray
+    description: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        q = len(self.qi_names)
+        codes = np.asarray(self.codes, dtype=np.int64)
+        labels = np.asarray(self.labels, dtype=object)
+        suppressed = np.asarray(self.suppressed, dtype=bool).ravel()
+        if codes.ndim != 2 or codes.shape[1] != q or labels.shape != codes.shape:
+            raise ValueError("codes and labels must both have shape (n_tuples, n_qi)")
+        if suppressed.shape[0] != codes.shape[0]:
+            raise ValueError("suppressed must have one entry per tuple")
+        labels = labels.copy()
+        labels[suppressed] = SUPPRESSED
+        index = pd.MultiIndex.from_arrays([codes[:, j] for j in range(q)]) if q else None
+        if index is not None and not index.is_unique:
+            raise ValueError("raw QI tuples of a recoding must be distinct")
+        object.__setattr__(self, "qi_names", tuple(self.qi_names))
+        object.__setattr__(self, "codes", codes)
+        object.__setattr__(self, "labels", labels)
+        object.__setattr__(self, "suppressed", suppressed)
+        object.__setattr__(self, "description", dict(self.description))
+        object.__setattr__(self, "_index", index)
+
+    @property
+    def n_tuples(self) -> int:
+        return int(self.codes.shape[0])
+
+    def locate(self, raw_codes: npt.ArrayLike) -> IntArray:
+        """Row of the recoding for each tuple of raw codes (n, n_qi); -1 where absent."""
+        array = np.asarray(raw_codes, dtype=np.int64).reshape(-1, len(self.qi_names))
+        target = pd.MultiIndex.from_arrays([array[:, j] for j in range(array.shape[1])])
+        index: pd.MultiIndex = object.__getattribute__(self, "_index")
+        return np.asarray(index.get_indexer(target), dtype=np.int64)
+
+    def encode(self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]) -> IntArray:
+        """Raw codes (n, n_qi) of a batch's QI columns; unknown values are a data error."""
+        columns = []
+        for name in self.qi_names:
+            codes = hierarchies[name].encode(frame[name])
+            if (codes < 0).any():
+                bad = frame[name][codes < 0]
+                raise InputDataError(
+                    f"column {name!r}: {len(bad)} row(s) with values missing from its "
+                    f"hierarchy, e.g. {bad.iloc[0]!r}; add them to the hierarchy or map them"
+                )
+            columns.append(codes)
+        return np.stack(columns, axis=1) if columns else np.empty((len(frame), 0), np.int64)
+
+    def apply(
+        self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
+    ) -> tuple[pd.DataFrame, BoolArray]:
+        """The batch with each QI replaced by its published label, and which rows are
+        suppressed. A tuple absent from the recoding means the batch was not part of the
+        summary the recoding was made from: refused, never guessed."""
+        rows = self.locate(self.encode(frame, hierarchies))
+        if (rows < 0).any():
+            raise InputDataError(
+                f"{int((rows < 0).sum())} row(s) have QI combinations that were not in the "
+                "summary the anonymisation was computed on; the input changed during the run"
+            )
+        out = frame.copy()
+        for j, name in enumerate(self.qi_names):
+            out[name] = pd.array(self.labels[rows, j], dtype="str")
+        return out, self.suppressed[rows]
+
+
+def full_domain_labels(
+    qi_names: Sequence[str],
+    hierarchies: Mapping[str, Hierarchy],
+    codes: IntArray,
+    levels: Sequence[int],
+) -> ObjArray:
+    """Labels of raw-code tuples under a full-domain transformation (one level per QI)."""
+    labels = np.empty(codes.shape, dtype=object)
+    for j, (name, level) in enumerate(zip(qi_names, levels, strict=True)):
+        labels[:, j] = hierarchies[name].generalize(codes[:, j], int(level))
+    return labels
