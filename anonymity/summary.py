@@ -332,8 +332,12 @@ class Summary:
         sa_hierarchy: Hierarchy | None = None,
         *,
         sa_order: Sequence[object] | None = None,
+        weights: str | None = None,
     ) -> Summary:
         """Summarise a DataFrame: encode each QI with its hierarchy, count distinct tuples.
+
+        ``weights`` names a column of record counts, for a frame that is itself a
+        frequency table (e.g. partial summaries combined across batches).
 
         A QI value not in its hierarchy raises InputDataError naming the column and the
         number of rows. The SA is encoded by ``sa_hierarchy`` if given, else by
@@ -355,11 +359,15 @@ class Summary:
                 f"{', '.join(map(str, df.columns[:20]))}); fix the schema or the input"
             )
         resolved = resolve_hierarchies(names, hierarchies)
+        w = None if weights is None else np.asarray(df[weights], dtype=np.int64)
         codes = np.empty((len(df), len(names)), dtype=np.int64)
         for j, (name, hierarchy) in enumerate(zip(names, resolved, strict=True)):
             encoded = hierarchy.encode(df[name])
             if (encoded < 0).any():
-                tally = df[name].value_counts(dropna=False)
+                if w is None:
+                    tally = df[name].value_counts(dropna=False)
+                else:
+                    tally = pd.Series(w, index=df[name].to_numpy()).groupby(level=0).sum()
                 hierarchy.check_covers(tally)  # raises a precise InputDataError
                 raise InputDataError(
                     f"column {name!r}: {int((encoded < 0).sum())} rows with values not in "
@@ -368,12 +376,13 @@ class Summary:
             codes[:, j] = encoded
         domains = tuple(h.domain_size for h in resolved)
         if sensitive is None:
-            return cls.from_codes(names, codes, qi_domains=domains)
+            return cls.from_codes(names, codes, counts=w, qi_domains=domains)
         sa_codes, sa_values, fixed = _encode_sa(df[sensitive], sensitive, sa_hierarchy, sa_order)
         return cls.from_codes(
             names,
             codes,
             sa_codes,
+            w,
             sa_domain=len(sa_values),
             sa_name=sensitive,
             sa_values=sa_values,

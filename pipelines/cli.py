@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import traceback
 from collections.abc import Sequence
@@ -62,7 +63,15 @@ def _parser() -> _Parser:
     return p
 
 
+class _DropBeamImportNoise(logging.Filter):
+    """Beam warns on import about optional GCP client libraries privpipe does not use."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "apitools not found" not in record.getMessage()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    logging.getLogger().addFilter(_DropBeamImportNoise())
     args_in = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_in
     try:

@@ -1,0 +1,67 @@
+"""Every hierarchy of a config, made complete once the data's distinct values are known.
+
+ARX files and explicit groupings load without data (at plan time); masks, intervals
+and dates take their domain from the data's distinct values. The resolver is a
+small picklable value, so the same code runs on the driver (profile checks) and on
+the worker that runs an anonymisation search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from anonymity.hierarchy import Hierarchy, build_dates, build_intervals, build_mask
+from pipelines.config import HierarchyConfig
+
+
+@dataclass(frozen=True)
+class HierarchyResolver:
+    """Config hierarchies plus the ones already loaded; call with value counts per column."""
+
+    configs: Mapping[str, HierarchyConfig]
+    loaded: Mapping[str, Hierarchy]
+
+    def __call__(self, value_counts: Mapping[str, pd.Series]) -> dict[str, Hierarchy]:
+        """All hierarchies, each checked to cover every value in the data (exit 3 if not)."""
+        out: dict[str, Hierarchy] = {}
+        for col, hc in self.configs.items():
+            counts = value_counts.get(col, pd.Series(dtype="int64"))
+            h = self.loaded.get(col) or build_from_data(col, hc, list(counts.index))
+            h.check_covers(counts)
+            out[col] = h
+        return out
+
+
+def build_from_data(col: str, hc: HierarchyConfig, values: list[object]) -> Hierarchy:
+    """A builder hierarchy (mask, intervals, dates) over the data's distinct values."""
+    key = f"hierarchies.{col}.{hc.kind}"
+    aliases = dict(hc.map)
+    if hc.mask is not None:
+        return build_mask(
+            col, values, digits=hc.mask.digits, char=hc.mask.char, key=key, aliases=aliases
+        )
+    if hc.intervals is not None:
+        iv = hc.intervals
+        return build_intervals(
+            col,
+            values,
+            widths=iv.widths,
+            start=iv.start,
+            lower=iv.lower,
+            upper=iv.upper,
+            key=key,
+            aliases=aliases,
+        )
+    if hc.dates is not None:
+        return build_dates(
+            col,
+            values,
+            levels=tuple(hc.dates.levels),
+            format=hc.dates.format,
+            key=key,
+            aliases=aliases,
+        )
+    raise AssertionError(f"{key}: file and groups hierarchies are loaded at plan time")
