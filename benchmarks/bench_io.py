@@ -118,18 +118,25 @@ def main() -> None:
     results = []
     for rows in args.rows:
         path = data_file(rows)
-        with tempfile.TemporaryDirectory() as out:
-            pandas = measure([py, __file__, "--side", "pandas", "--path", str(path)])
-            beam_args = [
+        pandas = measure([py, __file__, "--side", "pandas", "--path", str(path)])
+        modes = {
+            "in_process": [],
+            "multi_processing_2": [
                 "--direct_num_workers",
                 str(args.workers),
                 "--direct_running_mode",
                 "multi_processing",
-            ]
-            beam = measure(
-                [py, __file__, "--side", "beam", "--path", str(path), "--out", out, *beam_args]
-            )
-        assert beam["rows"] == pandas["rows"], (beam, pandas)
+            ],
+        }
+        beam: dict[str, dict] = {}
+        for mode, beam_args in modes.items():
+            with tempfile.TemporaryDirectory() as out:
+                cmd = [py, __file__, "--side", "beam", "--path", str(path), "--out", out]
+                beam[mode] = measure([*cmd, *beam_args])
+            assert beam[mode]["rows"] == pandas["rows"], (beam, pandas)
+            beam[mode]["rows_per_s"] = round(rows / beam[mode]["wall_s"])
+            beam[mode]["vs_pandas_throughput"] = round(pandas["wall_s"] / beam[mode]["wall_s"], 3)
+        best = max(beam.values(), key=lambda b: b["rows_per_s"])
         res = {
             "benchmark": "io_read_profile",
             "date": datetime.now(UTC).date().isoformat(),
@@ -137,14 +144,13 @@ def main() -> None:
             "rows": rows,
             "file_mb": round(path.stat().st_size / 2**20, 1),
             "pandas": {**pandas, "rows_per_s": round(rows / pandas["wall_s"])},
-            "beam": {**beam, "rows_per_s": round(rows / beam["wall_s"]), "args": beam_args},
+            "beam": beam,
         }
-        res["beam_vs_pandas_throughput"] = round(pandas["wall_s"] / beam["wall_s"], 3)
         res["targets"] = {
-            "beam_at_least_half_pandas": res["beam_vs_pandas_throughput"] >= 0.5,
-            "peak_rss_under_2gb_at_10m": (beam["peak_rss_mb"] < 2048)
-            if rows >= 10_000_000
-            else None,
+            "beam_at_least_half_pandas": best["vs_pandas_throughput"] >= 0.5,
+            "peak_rss_under_2gb_at_10m": (
+                all(b["peak_rss_mb"] < 2048 for b in beam.values()) if rows >= 10_000_000 else None
+            ),
         }
         print(json.dumps(res))
         results.append(res)
