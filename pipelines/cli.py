@@ -70,8 +70,18 @@ class _DropBeamImportNoise(logging.Filter):
         return "apitools not found" not in record.getMessage()
 
 
+class _DropReportedErrors(logging.Filter):
+    """A DoFn's privpipe error is reported once, by main(), not also as Beam's traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, PrivpipeError) and "privpipe.errors." not in record.getMessage()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger().addFilter(_DropBeamImportNoise())
+    for name in ("apache_beam.runners.common", "apache_beam.runners.worker.sdk_worker"):
+        logging.getLogger(name).addFilter(_DropReportedErrors())
     args_in = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_in
     try:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-import privpipe
 from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv
 from pipelines.config import (
     ColumnType,
@@ -26,10 +25,6 @@ from pipelines.config import (
 )
 from privpipe.errors import ConfigError, InputDataError
 from transforms.io import InputSpec
-
-# Release kinds this version runs; the config model validates every kind of DESIGN.md's
-# contract, and a kind that is validated but not run here is refused before any data is read.
-IMPLEMENTED_KINDS: frozenset[str] = frozenset()
 
 _EXTENSIONS = {
     ".csv": "csv",
@@ -108,18 +103,14 @@ def load_plan(
     p = Path(path).resolve()
     data, digest = read_config(p)
     cfg = validate_config(data, p.name)
-    for i, r in enumerate(cfg.releases):
-        if r.kind not in IMPLEMENTED_KINDS:
-            raise ConfigError(
-                f"{p.name}: releases[{i}] ({r.name}): kind {r.kind} is not run by privpipe "
-                f"{privpipe.__version__}; remove the release or upgrade privpipe"
-            )
     base = p.parent
-    raw_paths = (
-        [input_override]
-        if input_override
-        else (cfg.input.path if isinstance(cfg.input.path, list) else [cfg.input.path])
-    )
+    # a path from the config resolves against the config's folder, one given as an
+    # argument against the working directory
+    raw_paths: list[str]
+    if input_override is not None:
+        raw_paths = [str(Path(input_override).resolve())]
+    else:
+        raw_paths = cfg.input.path if isinstance(cfg.input.path, list) else [cfg.input.path]
     paths: list[str] = []
     for rp in raw_paths:
         ap = Path(os.path.expanduser(str(rp)))

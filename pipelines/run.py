@@ -21,16 +21,20 @@ import pandas as pd
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 import privpipe
-from anonymity.hierarchy import Hierarchy, build_dates, build_intervals, build_mask
+from anonymity.spec import AnonymizationSpec
+from pipelines.config import ANONYMITY_KINDS
+from pipelines.hierarchies import HierarchyResolver
 from pipelines.output import RunOutput, new_run_id
 from pipelines.plan import Plan
 from privpipe import errors
-from privpipe.errors import InputDataError, PrivpipeError
+from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
+from transforms.anonymize import AnonymizeRelease, load_document
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
 from transforms.profile import ProfileMicrodata, load_json, split_internal
 from transforms.sink import WriteTable, write_json
 
 REJECTED_COLUMNS = ("file", "line", "reason")
+NUMERIC = ("integer", "float")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,32 @@ def pipeline_options(beam_args: Sequence[str], runner: str | None) -> PipelineOp
     return options
 
 
+def anonymization_spec(release: Any, plan: Plan) -> AnonymizationSpec:
+    """The pure core's spec of one anonymised release of the config."""
+    s = plan.config.schema_
+    numeric = tuple(q for q in s.quasi_identifiers if plan.column_types().get(q) in NUMERIC)
+    return AnonymizationSpec(
+        kind=release.kind,
+        qis=tuple(s.quasi_identifiers),
+        sensitive=s.sensitive,
+        k=release.k,
+        l=getattr(release, "l", None),
+        variant=getattr(release, "variant", "distinct"),
+        c=getattr(release, "c", None),
+        t=getattr(release, "t", None),
+        distance=getattr(release, "distance", "equal"),
+        suppression_limit=release.suppression_limit,
+        algorithm=release.algorithm,
+        metric=release.metric,
+        min_levels=dict(release.min_levels),
+        max_levels=dict(release.max_levels),
+        time_limit_s=release.time_limit_s,
+        suppressed=release.suppressed,
+        numeric=numeric if release.algorithm == "mondrian" else (),
+        name=release.name,
+    )
+
+
 def build_graph(
     p: beam.Pipeline, spec: InputSpec, columns: Sequence[str], plan: Plan, out: RunOutput
 ) -> None:
@@ -61,6 +91,16 @@ def build_graph(
     _ = read["batches"] | "Profile" >> ProfileMicrodata(
         str(out.work / "profile.json"), columns, s.quasi_identifiers, counted, s.privacy_unit
     )
+    resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
+    for r in plan.config.releases:
+        if r.kind in ANONYMITY_KINDS:
+            _ = read["batches"] | f"Release[{r.name}]" >> AnonymizeRelease(
+                anonymization_spec(r, plan),
+                spec,
+                resolver,
+                str(out.staging / "releases" / r.name),
+                plan.config.output.format,
+            )
     _ = (
         read["rejected"]
         | "RejectedColumns" >> beam.Map(lambda df: df[list(REJECTED_COLUMNS)])
@@ -88,14 +128,14 @@ def run(
         try:
             with beam.Pipeline(options=options) as p:
                 build_graph(p, spec, columns, plan, out)
-        except PrivpipeError:
-            raise
+        except PrivpipeError as e:
+            raise strip_step(e) from None
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
             raise unwrap_pipeline_error(e) from e
         profile, value_counts = split_internal(load_json(str(out.work / "profile.json")))
         rejected = pd.read_csv(out.staging / "rejected.csv", dtype={"file": str, "reason": str})
         check_rejected(plan, profile["rows"], rejected)
-        hierarchies = resolve_hierarchies(plan, value_counts)
+        hierarchies = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)(value_counts)
         finished = datetime.now(UTC)
         manifest = {
             "run_id": run_id,
@@ -113,6 +153,7 @@ def run(
             "seconds": round(time.perf_counter() - t0, 3),
             "runner": runner_name,
             "releases": [r.name for r in plan.config.releases],
+            "release_summaries": release_summaries(plan, out),
             "hierarchies": {
                 c: {"levels": h.levels, "domain_size": h.domain_size, "source": h.source}
                 for c, h in hierarchies.items()
@@ -126,6 +167,17 @@ def run(
         out.abort()
         raise
     return RunResult(run_id=run_id, output_dir=plan.output_dir, manifest=manifest)
+
+
+def release_summaries(plan: Plan, out: RunOutput) -> dict[str, Any]:
+    """Kind, guarantee and verification of each release, read back from release.json."""
+    summaries: dict[str, Any] = {}
+    for r in plan.config.releases:
+        doc = load_document(out.staging / "releases" / r.name / "release.json")
+        if doc.get("verified") is not True:
+            raise PrivacyRefusal(f"release {r.name!r} was not verified; nothing was published")
+        summaries[r.name] = {k: doc.get(k) for k in ("kind", "guarantee", "verified")}
+    return summaries
 
 
 def check_rejected(plan: Plan, accepted: int, rejected: pd.DataFrame) -> None:
@@ -151,49 +203,7 @@ def check_rejected(plan: Plan, accepted: int, rejected: pd.DataFrame) -> None:
         )
 
 
-def resolve_hierarchies(plan: Plan, value_counts: dict[str, pd.Series]) -> dict[str, Hierarchy]:
-    """All hierarchies of the config, builders made from the data's distinct values,
-    each checked to cover every value in the data (exit 3 otherwise)."""
-    out: dict[str, Hierarchy] = {}
-    for col, hc in plan.config.hierarchies.items():
-        counts = value_counts.get(col, pd.Series(dtype="int64"))
-        values = list(counts.index)
-        h = plan.hierarchies.get(col)
-        if h is None:
-            key = f"hierarchies.{col}.{hc.kind}"
-            aliases = dict(hc.map)
-            if hc.mask is not None:
-                h = build_mask(
-                    col, values, digits=hc.mask.digits, char=hc.mask.char, key=key, aliases=aliases
-                )
-            elif hc.intervals is not None:
-                iv = hc.intervals
-                h = build_intervals(
-                    col,
-                    values,
-                    widths=iv.widths,
-                    start=iv.start,
-                    lower=iv.lower,
-                    upper=iv.upper,
-                    key=key,
-                    aliases=aliases,
-                )
-            elif hc.dates is not None:
-                h = build_dates(
-                    col,
-                    values,
-                    levels=tuple(hc.dates.levels),
-                    format=hc.dates.format,
-                    key=key,
-                    aliases=aliases,
-                )
-            else:  # pragma: no cover - config validation guarantees one kind
-                raise AssertionError(hc)
-        h.check_covers(counts)
-        out[col] = h
-    return out
-
-
+_STEP_SUFFIX = re.compile(r"\s*\[while running '[^']*'\]\s*$")
 _WRAPPED = re.compile(
     r"(ConfigError|InputDataError|PrivacyRefusal|OutputError|PrivpipeError): (.+?)(?:\n|$)"
 )
@@ -205,11 +215,17 @@ def unwrap_pipeline_error(exc: BaseException) -> BaseException:
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, PrivpipeError):
-            return cur
+            return strip_step(cur)
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     match = _WRAPPED.search(str(exc))
     if match:
         cls = getattr(errors, match.group(1))
-        return cls(match.group(2).strip())  # type: ignore[no-any-return]
+        return cls(_STEP_SUFFIX.sub("", match.group(2).strip()))  # type: ignore[no-any-return]
     return exc
+
+
+def strip_step(exc: PrivpipeError) -> PrivpipeError:
+    """Drop the runner's "[while running 'step']" suffix from a privpipe error message."""
+    text = _STEP_SUFFIX.sub("", str(exc))
+    return type(exc)(text) if text != str(exc) else exc

@@ -198,21 +198,6 @@ def test_output_dir_not_writable(project: Project, capsys: pytest.CaptureFixture
     assert blocker.read_text().startswith("a file")
 
 
-def test_unimplemented_release_kind_is_refused_before_reading(
-    project: Project, capsys: pytest.CaptureFixture[str]
-) -> None:
-    project.cfg["hierarchies"]["zip"] = {"mask": {"digits": 5}}
-    project.cfg["releases"] = [{"name": "k2", "kind": "k_anonymity", "k": 2}]
-    project.save()
-    project.data.unlink()  # proves no data is read
-    code, _, err = run_cli(["run", str(project.config)], capsys)
-    from pipelines.plan import IMPLEMENTED_KINDS
-
-    if "k_anonymity" in IMPLEMENTED_KINDS:
-        pytest.skip("k_anonymity is implemented")
-    assert code == 2 and "releases[0] (k2)" in err
-
-
 def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(["frobnicate"], capsys)
     assert code == 2 and "invalid choice" in err

@@ -1,0 +1,380 @@
+"""The anonymisation API for notebooks, and the steps the Beam pipeline runs separately.
+
+``anonymize(df, spec, hierarchies)`` does the whole release on a DataFrame:
+
+1. summarise the QIs and the SA (``Summary.from_frame``);
+2. ``plan_recoding`` on the summary only (the pipeline runs it on one worker): refuse
+   unreachable guarantees with the numbers, search the lattice (``optimal`` /
+   ``heuristic``) or run Mondrian, and turn the result into a ``Recoding`` (published
+   labels per distinct raw QI tuple), with its metrics and risk before and after;
+3. ``publish`` the rows: recode, drop suppressed rows if ``suppressed: drop``, keep the
+   QI and SA columns only; **no other column is ever published** (person ids, names,
+   attributes outside the schema are left out of the release);
+4. ``verify_table`` recounts the output on a separate code path; if it fails, nothing is
+   released (``PrivacyRefusal``, exit 4);
+5. ``release_document`` is release.json's content; ``verified`` is true only when step 4
+   passed.
+
+Rows keep their input order. Metrics are ``anonymity.quality.recoding_metrics`` for both
+the input (every QI at level 0) and the output, so full-domain and Mondrian releases are
+comparable (flat keys: ``loss``, ``loss_arithmetic``, ``loss_per_attribute``, ...). Risk
+(prosecutor, journalist with the table as population, marketer) is computed on the
+published class sizes; suppressed records are left out, as ARX does.
+
+Pure core: numpy, pandas and the standard library only (no Beam).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from anonymity.hierarchy import Hierarchy
+from anonymity.mondrian import mondrian
+from anonymity.quality import class_sizes, recoding_metrics
+from anonymity.recoding import Recoding, full_domain_labels
+from anonymity.risk import journalist, marketer, prosecutor
+from anonymity.search import SearchResult, search
+from anonymity.spec import AnonymizationSpec
+from anonymity.summary import Summary, resolve_hierarchies
+from anonymity.transformation import Evaluator
+from anonymity.verify import Verification, verify_table
+from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
+
+__all__ = [
+    "AnonymizedRelease",
+    "RecodingPlan",
+    "anonymize",
+    "identity_recoding",
+    "input_sa_distribution",
+    "plan_recoding",
+    "publish",
+    "recoding_from_search",
+    "release_document",
+]
+
+IntArray: TypeAlias = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class RecodingPlan:
+    """What to publish, decided on the summary: the recoding and how it was found.
+
+    ``search`` describes the run (algorithm, ``transformation`` levels per QI or Mondrian
+    ``partitions``, ``nodes_checked``, ``seconds``, ``suppressed_records``). Metrics and
+    risk are JSON-ready dicts. ``input_records`` and ``input_sa_distribution`` (SA value
+    -> share of the whole input, every value of the SA domain) are what the verification
+    of the published table needs.
+    """
+
+    recoding: Recoding
+    search: dict[str, Any]
+    metrics_input: dict[str, Any]
+    metrics_output: dict[str, Any]
+    risk_input: dict[str, Any]
+    risk_output: dict[str, Any]
+    input_records: int
+    input_sa_distribution: dict[str, float] | None
+
+    @property
+    def suppressed_records(self) -> int:
+        """Records the recoding suppresses."""
+        return int(self.search["suppressed_records"])
+
+
+@dataclass(frozen=True, eq=False)
+class AnonymizedRelease:
+    """A verified release: the table to publish and everything release.json says."""
+
+    table: pd.DataFrame
+    recoding: Recoding
+    plan: RecodingPlan
+    verification: Verification
+    document: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- recodings
+
+
+def _distinct_tuples(summary: Summary) -> IntArray:
+    if summary.n_distinct == 0:
+        return np.zeros((0, summary.n_qi), dtype=np.int64)
+    return np.asarray(np.unique(summary.qi_codes, axis=0), dtype=np.int64)
+
+
+def recoding_from_search(
+    result: SearchResult, summary: Summary, hierarchies: Mapping[str, Hierarchy]
+) -> Recoding:
+    """The recoding of a full-domain search result: every distinct raw QI tuple of the
+    summary gets its labels at the chosen levels; tuples in suppressed classes are ``*``."""
+    codes = _distinct_tuples(summary)
+    labels = full_domain_labels(summary.qi_names, hierarchies, codes, result.transformation)
+    index = result.classes.classify(codes)
+    if (index < 0).any():
+        raise RuntimeError("a QI tuple of the summary is in no class of the search result")
+    suppressed = result.assessment.suppressed[index]
+    # "levels" is also the level hint quality.recoding_metrics reads labels with
+    description = {"type": "full_domain", "algorithm": result.algorithm, "levels": result.levels}
+    return Recoding(summary.qi_names, codes, labels, suppressed, description)
+
+
+def identity_recoding(summary: Summary, hierarchies: Mapping[str, Hierarchy]) -> Recoding:
+    """The input as a recoding: every QI at level 0, nothing suppressed (input metrics)."""
+    codes = _distinct_tuples(summary)
+    labels = full_domain_labels(summary.qi_names, hierarchies, codes, [0] * summary.n_qi)
+    nothing = np.zeros(codes.shape[0], dtype=bool)
+    return Recoding(summary.qi_names, codes, labels, nothing, {"type": "identity"})
+
+
+def input_sa_distribution(summary: Summary) -> dict[str, float] | None:
+    """SA value -> share of all input records, over the whole SA domain, in code order
+    (the order ordered t-closeness uses); None without an SA."""
+    if not summary.has_sa:
+        return None
+    counts = summary.sa_counts()
+    values = summary.sa_values
+    names = [str(v) for v in values] if values is not None else [str(i) for i in range(len(counts))]
+    total = float(counts.sum())
+    return {name: float(count) / total for name, count in zip(names, counts, strict=True)}
+
+
+def _risk(sizes: IntArray, suppressed: int) -> dict[str, Any]:
+    return {
+        "prosecutor": prosecutor(sizes).as_dict(),
+        "journalist": journalist(sizes).as_dict(),
+        "marketer": marketer(sizes),
+        "suppressed_records": int(suppressed),
+    }
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _check_summary(summary: Summary, spec: AnonymizationSpec) -> None:
+    if summary.qi_names != spec.qis:
+        raise ConfigError(
+            f"the summary has quasi-identifiers {list(summary.qi_names)}, the release "
+            f"{list(spec.qis)}; summarise with the release's quasi-identifiers in its order"
+        )
+    if spec.kind != "k_anonymity" and (not summary.has_sa or summary.sa_name != spec.sensitive):
+        raise ConfigError(
+            f"kind {spec.kind} needs a summary of the sensitive attribute {spec.sensitive!r}"
+        )
+    if summary.n_records == 0:
+        raise InputDataError("no records to anonymise: the input has no rows")
+
+
+def plan_recoding(
+    summary: Summary,
+    spec: AnonymizationSpec,
+    hierarchies: Mapping[str, Hierarchy],
+    sa_hierarchy: Hierarchy | None = None,
+) -> RecodingPlan:
+    """Decide the recoding on the summary: feasibility, search or Mondrian, metrics, risk.
+
+    Raises PrivacyRefusal (exit 4) with the numbers when the guarantee is unreachable
+    (k above |D|, l above the distinct SA values, or no transformation within the
+    suppression limit), ConfigError for settings that do not fit the data.
+    """
+    _check_summary(summary, spec)
+    distinct_sa = int((summary.sa_counts() > 0).sum()) if summary.has_sa else None
+    spec.check_feasible(summary.n_records, distinct_sa)
+    models = spec.models(sa_hierarchy)
+    started = time.perf_counter()
+    info: dict[str, Any]
+    if spec.algorithm == "mondrian":
+        outcome = mondrian(
+            summary,
+            hierarchies,
+            models,
+            numeric=spec.numeric,
+            suppression_limit=spec.suppression_limit,
+        )
+        recoding = outcome.recoding
+        info = {
+            "algorithm": "mondrian",
+            "partitions": int(outcome.partitions),
+            "numeric": list(spec.numeric),
+            "seconds": outcome.seconds,
+            "suppressed_records": int(outcome.suppressed_records),
+        }
+    else:
+        evaluator = Evaluator(summary, hierarchies)
+        resolved = resolve_hierarchies(spec.qis, hierarchies)
+        lattice = evaluator.lattice(
+            [spec.min_levels.get(q, 0) for q in spec.qis],
+            [spec.max_levels.get(q, h.height) for q, h in zip(spec.qis, resolved, strict=True)],
+        )
+        result = search(
+            evaluator,
+            models,
+            algorithm=spec.algorithm,
+            suppression_limit=spec.suppression_limit,
+            metric=spec.metric,
+            lattice=lattice,
+            time_limit=spec.time_limit_s,
+        )
+        recoding = recoding_from_search(result, summary, hierarchies)
+        info = {
+            "algorithm": result.algorithm,
+            "transformation": dict(result.levels),
+            "metric": result.metric,
+            "value": result.value,
+            "nodes_checked": result.nodes_checked,
+            "lattice_size": result.lattice_size,
+            "proven_optimal": result.proven_optimal,
+            "seconds": result.seconds,
+            "suppressed_records": int(result.suppressed_records),
+        }
+    info["total_seconds"] = time.perf_counter() - started
+    identity = identity_recoding(summary, hierarchies)
+    level_0 = dict.fromkeys(spec.qis, 0)
+    metrics_input = recoding_metrics(
+        identity, summary, hierarchies, numeric=spec.numeric, levels=level_0
+    )
+    metrics_output = recoding_metrics(recoding, summary, hierarchies, numeric=spec.numeric)
+    input_sizes = class_sizes(identity, summary)
+    output_sizes = class_sizes(recoding, summary)
+    suppressed = summary.n_records - int(output_sizes.sum())
+    if suppressed != info["suppressed_records"]:
+        raise PrivacyRefusal(
+            f"the recoding suppresses {suppressed} records but the {info['algorithm']} "
+            f"result reports {info['suppressed_records']}; nothing is published"
+        )
+    return RecodingPlan(
+        recoding,
+        info,
+        _plain(metrics_input),
+        _plain(metrics_output),
+        _risk(input_sizes, 0),
+        _risk(output_sizes, suppressed),
+        summary.n_records,
+        input_sa_distribution(summary),
+    )
+
+
+# --------------------------------------------------------------------------- publishing
+
+
+def publish(
+    frame: pd.DataFrame,
+    spec: AnonymizationSpec,
+    recoding: Recoding,
+    hierarchies: Mapping[str, Hierarchy],
+) -> tuple[pd.DataFrame, int]:
+    """Recode a frame (or a batch) for publication: the QI and SA columns only, QIs as
+    published labels, suppressed rows all ``*`` or dropped. Returns the table and the
+    number of suppressed records in it."""
+    columns = [*spec.qis, *([spec.sensitive] if spec.sensitive else [])]
+    absent = [c for c in columns if c not in frame.columns]
+    if absent:
+        raise InputDataError(f"column(s) {absent} not in the data; fix the schema or the input")
+    recoded, suppressed = recoding.apply(frame[columns], hierarchies)
+    if spec.suppressed == "drop":
+        recoded = recoded.loc[~suppressed]
+    return recoded[columns].reset_index(drop=True), int(suppressed.sum())
+
+
+def _transformation(spec: AnonymizationSpec, plan: RecodingPlan) -> dict[str, Any]:
+    if spec.algorithm == "mondrian":
+        return {
+            "type": "local_recoding",
+            "algorithm": "mondrian",
+            "partitions": plan.search.get("partitions"),
+            "numeric": list(spec.numeric),
+        }
+    return {"type": "full_domain", "levels": dict(plan.search.get("transformation", {}))}
+
+
+def release_document(
+    spec: AnonymizationSpec, plan: RecodingPlan, verification: Verification
+) -> dict[str, Any]:
+    """release.json's content: what was promised, how it was reached, what it cost, and
+    whether the published table passed the independent check (``verified``)."""
+    document: dict[str, Any] = {}
+    if spec.name:
+        document["name"] = spec.name
+    document.update(
+        {
+            "kind": spec.kind,
+            "parameters": spec.parameters(),
+            "guarantee": spec.guarantee(),
+            "transformation": _transformation(spec, plan),
+            "search": dict(plan.search),
+            "records": {
+                "input": plan.input_records,
+                "published": verification.records,
+                "suppressed": verification.suppressed_records,
+                "suppressed_as": spec.suppressed,
+            },
+            "metrics": {"input": plan.metrics_input, "output": plan.metrics_output},
+            "risk": {"input": plan.risk_input, "output": plan.risk_output},
+            "verification": verification.as_dict(),
+            "verified": bool(verification.ok),
+        }
+    )
+    plain: dict[str, Any] = _plain(document)
+    return plain
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy: numpy scalars and arrays to Python, tuples to lists, non-finite
+    floats to None (strict JSON has no NaN)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# --------------------------------------------------------------------------- all at once
+
+
+def anonymize(
+    df: pd.DataFrame,
+    spec: AnonymizationSpec,
+    hierarchies: Mapping[str, Hierarchy],
+    *,
+    sa_hierarchy: Hierarchy | None = None,
+) -> AnonymizedRelease:
+    """Anonymise a DataFrame per ``spec`` and verify the result (module docstring).
+
+    ``hierarchies`` maps each QI to its hierarchy; ``sa_hierarchy`` (the SA's) is needed
+    for hierarchical t-closeness and, when given, fixes the SA domain. Raises
+    PrivacyRefusal (exit 4) when the guarantee is unreachable or the output fails
+    verification, InputDataError (exit 3) for values missing from a hierarchy.
+    """
+    sa = spec.sensitive
+    summary = Summary.from_frame(df, spec.qis, sa, hierarchies, sa_hierarchy if sa else None)
+    plan = plan_recoding(summary, spec, hierarchies, sa_hierarchy)
+    table, suppressed = publish(df, spec, plan.recoding, hierarchies)
+    verification = verify_table(
+        table,
+        spec,
+        input_records=len(df),
+        suppressed_records=suppressed,
+        input_sa_distribution=plan.input_sa_distribution,
+        sa_hierarchy=sa_hierarchy,
+    )
+    if suppressed != plan.suppressed_records:
+        raise PrivacyRefusal(
+            f"recoding the rows suppressed {suppressed} records, the plan {plan.suppressed_records}"
+            "; nothing is published"
+        )
+    if not verification.ok:
+        raise PrivacyRefusal(f"{spec.describe()}: {verification.message()}")
+    document = release_document(spec, plan, verification)
+    return AnonymizedRelease(table, plan.recoding, plan, verification, document)

@@ -1,0 +1,506 @@
+"""Independent verification of a published anonymised table (DESIGN.md "Fail closed").
+
+The search and Mondrian decide what to publish; this module checks what *is* published,
+on a separate code path: it does not import the privacy models, metrics, evaluator or
+search, and recounts the equivalence classes of the output table with plain pandas and
+numpy, so a bug there cannot hide itself. A release is written only if every check
+passes (REFERENCE.md, "Privacy models"):
+
+- every equivalence class (rows with identical published QI labels) has >= k records;
+- l-diversity: distinct (>= l distinct SA values), entropy (-sum q ln q >= ln l) or
+  recursive (r1 < c (r_l + ... + r_m), counts sorted descending);
+- t-closeness: distance(q_E, p) <= t, p the SA distribution of the whole *input* table
+  (``input_sa_distribution``, suppressed records included, as the search uses it), with
+  the equal, ordered or hierarchical distance written out from the formulas;
+- at most floor(suppression_limit * input_records) records are suppressed;
+- no record is lost or invented: published + dropped = input records.
+
+Suppressed records (ARX's convention, which the search follows) are not an equivalence
+class and are exempt from the models. In the table they are the rows whose QIs are all
+``*``; with ``suppressed: drop`` they are absent, so the number of suppressed records is
+always passed explicitly. When the table holds *more* all-``*`` records than were
+suppressed (a genuine class generalised to ``*`` everywhere), the whole all-``*`` group is
+checked as a class, which is what a reader of the table sees.
+
+Ordered distance orders the SA values numerically when all are numbers, else in the order
+of ``input_sa_distribution``'s keys (pass them in the SA domain's order). SA values are
+matched as strings (numbers without a spurious ``.0``, like hierarchies match them). The
+hierarchical distance walks ``sa_hierarchy`` level by level. Thresholds allow 1e-12 of
+floating-point noise, as the search does.
+
+Pure core: numpy, pandas and the standard library only (no Beam).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal
+from typing import Any, Final, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from anonymity.hierarchy import SUPPRESSED, Hierarchy
+from anonymity.spec import AnonymizationSpec
+
+__all__ = ["MAX_FAILURES", "Verification", "verify_counts", "verify_table"]
+
+FloatArray: TypeAlias = npt.NDArray[np.float64]
+IntArray: TypeAlias = npt.NDArray[np.int64]
+
+MAX_FAILURES: Final = 10
+"""Failure messages listed per check; the rest are counted."""
+EPSILON: Final = 1e-12
+"""Floating-point slack of the entropy and distance comparisons."""
+_CHUNK_CELLS: Final = 2_000_000
+"""Dense (classes x SA values) matrices are built in chunks of about this many cells."""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of verifying one published table.
+
+    ``failures`` are messages for people (the class, the numbers, the threshold); at most
+    ``MAX_FAILURES`` per check, then a count. ``classes``/``smallest_class`` are over the
+    published (not suppressed) equivalence classes; ``checked`` says what was verified.
+    """
+
+    ok: bool
+    failures: list[str]
+    classes: int
+    smallest_class: int
+    suppressed_records: int
+    checked: list[str]
+    records: int = 0
+    distances: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values for JSON (release.json ``verification``)."""
+        return asdict(self)
+
+    def message(self) -> str:
+        """One paragraph for a refusal."""
+        return "the published table failed verification: " + "; ".join(self.failures)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _canonical(value: object) -> str:
+    """A value as a string: numbers without a spurious ``.0`` (as hierarchies match them)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        number = float(value)
+        if math.isfinite(number) and number.is_integer():
+            return str(int(number))
+        return repr(number)
+    return str(value)
+
+
+def _strings(column: pd.Series) -> npt.NDArray[np.object_]:
+    """Canonical strings of a column (missing cells as ``""``), per distinct value."""
+    codes, uniques = pd.factorize(column, use_na_sentinel=True)
+    names = np.array([_canonical(v) for v in uniques] + [""], dtype=object)
+    return np.asarray(names[np.asarray(codes)], dtype=object)
+
+
+def _cap(limit: float, records: int) -> int:
+    """floor(limit * records), the limit read as the decimal it was written as."""
+    return math.floor(Decimal(repr(float(limit))) * records)
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.4g}%"
+
+
+def _report(
+    failures: list[str], indices: IntArray, message: Callable[[int], str], what: str
+) -> None:
+    """Messages for the first MAX_FAILURES failing classes, then how many more fail."""
+    for c in indices[:MAX_FAILURES].tolist():
+        failures.append(message(int(c)))
+    if indices.shape[0] > MAX_FAILURES:
+        failures.append(f"... and {indices.shape[0] - MAX_FAILURES} more classes violate {what}")
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def verify_table(
+    table: pd.DataFrame,
+    spec: AnonymizationSpec,
+    *,
+    input_records: int,
+    suppressed_records: int,
+    input_sa_distribution: Mapping[str, float] | None = None,
+    sa_hierarchy: Hierarchy | None = None,
+) -> Verification:
+    """Verify a published table (one row per published record): count, then
+    ``verify_counts``. Columns other than the QIs and the SA are a failure: nothing
+    else may be published."""
+    wanted = [*spec.qis, *([spec.sensitive] if spec.sensitive else [])]
+    extra = [str(c) for c in table.columns if c not in wanted]
+    absent = [c for c in wanted if c not in table.columns]
+    if absent:
+        return _broken(f"the table lacks column(s) {absent}", suppressed_records)
+    counts = table.groupby(wanted, sort=False, dropna=False).size().reset_index(name="count")
+    result = verify_counts(
+        counts,
+        spec,
+        input_records=input_records,
+        suppressed_records=suppressed_records,
+        input_sa_distribution=input_sa_distribution,
+        sa_hierarchy=sa_hierarchy,
+    )
+    if not extra:
+        return result
+    failures = [
+        f"column(s) {extra} would be published but are neither quasi-identifiers nor the "
+        "sensitive attribute",
+        *result.failures,
+    ]
+    return Verification(
+        False,
+        failures,
+        result.classes,
+        result.smallest_class,
+        result.suppressed_records,
+        result.checked,
+        result.records,
+        result.distances,
+    )
+
+
+def _broken(text: str, suppressed_records: int) -> Verification:
+    return Verification(False, [text], 0, 0, suppressed_records, [], 0)
+
+
+def verify_counts(
+    class_counts: pd.DataFrame,
+    spec: AnonymizationSpec,
+    *,
+    input_records: int,
+    suppressed_records: int,
+    input_sa_distribution: Mapping[str, float] | None = None,
+    sa_hierarchy: Hierarchy | None = None,
+) -> Verification:
+    """Verify the counts of each (published QI labels, SA value) of a table to publish.
+
+    ``class_counts`` has the QI columns, the SA column (if the spec has one) and
+    ``count``. ``suppressed_records`` is how many records were suppressed (present as
+    all-``*`` rows with ``suppressed: star``, absent with ``drop``). ``input_records``
+    is |D| of the input; ``input_sa_distribution`` (SA value -> share of D) is needed
+    for t-closeness, ``sa_hierarchy`` for the hierarchical distance.
+    """
+    qis = list(spec.qis)
+    sa = spec.sensitive
+    needs_sa = spec.kind != "k_anonymity"
+    wanted = [*qis, *([sa] if sa and needs_sa else []), "count"]
+    absent = [c for c in wanted if c not in class_counts.columns]
+    if absent:
+        return _broken(f"the class counts lack column(s) {absent}", suppressed_records)
+    count = pd.to_numeric(class_counts["count"], errors="coerce")
+    if count.isna().any() or (count < 0).any() or (count != np.floor(count)).any():
+        return _broken("the class counts must be non-negative integers", suppressed_records)
+    frame = class_counts.loc[count.to_numpy() > 0]
+    counts = count.to_numpy()[count.to_numpy() > 0].astype(np.int64)
+    failures: list[str] = []
+    checked: list[str] = []
+
+    # ------------------------------------------------------------- records and suppression
+    labels = np.stack([_strings(frame[q]) for q in qis], axis=1)
+    all_star = (labels == SUPPRESSED).all(axis=1)
+    star_records = int(counts[all_star].sum())
+    published = int(counts.sum())
+    dropped = suppressed_records if spec.suppressed == "drop" else 0
+    if suppressed_records < 0:
+        failures.append(f"suppressed_records is negative ({suppressed_records})")
+    if published + dropped != input_records:
+        diff = input_records - published - dropped
+        what = f"{diff} record(s) lost" if diff > 0 else f"{-diff} record(s) more than the input"
+        failures.append(
+            f"the table has {published} records + {dropped} dropped = {published + dropped}, "
+            f"but the input had {input_records} ({what})"
+        )
+    checked.append(f"records: {published} published + {dropped} dropped = {input_records} input")
+    cap = _cap(spec.suppression_limit, input_records)
+    if suppressed_records > cap:
+        failures.append(
+            f"{suppressed_records} records suppressed, more than the limit "
+            f"floor({spec.suppression_limit:g} x {input_records}) = {cap}"
+        )
+    checked.append(
+        f"suppression: {suppressed_records} <= {cap} "
+        f"({_pct(spec.suppression_limit)} of {input_records} records)"
+    )
+    in_class = np.ones(labels.shape[0], dtype=bool)
+    if spec.suppressed == "star":
+        if star_records < suppressed_records:
+            failures.append(
+                f"{suppressed_records} records were suppressed but the table has only "
+                f"{star_records} rows with every quasi-identifier '*'"
+            )
+        elif star_records == suppressed_records:
+            in_class = ~all_star  # exactly the suppressed records: not a class
+
+    # ------------------------------------------------------------- classes
+    kept = frame.loc[in_class]
+    kept_counts = counts[in_class]
+    class_of = np.asarray(
+        pd.MultiIndex.from_arrays([labels[in_class, j] for j in range(len(qis))]).factorize()[0]
+        if len(kept)
+        else np.zeros(0, dtype=np.int64),
+        dtype=np.int64,
+    )
+    n_classes = int(class_of.max()) + 1 if class_of.size else 0
+    sizes = np.bincount(class_of, weights=kept_counts, minlength=n_classes).astype(np.int64)
+    first = np.zeros(n_classes, dtype=np.int64)
+    if n_classes:
+        first[class_of[::-1]] = np.arange(class_of.shape[0])[::-1]
+    names = _Names(qis, labels[in_class], first)
+    smallest = int(sizes.min()) if n_classes else 0
+
+    _report(
+        failures,
+        np.flatnonzero(sizes < spec.k),
+        lambda c: f"class {names[c]} has {sizes[c]} records, fewer than k={spec.k}",
+        f"k={spec.k}",
+    )
+    checked.append(f"k={spec.k} on {n_classes} classes (smallest {smallest})")
+
+    distances: dict[str, float] = {}
+    if needs_sa and sa is not None and n_classes:
+        sa_values = _strings(kept[sa])
+        cells = pd.DataFrame({"cls": class_of, "sa": sa_values, "n": kept_counts})
+        cells = cells.groupby(["cls", "sa"], sort=True).agg(n=("n", "sum")).reset_index()
+        if spec.kind == "l_diversity":
+            _check_l(spec, cells, sizes, names, failures, checked)
+        else:
+            distances = _check_t(
+                spec, cells, sizes, names, input_sa_distribution, sa_hierarchy, failures, checked
+            )
+    return Verification(
+        not failures,
+        failures,
+        n_classes,
+        smallest,
+        int(suppressed_records),
+        checked,
+        published,
+        distances,
+    )
+
+
+class _Names:
+    """Names of classes for messages (built only for the classes named)."""
+
+    def __init__(self, qis: Sequence[str], labels: npt.NDArray[np.object_], first: IntArray):
+        self.qis = qis
+        self.labels = labels
+        self.first = first
+
+    def __getitem__(self, c: int) -> str:
+        row = self.labels[int(self.first[c])]
+        return "[" + ", ".join(f"{q}={v}" for q, v in zip(self.qis, row, strict=True)) + "]"
+
+
+# --------------------------------------------------------------------------- l-diversity
+
+
+def _check_l(
+    spec: AnonymizationSpec,
+    cells: pd.DataFrame,
+    sizes: IntArray,
+    names: _Names,
+    failures: list[str],
+    checked: list[str],
+) -> None:
+    assert spec.l is not None
+    n_classes = sizes.shape[0]
+    cls = cells["cls"].to_numpy(dtype=np.int64)
+    n = cells["n"].to_numpy(dtype=np.int64)
+    sa = spec.sensitive
+    what = f"l={spec.l:g} ({spec.variant})"
+    if spec.variant == "distinct":
+        distinct = np.bincount(cls, minlength=n_classes)
+
+        def few(c: int) -> str:
+            values = cells.loc[cls == c, "sa"].tolist()
+            shown = ", ".join(map(repr, values[:3])) + (" ..." if len(values) > 3 else "")
+            return (
+                f"class {names[c]} has {distinct[c]} distinct {sa} value(s) ({shown}), "
+                f"fewer than l={spec.l:g}"
+            )
+
+        _report(failures, np.flatnonzero(distinct < spec.l), few, what)
+        checked.append(f"l={spec.l:g} (distinct) on {n_classes} classes")
+    elif spec.variant == "entropy":
+        q = n / sizes[cls]
+        entropy = -np.bincount(cls, weights=q * np.log(q), minlength=n_classes)
+        floor = math.log(spec.l)
+        _report(
+            failures,
+            np.flatnonzero(entropy < floor - EPSILON),
+            lambda c: (
+                f"class {names[c]}: entropy of {sa} {entropy[c]:.6g} < "
+                f"log(l={spec.l:g}) = {floor:.6g}"
+            ),
+            what,
+        )
+        checked.append(f"l={spec.l:g} (entropy) on {n_classes} classes")
+    else:
+        assert spec.c is not None
+        order = np.lexsort((-n, cls))
+        s_cls, s_n = cls[order], n[order]
+        starts = np.searchsorted(s_cls, np.arange(n_classes))
+        rank = np.arange(s_cls.shape[0]) - starts[s_cls]
+        top = np.zeros(n_classes, dtype=np.int64)
+        top[s_cls[rank == 0]] = s_n[rank == 0]
+        weights = np.where(rank >= int(spec.l) - 1, s_n, 0)
+        tail = np.bincount(s_cls, weights=weights, minlength=n_classes)
+        c_value = spec.c
+        _report(
+            failures,
+            np.flatnonzero(~(top < c_value * tail)),
+            lambda c: (
+                f"class {names[c]}: most frequent {sa} count r1={top[c]} is not below "
+                f"c x (r{int(spec.l or 0)} + ... + rm) = {c_value:g} x {int(tail[c])} = "
+                f"{c_value * tail[c]:g}"
+            ),
+            what,
+        )
+        checked.append(f"(c={spec.c:g}, l={spec.l:g}) recursive on {n_classes} classes")
+
+
+# --------------------------------------------------------------------------- t-closeness
+
+
+def _numeric_order(values: Sequence[str]) -> list[str] | None:
+    try:
+        numbers = [float(v) for v in values]
+    except ValueError:
+        return None
+    if not all(math.isfinite(x) for x in numbers):
+        return None
+    return [v for _, v in sorted(zip(numbers, values, strict=True), key=lambda p: p[0])]
+
+
+def _check_t(
+    spec: AnonymizationSpec,
+    cells: pd.DataFrame,
+    sizes: IntArray,
+    names: _Names,
+    distribution: Mapping[str, float] | None,
+    hierarchy: Hierarchy | None,
+    failures: list[str],
+    checked: list[str],
+) -> dict[str, float]:
+    assert spec.t is not None
+    sa = spec.sensitive
+    if distribution is None or not distribution:
+        failures.append("t-closeness cannot be verified without the input SA distribution")
+        return {}
+    keys = [_canonical(k) for k in distribution]
+    shares = np.array([float(v) for v in distribution.values()], dtype=np.float64)
+    if len(set(keys)) != len(keys) or not np.isfinite(shares).all() or (shares < 0).any():
+        failures.append("the input SA distribution has repeated values or invalid shares")
+        return {}
+    if abs(float(shares.sum()) - 1.0) > 1e-9:
+        failures.append(f"the input SA distribution sums to {shares.sum():.12g}, not 1")
+        return {}
+    if spec.distance == "hierarchical":
+        if hierarchy is None:
+            failures.append("hierarchical t-closeness cannot be verified without the SA hierarchy")
+            return {}
+        key_codes = hierarchy.encode(pd.Series(keys, dtype=object))
+        if (key_codes < 0).any():
+            failures.append(f"{sa} values of the input are not in the SA hierarchy")
+            return {}
+        p = np.zeros(hierarchy.domain_size, dtype=np.float64)
+        np.add.at(p, key_codes, shares)
+        column = hierarchy.encode(pd.Series(cells["sa"].to_numpy(), dtype=object))
+    else:
+        order = _numeric_order(keys) if spec.distance == "ordered" else None
+        domain = order if order is not None else keys
+        index = pd.Index(domain, dtype=object)
+        p = shares[pd.Index(keys, dtype=object).get_indexer(index)]
+        column = index.get_indexer(pd.Index(cells["sa"].to_numpy(), dtype=object))
+    unknown = column < 0
+    if unknown.any():
+        values = sorted(set(cells.loc[unknown, "sa"].tolist()))[:5]
+        failures.append(f"{sa} value(s) {values} are published but not in the input distribution")
+        return {}
+    cls = cells["cls"].to_numpy(dtype=np.int64)
+    n = cells["n"].to_numpy(dtype=np.float64)
+    n_classes = sizes.shape[0]
+    m = p.shape[0]
+    distance = np.zeros(n_classes, dtype=np.float64)
+    step = max(1, _CHUNK_CELLS // max(m, 1))
+    bounds = np.searchsorted(cls, np.arange(0, n_classes + step, step))
+    for i, start in enumerate(range(0, n_classes, step)):
+        stop = min(start + step, n_classes)
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        q = np.zeros((stop - start, m), dtype=np.float64)
+        q[cls[lo:hi] - start, column[lo:hi]] = n[lo:hi] / sizes[cls[lo:hi]]
+        if spec.distance == "equal":
+            distance[start:stop] = 0.5 * np.abs(q - p).sum(axis=1)
+        elif spec.distance == "ordered":
+            distance[start:stop] = _ordered(q, p)
+        else:
+            assert hierarchy is not None
+            distance[start:stop] = _hierarchical(q, p, hierarchy)
+    t = spec.t
+    _report(
+        failures,
+        np.flatnonzero(distance > t + EPSILON),
+        lambda c: (
+            f"class {names[c]} ({sizes[c]} records): {spec.distance} distance of its "
+            f"{sa} distribution to the table's is {distance[c]:.6g} > t={t:g}"
+        ),
+        f"t={t:g}",
+    )
+    largest = float(distance.max()) if n_classes else 0.0
+    checked.append(
+        f"t={spec.t:g} ({spec.distance} distance) on {n_classes} classes (largest {largest:.6g})"
+    )
+    return {"largest": largest, "mean": float(distance.mean()) if n_classes else 0.0}
+
+
+def _ordered(q: FloatArray, p: FloatArray) -> FloatArray:
+    """(1/(m-1)) sum_i |sum_{j<=i} (q - p)_j| per row of q."""
+    m = p.shape[0]
+    if m <= 1:
+        return np.zeros(q.shape[0], dtype=np.float64)
+    return np.asarray(np.abs(np.cumsum(q - p, axis=1)).sum(axis=1) / (m - 1), dtype=np.float64)
+
+
+def _hierarchical(q: FloatArray, p: FloatArray, hierarchy: Hierarchy) -> FloatArray:
+    """Li et al.: extra = q - p at the leaves, summed up the tree; each inner node N costs
+    height(N)/H x min(positive extra, negative extra of its children)."""
+    height = hierarchy.height
+    cost = np.zeros(q.shape[0], dtype=np.float64)
+    if height == 0:
+        return cost
+    extra = q - p  # per node of the current level (level 0: the leaves = raw codes)
+    child_ids = np.arange(hierarchy.domain_size)
+    for level in range(1, height + 1):
+        ids = np.asarray(hierarchy.label_ids(level), dtype=np.int64)
+        n_parents = int(ids.max()) + 1
+        parent = np.zeros(extra.shape[1], dtype=np.int64)
+        parent[child_ids] = ids  # the parent of each node of the level below
+        member = np.zeros((extra.shape[1], n_parents), dtype=np.float64)
+        member[np.arange(extra.shape[1]), parent] = 1.0
+        positive = np.clip(extra, 0.0, None) @ member
+        negative = np.clip(-extra, 0.0, None) @ member
+        cost += (level / height) * np.minimum(positive, negative).sum(axis=1)
+        extra = extra @ member
+        child_ids = ids
+    return cost

@@ -1,0 +1,449 @@
+"""Mondrian local recoding: properties on random tables, hand-made cases, Adult.
+
+The property test checks every output with plain pandas/Counter code written here from
+REFERENCE.md (not the models of ``anonymity``): the published classes (records grouped by
+their labels) satisfy k, the l variants and t-closeness; every raw tuple is covered;
+numeric ranges are the tight [min, max] of their class; categorical labels are the
+lowest common ancestor of their class's raw values, read off the hierarchy table.
+Run with ``-s`` to see the Adult numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from anonymity.hierarchy import Hierarchy, build_intervals, load_arx_csv
+from anonymity.models import (
+    DistinctLDiversity,
+    EntropyLDiversity,
+    KAnonymity,
+    PrivacyModel,
+    RecursiveCLDiversity,
+    TCloseness,
+)
+from anonymity.mondrian import MondrianResult, mondrian, parse_range, range_label
+from anonymity.quality import class_sizes, recoding_metrics
+from anonymity.recoding import Recoding, full_domain_labels
+from anonymity.search import optimal
+from anonymity.summary import Summary
+from anonymity.transformation import Evaluator
+from privpipe.errors import ConfigError, PrivacyRefusal
+
+SLACK = 1e-12
+ARX = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "arx"
+ADULT_QIS = [
+    "sex",
+    "age",
+    "race",
+    "marital-status",
+    "education",
+    "native-country",
+    "workclass",
+    "salary-class",
+]
+ADULT_SA = "occupation"
+RANGE = re.compile(r"^\[(-?\d+), (-?\d+)\]$")
+
+# --------------------------------------------------------------------------- strategies
+
+
+@st.composite
+def categorical(draw: st.DrawFn, attribute: str) -> Hierarchy:
+    """A random tree over 1-6 raw values; singleton groups may repeat their child's label."""
+    size = draw(st.integers(1, 6))
+    repeat = draw(st.booleans())
+    rows = [[f"{attribute}{i}"] for i in range(size)]
+    for depth in range(draw(st.integers(0, 2))):
+        current = list(dict.fromkeys(row[-1] for row in rows))
+        n_groups = draw(st.integers(1, len(current)))
+        group = {c: draw(st.integers(0, n_groups - 1)) for c in current}
+        members = Counter(group.values())
+        for row in rows:
+            g = group[row[-1]]
+            single = members[g] == 1
+            row.append(row[-1] if repeat and single else f"{attribute}L{depth}g{g}")
+    if len({row[-1] for row in rows}) > 1 or len(rows[0]) == 1:
+        for row in rows:
+            row.append("*")
+    return Hierarchy(attribute, np.array(rows, dtype=object))
+
+
+@st.composite
+def numeric(draw: st.DrawFn, attribute: str) -> Hierarchy:
+    """Integer values low..high (the domain, larger than the data) in nested intervals."""
+    low = draw(st.integers(-5, 5))
+    high = low + draw(st.integers(0, 15))
+    width = draw(st.sampled_from([2, 3, 5]))
+    values = [str(v) for v in range(low, high + 1)]
+    return build_intervals(attribute, values, [width, 2 * width], start=-10)
+
+
+@dataclass(frozen=True)
+class Case:
+    df: pd.DataFrame
+    qis: list[str]
+    numeric: list[str]
+    hierarchies: dict[str, Hierarchy]
+    sa_values: list[str]
+
+    def summary(self) -> Summary:
+        return Summary.from_frame(self.df, self.qis, "S", self.hierarchies, sa_order=self.sa_values)
+
+
+@st.composite
+def cases(draw: st.DrawFn, max_rows: int = 40) -> Case:
+    n_qi = draw(st.integers(1, 3))
+    qis = [f"q{j}" for j in range(n_qi)]
+    kinds = [draw(st.booleans()) for _ in qis]
+    hierarchies = {
+        q: draw(numeric(q) if is_numeric else categorical(q))
+        for q, is_numeric in zip(qis, kinds, strict=True)
+    }
+    n = draw(st.integers(1, max_rows))
+    data: dict[str, list[str]] = {}
+    for q in qis:
+        raw = list(hierarchies[q].values)
+        data[q] = [raw[draw(st.integers(0, len(raw) - 1))] for _ in range(n)]
+    m = draw(st.integers(1, 4))
+    sa_values = [f"s{i}" for i in range(m)]
+    data["S"] = [sa_values[draw(st.integers(0, m - 1))] for _ in range(n)]
+    numerics = [q for q, is_numeric in zip(qis, kinds, strict=True) if is_numeric]
+    return Case(pd.DataFrame(data), qis, numerics, hierarchies, sa_values)
+
+
+MODELS = st.lists(
+    st.one_of(
+        st.builds(KAnonymity, st.integers(1, 4)),
+        st.builds(DistinctLDiversity, st.integers(1, 3)),
+        st.builds(EntropyLDiversity, st.sampled_from([1.0, 1.5, 2.0])),
+        st.builds(RecursiveCLDiversity, st.sampled_from([1.5, 2.0, 3.0]), st.integers(1, 3)),
+        st.builds(
+            TCloseness, st.sampled_from([0.2, 0.35, 0.6]), st.sampled_from(["equal", "ordered"])
+        ),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+# --------------------------------------------------------------------------- naive checks
+
+
+def naive_violates(
+    model: PrivacyModel, values: list[str], everything: list[str], domain: list[str]
+) -> bool:
+    """REFERENCE.md, "Privacy models", for one class (its SA values; SA ``domain`` in order)."""
+    counts = Counter(values)
+    n = len(values)
+    if isinstance(model, KAnonymity):
+        return n < model.k
+    if isinstance(model, DistinctLDiversity):
+        return len(counts) < model.l
+    if isinstance(model, EntropyLDiversity):
+        entropy = -sum(c / n * math.log(c / n) for c in counts.values())
+        return entropy < math.log(model.l) - SLACK
+    if isinstance(model, RecursiveCLDiversity):
+        r = sorted(counts.values(), reverse=True)
+        return not r[0] < model.c * sum(r[model.l - 1 :])
+    assert isinstance(model, TCloseness)
+    whole = Counter(everything)
+    diff = [counts[s] / n - whole[s] / len(everything) for s in domain]
+    if model.distance == "equal":
+        distance = 0.5 * sum(abs(d) for d in diff)
+    else:
+        m = len(diff)
+        distance = sum(abs(sum(diff[: i + 1])) for i in range(m - 1)) / (m - 1) if m > 1 else 0
+    return distance > model.t + SLACK
+
+
+def published_rows(case: Case, recoding: Recoding) -> pd.DataFrame:
+    """Each row's published labels, from a dict of raw value tuples (no Recoding.apply)."""
+    lookup: dict[tuple[str, ...], tuple[object, ...]] = {}
+    raw = [case.hierarchies[q].values for q in case.qis]
+    for codes, labels in zip(recoding.codes.tolist(), recoding.labels.tolist(), strict=True):
+        lookup[tuple(str(raw[j][c]) for j, c in enumerate(codes))] = tuple(labels)
+    keys = list(zip(*(case.df[q].tolist() for q in case.qis), strict=True))
+    missing = [k for k in keys if k not in lookup]
+    assert not missing, f"raw tuples not covered by the recoding: {missing[:3]}"
+    labels = pd.DataFrame([lookup[k] for k in keys], columns=[f"g_{q}" for q in case.qis])
+    return pd.concat([case.df.reset_index(drop=True), labels], axis=1)
+
+
+def naive_lca(hierarchy: Hierarchy, values: Sequence[str]) -> str:
+    """Label at the lowest level where all values agree, from the table itself."""
+    table = hierarchy.table
+    rows = [list(table[:, 0]).index(v) for v in set(values)]
+    for level in range(table.shape[1]):
+        labels = {table[r, level] for r in rows}
+        if len(labels) == 1:
+            return str(labels.pop())
+    raise AssertionError("the top level is common")
+
+
+def check_output(case: Case, models: Sequence[PrivacyModel], result: MondrianResult) -> None:
+    recoding = result.recoding
+    frame = published_rows(case, recoding)
+    everything = case.df["S"].tolist()
+    if result.suppressed_records:
+        assert result.suppressed_records == len(case.df)
+        assert (recoding.labels == "*").all() and recoding.suppressed.all()
+        return
+    assert not recoding.suppressed.any()
+    group_columns = [f"g_{q}" for q in case.qis]
+    sizes = []
+    for _, rows in frame.groupby(group_columns, sort=False):
+        sa = rows["S"].tolist()
+        sizes.append(len(sa))
+        for model in models:
+            assert not naive_violates(model, sa, everything, case.sa_values), (model, rows)
+        for q in case.qis:
+            label = str(rows[f"g_{q}"].iloc[0])
+            values = rows[q].tolist()
+            if q in case.numeric:
+                numbers = [int(v) for v in values]
+                match = RANGE.match(label)
+                if match:
+                    lo, hi = int(match.group(1)), int(match.group(2))
+                    assert (lo, hi) == (min(numbers), max(numbers)) and lo < hi, label
+                else:
+                    assert set(values) == {label}, label
+            else:
+                assert label == naive_lca(case.hierarchies[q], values), (label, values)
+    assert sorted(sizes) == sorted(class_sizes(recoding, case.summary()).tolist())
+    assert len(sizes) <= result.partitions == recoding.description["partitions"]
+
+
+# --------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(), models=MODELS)
+def test_mondrian_output_satisfies_models(case: Case, models: list[PrivacyModel]) -> None:
+    summary = case.summary()
+    try:
+        result = mondrian(summary, case.hierarchies, models, numeric=case.numeric)
+    except PrivacyRefusal:
+        event("refused")
+        everything = case.df["S"].tolist()
+        assert any(naive_violates(m, everything, everything, case.sa_values) for m in models)
+        return
+    event("split" if result.partitions > 1 else "one partition")
+    check_output(case, models, result)
+    # the result is measurable, and the numbers are sane
+    metrics = recoding_metrics(result.recoding, summary, case.hierarchies, numeric=case.numeric)
+    assert 0.0 <= metrics["loss"] <= 1.0 + 1e-12
+    assert metrics["classes"] == len(class_sizes(result.recoding, summary))
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=cases(max_rows=25), k=st.integers(1, 30))
+def test_whole_table_violating_is_suppressed_or_refused(case: Case, k: int) -> None:
+    summary = case.summary()
+    n = len(case.df)
+    if k <= n:
+        result = mondrian(summary, case.hierarchies, [KAnonymity(k)], numeric=case.numeric)
+        check_output(case, [KAnonymity(k)], result)
+        return
+    with pytest.raises(PrivacyRefusal, match=rf"all {n} records \(100%\)"):
+        mondrian(summary, case.hierarchies, [KAnonymity(k)], suppression_limit=0.5)
+    result = mondrian(summary, case.hierarchies, [KAnonymity(k)], suppression_limit=1.0)
+    assert result.suppressed_records == n and result.partitions == 0
+    assert result.recoding.suppressed.all()
+    metrics = recoding_metrics(result.recoding, summary, case.hierarchies)
+    for q, il in metrics["loss_per_attribute"].items():
+        assert il == pytest.approx(1.0 if case.hierarchies[q].domain_size > 1 else 0.0)
+
+
+# --------------------------------------------------------------------------- hand-made cases
+
+
+def _grouping(attribute: str, rows: list[list[str]]) -> Hierarchy:
+    return Hierarchy(attribute, np.array(rows, dtype=object))
+
+
+def test_numeric_median_splits_and_labels() -> None:
+    ages = [str(a) for a in range(20, 28)]
+    h = build_intervals("age", [str(a) for a in range(0, 100)], [10, 20])
+    df = pd.DataFrame({"age": ages, "S": ["a", "b"] * 4})
+    summary = Summary.from_frame(df, ["age"], "S", {"age": h})
+    result = mondrian(summary, {"age": h}, [KAnonymity(2)], numeric=["age"])
+    labels = dict(
+        zip(h.values[result.recoding.codes[:, 0]], result.recoding.labels[:, 0], strict=True)
+    )
+    assert labels == {
+        "20": "[20, 21]",
+        "21": "[20, 21]",
+        "22": "[22, 23]",
+        "23": "[22, 23]",
+        "24": "[24, 25]",
+        "25": "[24, 25]",
+        "26": "[26, 27]",
+        "27": "[26, 27]",
+    }
+    assert result.partitions == 4 and result.suppressed_records == 0
+    # distinct 2-diversity: a, b alternate, so pairs work; 3 would not
+    assert mondrian(summary, [h], [DistinctLDiversity(2)], numeric=["age"]).partitions == 4
+    with pytest.raises(PrivacyRefusal):
+        mondrian(summary, [h], [DistinctLDiversity(3)], numeric=["age"])
+
+
+def test_single_values_stay_raw_and_ties_stay_together() -> None:
+    h = build_intervals("age", [str(a) for a in range(0, 10)], [5])
+    df = pd.DataFrame({"age": ["3"] * 5 + ["4"] + ["7"] * 4, "S": ["x"] * 10})
+    summary = Summary.from_frame(df, ["age"], "S", {"age": h})
+    result = mondrian(summary, {"age": h}, [KAnonymity(2)], numeric=["age"])
+    labels = dict(
+        zip(h.values[result.recoding.codes[:, 0]], result.recoding.labels[:, 0], strict=True)
+    )
+    # the weighted median of 3,3,3,3,3,4,7,7,7,7 puts 3 alone (5 | 5) then 4 joins 7
+    assert labels == {"3": "3", "4": "[4, 7]", "7": "[4, 7]"}
+
+
+def test_categorical_splits_follow_the_hierarchy() -> None:
+    h = _grouping(
+        "c",
+        [
+            ["a", "AB", "*"],
+            ["b", "AB", "*"],
+            ["c", "CD", "*"],
+            ["d", "CD", "*"],
+            ["e", "CD", "*"],
+        ],
+    )
+    df = pd.DataFrame({"c": list("aabbccddee"), "S": list("xyxyxyxyxy")})
+    summary = Summary.from_frame(df, ["c"], "S", {"c": h})
+    result = mondrian(summary, {"c": h}, [KAnonymity(3)])
+    labels = dict(
+        zip(h.values[result.recoding.codes[:, 0]], result.recoding.labels[:, 0], strict=True)
+    )
+    # CD has 6 records: c | d e would leave 2 < 3, so AB (4) and CD (6) stay whole
+    assert labels == {"a": "AB", "b": "AB", "c": "CD", "d": "CD", "e": "CD"}
+    result = mondrian(summary, {"c": h}, [KAnonymity(2)])
+    labels = dict(
+        zip(h.values[result.recoding.codes[:, 0]], result.recoding.labels[:, 0], strict=True)
+    )
+    assert labels == {v: v for v in "abcde"}
+
+
+def test_widest_attribute_is_split_first() -> None:
+    age = build_intervals("age", [str(a) for a in range(0, 100)], [50])
+    sex = _grouping("sex", [["M", "*"], ["F", "*"]])
+    # age spans 2 of 99 (narrow); sex spans its whole domain (width 1): split on sex
+    df = pd.DataFrame({"age": ["30", "31"] * 4, "sex": ["M"] * 4 + ["F"] * 4, "S": ["x"] * 8})
+    summary = Summary.from_frame(df, ["age", "sex"], "S", {"age": age, "sex": sex})
+    result = mondrian(summary, [age, sex], [KAnonymity(4)], numeric=["age"])
+    assert set(map(tuple, result.recoding.labels.tolist())) == {
+        ("[30, 31]", "M"),
+        ("[30, 31]", "F"),
+    }
+
+
+def test_t_closeness_compares_with_the_whole_table() -> None:
+    h = build_intervals("age", [str(a) for a in range(0, 100)], [10])
+    df = pd.DataFrame({"age": [str(a) for a in range(20, 30)], "S": ["a"] * 5 + ["b"] * 5})
+    summary = Summary.from_frame(df, ["age"], "S", {"age": h})
+    # halves by age are all-a and all-b: distance 0.5 from p = (1/2, 1/2)
+    assert mondrian(summary, [h], [TCloseness(0.4)], numeric=["age"]).partitions == 1
+    assert mondrian(summary, [h], [TCloseness(0.5)], numeric=["age"]).partitions > 1
+
+
+def test_argument_errors() -> None:
+    h = _grouping("c", [["a", "*"], ["b", "*"]])
+    df = pd.DataFrame({"c": ["a", "b"], "S": ["x", "y"]})
+    summary = Summary.from_frame(df, ["c"], "S", {"c": h})
+    with pytest.raises(ConfigError, match=r"'zip'.*not quasi-identifiers"):
+        mondrian(summary, [h], [KAnonymity(1)], numeric=["zip"])
+    with pytest.raises(ConfigError, match="not numbers: 'a', 'b'"):
+        mondrian(summary, [h], [KAnonymity(1)], numeric=["c"])
+    with pytest.raises(ConfigError, match="sensitive attribute"):
+        mondrian(summary.without_sa(), [h], [DistinctLDiversity(2)])
+    with pytest.raises(ConfigError, match="no privacy model"):
+        mondrian(summary, [h], [])
+    with pytest.raises(ConfigError, match="suppression_limit"):
+        mondrian(summary, [h], [KAnonymity(1)], suppression_limit=1.5)
+
+
+def test_without_sensitive_attribute_and_range_labels() -> None:
+    h = _grouping("c", [["a", "*"], ["b", "*"]])
+    df = pd.DataFrame({"c": ["a", "b", "a", "b"]})
+    summary = Summary.from_frame(df, ["c"], None, {"c": h})
+    assert mondrian(summary, [h], [KAnonymity(2)]).partitions == 2
+    assert range_label(1.0, 2.5) == "[1, 2.5]" and range_label(-3, -3) == "[-3, -3]"
+    assert parse_range("[1, 2.5]") == (1.0, 2.5) and parse_range("7") == (7.0, 7.0)
+    assert parse_range("[3, 1]") is None and parse_range("abc") is None
+
+
+# --------------------------------------------------------------------------- Adult
+
+
+@pytest.fixture(scope="module")
+def adult() -> tuple[Summary, dict[str, Hierarchy]]:
+    if not (ARX / "adult.csv").exists():
+        pytest.skip(f"Adult data not found in {ARX}")
+    df = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str, keep_default_na=False)
+    hierarchies = {
+        name: load_arx_csv(ARX / f"adult_hierarchy_{name}.csv", name)
+        for name in [*ADULT_QIS, ADULT_SA]
+    }
+    return Summary.from_frame(df, ADULT_QIS, ADULT_SA, hierarchies, hierarchies[ADULT_SA]), (
+        hierarchies
+    )
+
+
+def _full_domain(summary: Summary, hierarchies: dict[str, Hierarchy], limit: float) -> float:
+    evaluator = Evaluator(summary, hierarchies)
+    result = optimal(evaluator, [KAnonymity(5)], suppression_limit=limit)
+    _, first = evaluator.qi_tuples()
+    codes = summary.qi_codes[first]
+    labels = full_domain_labels(ADULT_QIS, hierarchies, codes, result.transformation)
+    suppressed = result.assessment.suppressed[result.classes.classify(codes)]
+    recoding = Recoding(tuple(ADULT_QIS), codes, labels, suppressed, {"levels": result.levels})
+    print(f"  full-domain optimum, limit {limit}: {result.describe()}")
+    return float(recoding_metrics(recoding, summary, hierarchies)["loss"])
+
+
+def test_adult_k5_against_full_domain(adult: tuple[Summary, dict[str, Hierarchy]]) -> None:
+    summary, hierarchies = adult
+    started = time.perf_counter()
+    result = mondrian(summary, hierarchies, [KAnonymity(5)], numeric=["age"])
+    elapsed = time.perf_counter() - started
+    sizes = class_sizes(result.recoding, summary)
+    assert sizes.min() >= 5 and sizes.sum() == summary.n_records
+    metrics = recoding_metrics(result.recoding, summary, hierarchies, numeric=["age"])
+    full_0 = _full_domain(summary, hierarchies, 0.0)
+    full_5 = _full_domain(summary, hierarchies, 0.05)
+    print(
+        f"\n  Mondrian k=5: loss {metrics['loss']:.4f}, {result.partitions} partitions, "
+        f"{metrics['classes']} classes, {elapsed:.3f}s; full-domain optimum loss "
+        f"{full_0:.4f} (no suppression), {full_5:.4f} (5% suppression)"
+    )
+    assert metrics["loss"] <= full_0 and metrics["loss"] <= full_5
+    assert elapsed < 5.0
+
+
+def test_adult_l_and_t(adult: tuple[Summary, dict[str, Hierarchy]]) -> None:
+    summary, hierarchies = adult
+    for models in (
+        [KAnonymity(5), DistinctLDiversity(3)],
+        [KAnonymity(5), EntropyLDiversity(2.0)],
+        [KAnonymity(5), TCloseness(0.2, "hierarchical", hierarchies[ADULT_SA])],
+    ):
+        result = mondrian(summary, hierarchies, models, numeric=["age"])
+        metrics = recoding_metrics(result.recoding, summary, hierarchies, numeric=["age"])
+        print(
+            f"\n  Mondrian {', '.join(m.describe() for m in models)}: loss "
+            f"{metrics['loss']:.4f}, {metrics['classes']} classes, {result.seconds:.3f}s"
+        )
+        assert class_sizes(result.recoding, summary).min() >= 5
+        assert result.seconds < 5.0
