@@ -166,6 +166,10 @@ def _run(
             else ""
         )
     )
+    for name, summary in m["release_summaries"].items():
+        g = ", ".join(f"{k}={v}" for k, v in summary["guarantee"].items())
+        check = "verified" if summary["verified"] else "NOT verified"
+        print(f"privpipe:   releases/{name}: {summary['kind']} ({g}), {check}")
     print(f"privpipe: published to {result.output_dir} (manifest.json) in {m['seconds']:.1f}s")
     return 0
 
