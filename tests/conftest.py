@@ -10,6 +10,18 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 ARX = ROOT.parent / "shared" / "data" / "arx"
+# UCI Adult as ARX benchmarks it: 8 quasi-identifiers, occupation sensitive
+ADULT_QIS: tuple[str, ...] = (
+    "sex",
+    "age",
+    "race",
+    "marital-status",
+    "education",
+    "native-country",
+    "workclass",
+    "salary-class",
+)
+ADULT_SA = "occupation"
 
 HEADER = "id;zip;age;sex;disease"
 ROWS = [

@@ -12,7 +12,6 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -26,19 +25,10 @@ from anonymity.risk import risk_profile
 from anonymity.search import SearchResult, heuristic, optimal
 from anonymity.summary import Summary
 from anonymity.transformation import Evaluator
+from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 
-ARX = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "arx"
-QIS = [
-    "sex",
-    "age",
-    "race",
-    "marital-status",
-    "education",
-    "native-country",
-    "workclass",
-    "salary-class",
-]
-SA = "occupation"
+QIS = list(ADULT_QIS)
+SA = ADULT_SA
 
 pytestmark = pytest.mark.skipif(
     not (ARX / "adult.csv").exists(), reason=f"Adult data not found in {ARX}"

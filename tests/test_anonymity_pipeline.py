@@ -19,16 +19,7 @@ from tests.conftest import ARX, Project
 
 pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs ../shared/data/arx")
 
-QIS = [
-    "sex",
-    "age",
-    "race",
-    "marital-status",
-    "education",
-    "native-country",
-    "workclass",
-    "salary-class",
-]
+QIS = list(ADULT_QIS)
 
 
 def adult_config(tmp_path: Path, releases: list[dict[str, Any]], **extra: Any) -> Path:

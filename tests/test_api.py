@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ from anonymity.spec import AnonymizationSpec
 from anonymity.summary import Summary
 from anonymity.verify import verify_counts
 from privpipe.errors import ConfigError, PrivacyRefusal
+from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 
 # --------------------------------------------------------------------------- spec
 
@@ -332,18 +332,7 @@ def test_mondrian_small(small: tuple[pd.DataFrame, dict[str, Hierarchy]]) -> Non
 
 # --------------------------------------------------------------------------- Adult
 
-ARX = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "arx"
-ADULT_QIS = (
-    "sex",
-    "age",
-    "race",
-    "marital-status",
-    "education",
-    "native-country",
-    "workclass",
-    "salary-class",
-)
-SA = "occupation"
+SA = ADULT_SA
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -40,20 +39,9 @@ from anonymity.search import optimal
 from anonymity.summary import Summary
 from anonymity.transformation import Evaluator
 from privpipe.errors import ConfigError, PrivacyRefusal
+from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 
 SLACK = 1e-12
-ARX = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "arx"
-ADULT_QIS = [
-    "sex",
-    "age",
-    "race",
-    "marital-status",
-    "education",
-    "native-country",
-    "workclass",
-    "salary-class",
-]
-ADULT_SA = "occupation"
 RANGE = re.compile(r"^\[(-?\d+), (-?\d+)\]$")
 
 # --------------------------------------------------------------------------- strategies

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Collection
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,19 +27,8 @@ from anonymity.search import SearchResult, optimal
 from anonymity.summary import Summary
 from anonymity.transformation import Evaluator
 from privpipe.errors import PrivacyRefusal
+from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 
-ARX = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "arx"
-ADULT_QIS = [
-    "sex",
-    "age",
-    "race",
-    "marital-status",
-    "education",
-    "native-country",
-    "workclass",
-    "salary-class",
-]
-ADULT_SA = "occupation"
 KEYS = [
     "loss",
     "loss_arithmetic",
