@@ -48,8 +48,8 @@ def adult_search() -> list[dict]:
     import pandas as pd
 
     from anonymity.hierarchy import load_arx_csv
-    from anonymity.mondrian import mondrian
     from anonymity.models import DistinctLDiversity, KAnonymity
+    from anonymity.mondrian import mondrian
     from anonymity.search import optimal
     from anonymity.summary import Summary
     from anonymity.transformation import Evaluator

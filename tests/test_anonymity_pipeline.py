@@ -15,7 +15,7 @@ from anonymity.api import anonymize
 from anonymity.hierarchy import load_arx_csv
 from anonymity.spec import AnonymizationSpec
 from pipelines.cli import main
-from tests.conftest import ARX, Project
+from tests.conftest import ADULT_QIS, ARX, Project
 
 pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs ../shared/data/arx")
 
