@@ -1,0 +1,327 @@
+"""The privacy accountant: the total guarantee of a list of mechanisms, several ways.
+
+Mechanisms run in sequence compose; a `Parallel` group runs on disjoint sets of
+privacy units, so it costs its worst member (parallel composition: max, not sum).
+`Accountant.report()` bounds the whole by every method that is valid for it and
+chooses the smallest epsilon whose delta fits the target:
+
+- ``pure``: sum of epsilons (only when every mechanism is pure, delta = 0).
+- ``basic``: sum of (epsilon_i, delta_i); each zCDP mechanism gets delta/k.
+- ``advanced``: Dwork–Rothblum–Vadhan 2010 with the worst mechanism's (epsilon, delta).
+- ``pld``: privacy loss distributions (dp_accounting), pessimistic discretisation.
+  Pure mechanisms enter as the (epsilon, 0) dominating pair (valid for any epsilon-DP
+  mechanism, vector-valued too); a discrete Gaussian enters exactly only when it is
+  scalar (`dimensions=1`) with integer sensitivity, otherwise PLD is not applicable.
+- ``rdp``: Rényi DP (dp_accounting's RdpAccountant) with every mechanism as zCDP:
+  epsilon-DP implies epsilon^2/2-zCDP; a discrete Gaussian is L2^2/(2 sigma^2)-zCDP.
+
+Group privacy (a unit is a group of g people) maps (epsilon, delta) to
+(g epsilon, delta (e^{g epsilon} - 1)/(e^epsilon - 1)) and is applied to every result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, TypeAlias
+
+import dp_accounting
+from dp_accounting.pld import common as pld_common
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+from dp.budget import Number, to_fraction
+from privpipe.errors import ConfigError
+
+# Mass the PLD library truncates from a discrete Gaussian (<= 1e-30 per side): added to delta.
+_TRUNCATION_SLACK = 2e-30
+
+
+def _positive(value: Number, name: str) -> Fraction:
+    frac = to_fraction(value, name)
+    if frac <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value!r}")
+    return frac
+
+
+@dataclass(frozen=True)
+class DiscreteLaplace:
+    """Discrete Laplace noise of `scale` b on a query of L1 `sensitivity`: epsilon = L1/b."""
+
+    scale: Fraction
+    sensitivity: Fraction
+    name: str = "discrete_laplace"
+
+    @classmethod
+    def of(
+        cls, scale: Number, sensitivity: Number, name: str = "discrete_laplace"
+    ) -> DiscreteLaplace:
+        """Validated constructor taking any number type."""
+        return cls(_positive(scale, "scale"), _positive(sensitivity, "sensitivity"), name)
+
+    @property
+    def epsilon(self) -> Fraction:
+        return self.sensitivity / self.scale
+
+    @property
+    def rho(self) -> float:
+        """epsilon-DP implies epsilon^2/2-zCDP (Bun & Steinke 2016, Prop. 1.4)."""
+        return float(self.epsilon) ** 2 / 2.0
+
+
+@dataclass(frozen=True)
+class DiscreteGaussian:
+    """Discrete Gaussian noise with parameter `sigma` on a query of L2 `sensitivity`.
+
+    rho = L2^2 / (2 sigma^2) (Canonne, Kamath, Steinke 2020). `dimensions=1` marks a
+    scalar query, which lets the PLD accountant use the exact discrete-Gaussian PLD.
+    """
+
+    sigma: Fraction
+    sensitivity: Fraction
+    dimensions: int | None = None
+    name: str = "discrete_gaussian"
+
+    @classmethod
+    def of(
+        cls,
+        sigma: Number,
+        sensitivity: Number,
+        dimensions: int | None = None,
+        name: str = "discrete_gaussian",
+    ) -> DiscreteGaussian:
+        """Validated constructor taking any number type."""
+        if dimensions is not None and dimensions < 1:
+            raise ConfigError(f"dimensions must be >= 1, got {dimensions}")
+        return cls(
+            _positive(sigma, "sigma"), _positive(sensitivity, "sensitivity"), dimensions, name
+        )
+
+    @property
+    def rho(self) -> float:
+        return float(self.sensitivity**2 / (2 * self.sigma**2))
+
+    def epsilon_for(self, delta: float) -> float:
+        """(epsilon, delta) from zCDP: rho + 2 sqrt(rho ln(1/delta))."""
+        return self.rho + 2.0 * math.sqrt(self.rho * math.log(1.0 / delta))
+
+
+Mechanism: TypeAlias = DiscreteLaplace | DiscreteGaussian
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Mechanisms run on disjoint sets of privacy units: costs the worst member."""
+
+    mechanisms: tuple[Mechanism, ...]
+    name: str = "parallel"
+
+    def __post_init__(self) -> None:
+        if not self.mechanisms:
+            raise ConfigError(f"parallel group {self.name!r} has no mechanisms")
+
+
+Step: TypeAlias = Mechanism | Parallel
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """One method's bound: (epsilon, delta), or why it does not apply."""
+
+    method: str
+    epsilon: float | None
+    delta: float | None
+    note: str = ""
+
+    @property
+    def applicable(self) -> bool:
+        return self.epsilon is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"epsilon": self.epsilon, "delta": self.delta}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def group_privacy(epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
+    """(epsilon, delta)-DP for one unit gives (g eps, delta (e^{g eps}-1)/(e^eps-1)) for g."""
+    if group_size < 1:
+        raise ConfigError(f"group_size must be >= 1, got {group_size}")
+    if group_size == 1:
+        return epsilon, delta
+    factor = (
+        float(group_size)
+        if epsilon == 0
+        else math.expm1(group_size * epsilon) / math.expm1(epsilon)
+    )
+    return group_size * epsilon, delta * factor
+
+
+def advanced_composition(
+    epsilon: float, delta: float, k: int, delta_prime: float
+) -> tuple[float, float]:
+    """DRV 2010: k mechanisms each (eps, delta) are (eps', k delta + d')-DP.
+
+    eps' = sqrt(2k ln(1/d')) eps + k eps (e^eps - 1).
+    """
+    if k < 1 or not 0 < delta_prime < 1:
+        raise ConfigError(
+            f"advanced composition needs k >= 1 and 0 < delta' < 1 (k={k}, {delta_prime=})"
+        )
+    eps = math.sqrt(2 * k * math.log(1 / delta_prime)) * epsilon + k * epsilon * math.expm1(epsilon)
+    return eps, k * delta + delta_prime
+
+
+def _worst(step: Step) -> list[Mechanism]:
+    return list(step.mechanisms) if isinstance(step, Parallel) else [step]
+
+
+class Accountant:
+    """Bounds the composition of `steps` at total `delta` for groups of `group_size`."""
+
+    def __init__(self, steps: Sequence[Step], delta: Number = 0, group_size: int = 1) -> None:
+        if not steps:
+            raise ConfigError("the accountant needs at least one mechanism")
+        self.steps = tuple(steps)
+        d = to_fraction(delta, "delta")
+        if not 0 <= d < 1:
+            raise ConfigError(f"delta must be in [0, 1), got {delta!r}")
+        self.delta = float(d)
+        if group_size < 1:
+            raise ConfigError(f"group_size must be >= 1, got {group_size}")
+        self.group_size = group_size
+        self.all_pure = all(isinstance(m, DiscreteLaplace) for s in self.steps for m in _worst(s))
+
+    # Per-step helpers: a parallel group is its worst member.
+    def _step_epsilon(self, step: Step) -> Fraction | None:
+        mechs = _worst(step)
+        if not all(isinstance(m, DiscreteLaplace) for m in mechs):
+            return None
+        return max(m.epsilon for m in mechs if isinstance(m, DiscreteLaplace))
+
+    def _step_rho(self, step: Step) -> float:
+        return max(m.rho for m in _worst(step))
+
+    def _step_approx(self, step: Step, delta: float) -> float:
+        """Epsilon of one step at per-step `delta` (pure steps ignore delta)."""
+        eps = self._step_epsilon(step)
+        if eps is not None:
+            return float(eps)
+        rho = self._step_rho(step)
+        return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+    def pure(self) -> Guarantee:
+        if not self.all_pure:
+            return Guarantee("pure", None, None, "not all mechanisms are pure epsilon-DP")
+        total = sum((self._step_epsilon(s) or Fraction(0) for s in self.steps), Fraction(0))
+        return Guarantee("pure", float(total), 0.0)
+
+    def basic(self) -> Guarantee:
+        if self.all_pure:
+            return Guarantee("basic", self.pure().epsilon, 0.0)
+        if self.delta == 0:
+            return Guarantee("basic", None, None, "zCDP mechanisms need delta > 0")
+        k = sum(1 for s in self.steps if self._step_epsilon(s) is None)
+        per = self.delta / k
+        return Guarantee("basic", sum(self._step_approx(s, per) for s in self.steps), self.delta)
+
+    def advanced(self) -> Guarantee:
+        if self.delta == 0:
+            return Guarantee("advanced", None, None, "advanced composition needs delta > 0")
+        k = len(self.steps)
+        if self.all_pure:
+            eps_max = max(float(self._step_epsilon(s) or 0) for s in self.steps)
+            eps, dlt = advanced_composition(eps_max, 0.0, k, self.delta)
+        else:
+            # Half of delta for delta', half shared by the k mechanisms.
+            per = self.delta / 2 / k
+            eps_max = max(self._step_approx(s, per) for s in self.steps)
+            eps, dlt = advanced_composition(eps_max, per, k, self.delta / 2)
+        return Guarantee("advanced", eps, min(dlt, self.delta))
+
+    def pld(self) -> Guarantee:
+        if self.delta == 0:
+            return Guarantee("pld", None, None, "needs delta > 0 (at delta = 0 it is the pure sum)")
+        composed: Any = None
+        slack = 0.0
+        # Identical steps are self-composed at once (FFT powers): much faster than one by one.
+        counts: dict[Step, int] = {}
+        for step in self.steps:
+            counts[step] = counts.get(step, 0) + 1
+        for step, count in counts.items():
+            eps = self._step_epsilon(step)
+            if eps is not None:
+                params = pld_common.DifferentialPrivacyParameters(float(eps), 0.0)
+                pld = pld_lib.from_privacy_parameters(params)
+            else:
+                mechs = _worst(step)
+                m = mechs[0]
+                if (
+                    len(mechs) != 1
+                    or not isinstance(m, DiscreteGaussian)
+                    or m.dimensions != 1
+                    or m.sensitivity.denominator != 1
+                ):
+                    return Guarantee(
+                        "pld",
+                        None,
+                        None,
+                        "PLD covers discrete Gaussians only as single scalar queries "
+                        "(dimensions=1) with integer sensitivity",
+                    )
+                pld = pld_lib.from_discrete_gaussian_mechanism(
+                    float(m.sigma), sensitivity=int(m.sensitivity)
+                )
+                slack += _TRUNCATION_SLACK * count
+            if count > 1:
+                pld = pld.self_compose(count)
+            composed = pld if composed is None else composed.compose(pld)
+        target = self.delta - slack
+        if target < 0:
+            return Guarantee("pld", None, None, "delta too small for the truncation slack")
+        eps_pld = float(composed.get_epsilon_for_delta(target))
+        if not math.isfinite(eps_pld):
+            return Guarantee("pld", None, None, "PLD epsilon is unbounded at this delta")
+        return Guarantee("pld", eps_pld, self.delta)
+
+    def rdp(self) -> Guarantee:
+        if self.delta == 0:
+            return Guarantee("rdp", None, None, "RDP conversion needs delta > 0")
+        accountant = dp_accounting.rdp.RdpAccountant()
+        events = [dp_accounting.ZCDpEvent(self._step_rho(s)) for s in self.steps]
+        accountant.compose(dp_accounting.ComposedDpEvent(events))
+        return Guarantee("rdp", float(accountant.get_epsilon(self.delta)), self.delta)
+
+    def guarantees(self) -> list[Guarantee]:
+        """Every method's guarantee for one unit (before group privacy)."""
+        return [self.pure(), self.basic(), self.advanced(), self.pld(), self.rdp()]
+
+    def chosen(self) -> Guarantee:
+        """The tightest applicable guarantee whose delta fits the target."""
+        valid = [
+            g
+            for g in self.guarantees()
+            if g.epsilon is not None and g.delta is not None and g.delta <= self.delta
+        ]
+        if not valid:
+            raise ConfigError("no accounting method applies: zCDP mechanisms need delta > 0")
+        return min(valid, key=lambda g: (g.epsilon, g.delta))
+
+    def report(self) -> dict[str, Any]:
+        """Each method's (epsilon, delta) after group privacy, and the chosen one."""
+        methods: dict[str, Any] = {}
+        for g in self.guarantees():
+            if g.epsilon is not None and g.delta is not None:
+                eps, dlt = group_privacy(g.epsilon, g.delta, self.group_size)
+                g = Guarantee(g.method, eps, dlt, g.note)
+            methods[g.method] = g.as_dict()
+        best = self.chosen()
+        return {
+            "delta_target": self.delta,
+            "group_size": self.group_size,
+            "mechanisms": len(self.steps),
+            "methods": methods,
+            "chosen": {"method": best.method, **methods[best.method]},
+        }
