@@ -1,0 +1,140 @@
+"""Contribution bounding per privacy unit, and the sensitivities it buys.
+
+A privacy unit (a person) may appear in many rows. Before any DP aggregate, each unit keeps
+at most ``L0`` distinct partitions (chosen uniformly at random among its partitions) and at
+most ``Linf`` rows per kept partition (uniformly at random). Then one unit changes a count
+histogram by at most L1 = L0·Linf and L2 = √L0·Linf, and a sum of values clamped to
+[lo, hi] by L0·Linf·max(|lo|, |hi|) (REFERENCE.md, "Central DP").
+
+Vectorised (DESIGN.md "Batches, not rows"): random permutation keys plus a sort and a rank
+within groups, no Python loop per unit. The choice for a unit depends only on that unit's
+own rows, so the function is correct on any DataFrame that holds *all* rows of the units
+it contains (the Beam layer calls it per batch after a shuffle keyed by unit).
+
+Randomness: which rows a unit keeps is not released noise, so ``numpy.random`` is fine, but
+it must not be predictable. ``rng=None`` draws a fresh 128-bit seed from :mod:`secrets`; an
+int seed or a ``numpy.random.Generator`` may be injected for tests and reproducible runs.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from privpipe.errors import ConfigError, InputDataError
+
+RngLike = np.random.Generator | int | None
+
+
+def bounding_rng(rng: RngLike = None) -> np.random.Generator:
+    """A Generator: the injected one, one seeded by an int, or one seeded from ``secrets``."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None:
+        return np.random.default_rng(secrets.randbits(128))
+    if isinstance(rng, bool) or not isinstance(rng, int | np.integer):
+        raise ConfigError(f"rng must be a numpy Generator, an int seed or None, got {rng!r}")
+    return np.random.default_rng(int(rng))
+
+
+def _check_bound(name: str, value: int) -> int:
+    """``value`` as an int ≥ 1, else ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _rank_within(
+    groups: npt.NDArray[np.int64], keys: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """0-based rank of each element by ``keys`` inside its group (ranks aligned to input)."""
+    n = groups.size
+    order = np.lexsort((keys, groups))
+    sorted_groups = groups[order]
+    positions = np.arange(n, dtype=np.int64)
+    is_start = np.ones(n, dtype=bool)
+    is_start[1:] = sorted_groups[1:] != sorted_groups[:-1]
+    group_start = np.maximum.accumulate(np.where(is_start, positions, 0))
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[order] = positions - group_start
+    return ranks
+
+
+def _partition_codes(frame: pd.DataFrame, partition_cols: list[str]) -> npt.NDArray[np.int64]:
+    """Integer code per row for its partition key (missing values form their own key)."""
+    if not partition_cols:
+        return np.zeros(len(frame), dtype=np.int64)
+    codes = frame.groupby(partition_cols, dropna=False, sort=False, observed=True).ngroup()
+    arr: npt.NDArray[np.int64] = np.asarray(codes.to_numpy(dtype=np.int64), dtype=np.int64)
+    return arr
+
+
+def bound_contributions(
+    frame: pd.DataFrame,
+    unit: str | None,
+    partition_cols: list[str],
+    max_partitions: int,
+    max_contributions_per_partition: int,
+    rng: RngLike = None,
+) -> pd.DataFrame:
+    """Rows of ``frame`` kept so each unit has ≤ L0 partitions and ≤ Linf rows per partition.
+
+    Partitions are chosen uniformly at random among the unit's distinct partition keys, then
+    rows uniformly at random within each kept partition. ``unit=None`` means each row is its
+    own unit (one row, one partition: nothing to drop). Kept rows keep their index and
+    order. A missing unit id is refused (InputDataError): it cannot be attributed to anyone.
+    """
+    l0 = _check_bound("max_partitions", max_partitions)
+    linf = _check_bound("max_contributions_per_partition", max_contributions_per_partition)
+    missing = [
+        c for c in [*([unit] if unit is not None else []), *partition_cols] if c not in frame
+    ]
+    if missing:
+        raise InputDataError(f"contribution bounding: columns {missing} not in the data")
+    if unit is None or len(frame) == 0:
+        return frame.copy()
+    units, _ = pd.factorize(frame[unit], use_na_sentinel=True)
+    if (units < 0).any():
+        raise InputDataError(
+            f"column {unit!r} (privacy unit) has missing values; every row needs a unit id"
+        )
+    gen = bounding_rng(rng)
+    person = units.astype(np.int64)
+    part = _partition_codes(frame, partition_cols)
+    n_parts = int(part.max()) + 1
+    # One id per distinct (unit, partition) pair; pairs sorted by unit.
+    pair_key = person * n_parts + part
+    uniq_pairs, pair_of_row = np.unique(pair_key, return_inverse=True)
+    pair_unit = uniq_pairs // n_parts
+    pair_rank = _rank_within(pair_unit, gen.permutation(uniq_pairs.size).astype(np.int64))
+    keep_pair = pair_rank < l0
+    row_rank = _rank_within(
+        pair_of_row.astype(np.int64), gen.permutation(len(frame)).astype(np.int64)
+    )
+    keep = keep_pair[pair_of_row] & (row_rank < linf)
+    return frame.loc[keep].copy()
+
+
+def sensitivities(
+    l0: int, linf: int, clamp: tuple[float, float] | None = None
+) -> tuple[float, float]:
+    """(L1, L2) of a per-partition histogram after bounding.
+
+    Counts: (L0·Linf, √L0·Linf). Sums of values clamped to ``clamp = (lo, hi)``: each term
+    is multiplied by max(|lo|, |hi|), the most one row can move a cell.
+    """
+    l0 = _check_bound("l0", l0)
+    linf = _check_bound("linf", linf)
+    per_row = 1.0
+    if clamp is not None:
+        lo, hi = (float(x) for x in clamp)
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+            raise ConfigError(f"clamp must be finite with lo <= hi, got {clamp!r}")
+        per_row = max(abs(lo), abs(hi))
+        if per_row == 0.0:
+            raise ConfigError("clamp [0, 0] makes every sum 0; choose bounds that are not both 0")
+    return float(l0 * linf) * per_row, math.sqrt(l0) * linf * per_row
