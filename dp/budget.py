@@ -79,7 +79,35 @@ class _Frozen:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
 
-class PureBudget(_Frozen):
+class _EpsilonDelta(_Frozen):
+    """Equality, hashing and the "fits within" partial order of (epsilon, delta) budgets:
+    a pure budget is the (epsilon, 0) approximate one, so the two compare as equals."""
+
+    def _key(self) -> tuple[Fraction, Fraction]:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _EpsilonDelta):
+            return self._key() == other._key()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __le__(self, other: object) -> bool:
+        return _fits(self, other)
+
+    def __lt__(self, other: object) -> bool:
+        return _fits(self, other) and self != other
+
+    def __ge__(self, other: object) -> bool:
+        return _fits(other, self)
+
+    def __gt__(self, other: object) -> bool:
+        return _fits(other, self) and self != other
+
+
+class PureBudget(_EpsilonDelta):
     """epsilon-DP budget (delta = 0)."""
 
     __slots__ = ("_epsilon",)
@@ -123,31 +151,11 @@ class PureBudget(_Frozen):
     def _key(self) -> tuple[Fraction, Fraction]:
         return (self._epsilon, Fraction(0))
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PureBudget | ApproxBudget):
-            return self._key() == other._key()
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __le__(self, other: object) -> bool:
-        return _fits(self, other)
-
-    def __lt__(self, other: object) -> bool:
-        return _fits(self, other) and self != other
-
-    def __ge__(self, other: object) -> bool:
-        return _fits(other, self)
-
-    def __gt__(self, other: object) -> bool:
-        return _fits(other, self) and self != other
-
     def __repr__(self) -> str:
         return f"PureBudget(epsilon={self._epsilon})"
 
 
-class ApproxBudget(_Frozen):
+class ApproxBudget(_EpsilonDelta):
     """(epsilon, delta)-DP budget."""
 
     __slots__ = ("_delta", "_epsilon")
@@ -190,26 +198,6 @@ class ApproxBudget(_Frozen):
 
     def _key(self) -> tuple[Fraction, Fraction]:
         return (self._epsilon, self._delta)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PureBudget | ApproxBudget):
-            return self._key() == other._key()
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __le__(self, other: object) -> bool:
-        return _fits(self, other)
-
-    def __lt__(self, other: object) -> bool:
-        return _fits(self, other) and self != other
-
-    def __ge__(self, other: object) -> bool:
-        return _fits(other, self)
-
-    def __gt__(self, other: object) -> bool:
-        return _fits(other, self) and self != other
 
     def __repr__(self) -> str:
         return f"ApproxBudget(epsilon={self._epsilon}, delta={self._delta})"
