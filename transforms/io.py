@@ -1175,23 +1175,25 @@ class _ReadTextSplitFn(beam.DoFn):
         self.spec = spec
         self.columns = columns
 
-    def process(
-        self, split: TextSplit, newline_counts: Mapping[tuple[str, int], int]
-    ) -> Iterator[Any]:
+    def process(self, split: TextSplit) -> Iterator[Any]:
+        """Batches, and rejected rows tagged with their split: their line numbers count from
+        the split's first line and are made file-global by `_GlobalLinesFn`. Keeping the
+        newline counts (a side input) off this step lets runners fuse it with whatever
+        consumes the batches, so batches are never encoded between stages."""
         path, index, start, end, _ = split
-        try:
-            before = sum(newline_counts[(path, j)] for j in range(index))
-        except KeyError as exc:
-            raise RuntimeError(f"{path}: newline count of split {exc} is missing") from None
         with _open(path) as f:
             if self.spec.multiline_records:
                 segments: Iterable[tuple[bytes, int, int]] = self._sequential(f)
             else:
-                one = self._aligned(f, start, end, before)
+                one = self._aligned(f, start, end, 0)
                 segments = [one] if one is not None else []
             for buf, offset, line in segments:
                 if buf:
-                    yield from self._segment(buf, offset, line, path)
+                    for out in self._segment(buf, offset, line, path):
+                        if isinstance(out, TaggedOutput):
+                            yield TaggedOutput(out.tag, (path, index, out.value))
+                        else:
+                            yield out
 
     def _skip_preamble(self, data: bytes, at_file_start: bool) -> int:
         """Bytes to skip at the start of a file: BOM, and the header line of a CSV."""
@@ -1369,6 +1371,26 @@ class _ReadParquetSplitFn(beam.DoFn):
 # --------------------------------------------------------------------------- transform
 
 
+class _GlobalLinesFn(beam.DoFn):
+    """Rejected rows of one split with file-global line numbers (adds the newlines of the
+    file's earlier splits); only rejected rows pass here, never batches."""
+
+    def process(
+        self,
+        tagged: tuple[str, int, pd.DataFrame],
+        newline_counts: Mapping[tuple[str, int], int],
+    ) -> Iterator[pd.DataFrame]:
+        path, index, frame = tagged
+        try:
+            before = sum(newline_counts[(path, j)] for j in range(index))
+        except KeyError as exc:
+            raise RuntimeError(f"{path}: newline count of split {exc} is missing") from None
+        if before:
+            frame = frame.copy()
+            frame["line"] = frame["line"] + before
+        yield frame
+
+
 class ReadMicrodata(beam.PTransform[PBegin, dict[str, PCollection[Any]]]):
     """Read the input files as {"batches": DataFrames, "rejected": DataFrames}.
 
@@ -1414,6 +1436,10 @@ class ReadMicrodata(beam.PTransform[PBegin, dict[str, PCollection[Any]]]):
                 count_fn
             )
             parsed = distributed | "Parse" >> beam.ParDo(  # type: ignore[no-untyped-call]
-                parse_fn, newline_counts=AsDict(counts)
+                parse_fn
             ).with_outputs(_REJECTED, main=_BATCHES)
+            rejected = parsed[_REJECTED] | "GlobalLines" >> beam.ParDo(  # type: ignore[no-untyped-call]
+                _GlobalLinesFn(), newline_counts=AsDict(counts)
+            )
+            return {"batches": parsed[_BATCHES], "rejected": rejected}
         return {"batches": parsed[_BATCHES], "rejected": parsed[_REJECTED]}
