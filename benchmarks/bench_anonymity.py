@@ -30,18 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._measure import machine, measure  # noqa: E402
 from benchmarks.bench_io import data_file  # noqa: E402
+from tests.conftest import ADULT_QIS  # noqa: E402
 
 ARX = ROOT.parent / "shared" / "data" / "arx"
-QIS = [
-    "sex",
-    "age",
-    "race",
-    "marital-status",
-    "education",
-    "native-country",
-    "workclass",
-    "salary-class",
-]
+QIS = list(ADULT_QIS)
 
 
 def adult_search() -> list[dict]:

@@ -49,7 +49,7 @@ class _Partial:
     keys: list[npt.NDArray[np.uint64]] = field(default_factory=list)
     counts: list[npt.NDArray[np.int64]] = field(default_factory=list)
     rows: list[npt.NDArray[np.uint64]] = field(default_factory=list)
-    values: dict[str, dict[int, Any]] = field(default_factory=dict)
+    values: dict[str, pd.Series] = field(default_factory=dict)
     compacted: int = 0
 
     def size(self) -> int:
@@ -95,11 +95,14 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
         for j, col in enumerate(self.columns):
             series = batch[col].astype("str")
             h = pd.util.hash_pandas_object(series, index=False).to_numpy(dtype=np.uint64)
-            known = acc.values.setdefault(col, {})
             uniq, first = np.unique(h, return_index=True)
-            new = [i for i, key in enumerate(uniq.tolist()) if key not in known]
-            for i in new:
-                known[int(uniq[i])] = series.iloc[int(first[i])]
+            known = acc.values.get(col)
+            if known is not None:  # only hashes not seen before (vectorised)
+                fresh = ~np.isin(uniq, known.index.to_numpy())
+                uniq, first = uniq[fresh], first[fresh]
+            if len(uniq):
+                seen = pd.Series(series.to_numpy()[first], index=uniq)
+                acc.values[col] = seen if known is None else pd.concat([known, seen])
             hashed[:, j] = h
         row_keys = pd.util.hash_pandas_object(pd.DataFrame(hashed), index=False).to_numpy(
             dtype=np.uint64
@@ -119,7 +122,8 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
             out.counts.extend(acc.counts)
             out.rows.extend(acc.rows)
             for col, known in acc.values.items():
-                out.values.setdefault(col, {}).update(known)
+                both = known if col not in out.values else pd.concat([out.values[col], known])
+                out.values[col] = both[~both.index.duplicated()]
             out.maybe_compact()
         out.compact()
         return out

@@ -71,7 +71,15 @@ class ProfileAccumulator:
     # distinct (QI combination, person) pairs as (pair hash -> QI hash), when a unit is given
     pairs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     pairs_compacted: int = 0
-    value_counts: dict[str, dict[Any, int]] = field(default_factory=dict)
+    value_counts: dict[str, pd.Series] = field(default_factory=dict)
+
+    def add_counts(self, col: str, counts: pd.Series) -> None:
+        """Add value counts, aligned on the values (vectorised)."""
+        prev = self.value_counts.get(col)
+        if prev is None:
+            self.value_counts[col] = counts.astype("int64")
+        else:
+            self.value_counts[col] = prev.add(counts, fill_value=0).astype("int64")
 
     def maybe_compact(self) -> None:
         """Deduplicate once the pending parts double the last compacted size (amortised)."""
@@ -120,10 +128,7 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
                 uniq, first = np.unique(pair, return_index=True)
                 acc.pairs.append((uniq, qi_hash[first]))
         for col in self.counted:
-            vc = batch[col].value_counts(dropna=True)
-            target = acc.value_counts.setdefault(col, {})
-            for value, n in zip(vc.index, vc.to_numpy(), strict=True):
-                target[value] = target.get(value, 0) + int(n)
+            acc.add_counts(col, batch[col].value_counts(dropna=True))
         acc.maybe_compact()
         return acc
 
@@ -138,9 +143,7 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
             out.combos.extend(a.combos)
             out.pairs.extend(a.pairs)
             for col, vc in a.value_counts.items():
-                target = out.value_counts.setdefault(col, {})
-                for value, n in vc.items():
-                    target[value] = target.get(value, 0) + n
+                out.add_counts(col, vc)
         out.maybe_compact()
         return out
 
@@ -185,7 +188,8 @@ def profile_from(
         "quasi_identifiers": list(qis),
         "qi_combinations": combos_out,
         "_value_counts": {
-            col: [[_plain(v), n] for v, n in vc.items()] for col, vc in acc.value_counts.items()
+            col: [[_plain(v), int(n)] for v, n in vc.items()]
+            for col, vc in acc.value_counts.items()
         },
     }
 
