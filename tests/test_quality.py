@@ -9,7 +9,6 @@ checked against numbers worked out by hand from REFERENCE.md.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Collection
 from typing import Any
 
@@ -28,6 +27,7 @@ from anonymity.summary import Summary
 from anonymity.transformation import Evaluator
 from privpipe.errors import PrivacyRefusal
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
+from tests.oracles import tree_hierarchy
 
 KEYS = [
     "loss",
@@ -73,20 +73,7 @@ def hierarchy(draw: st.DrawFn, attribute: str, repeat: bool) -> Hierarchy:
         low = draw(st.integers(0, 5))
         values = [str(v) for v in range(low, low + draw(st.integers(1, 12)))]
         return build_intervals(attribute, values, [draw(st.sampled_from([2, 3])), 6])
-    size = draw(st.integers(1, 6))
-    rows = [[f"{attribute}{i}"] for i in range(size)]
-    for depth in range(draw(st.integers(0, 2))):
-        current = list(dict.fromkeys(row[-1] for row in rows))
-        n_groups = draw(st.integers(1, len(current)))
-        group = {c: draw(st.integers(0, n_groups - 1)) for c in current}
-        members = Counter(group.values())
-        for row in rows:
-            g = group[row[-1]]
-            row.append(row[-1] if repeat and members[g] == 1 else f"{attribute}L{depth}g{g}")
-    if len({row[-1] for row in rows}) > 1 or len(rows[0]) == 1:
-        for row in rows:
-            row.append("*")
-    return Hierarchy(attribute, np.array(rows, dtype=object))
+    return draw(tree_hierarchy(attribute, repeat))
 
 
 @st.composite
