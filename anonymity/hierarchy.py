@@ -39,6 +39,7 @@ __all__ = [
     "build_grouping",
     "build_intervals",
     "build_mask",
+    "canonical_factorize",
     "hierarchy_to_arx_csv",
     "load_arx_csv",
 ]
@@ -161,6 +162,15 @@ def _factorize(values: Any) -> tuple[IntArray, ObjArray]:
         np.asarray(codes, dtype=np.int64),
         _canonical_array(np.asarray(uniques)),
     )
+
+
+def canonical_factorize(values: Any) -> tuple[IntArray, ObjArray]:
+    """Codes per element and the canonical strings of the distinct values (missing -> -1).
+
+    The same canonical form ``Hierarchy.encode`` matches (``39.0`` -> ``"39"``), so other
+    modules can key data by value without a hierarchy.
+    """
+    return _factorize(values)
 
 
 def _distinct_strings(values: Any) -> ObjArray:

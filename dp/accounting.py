@@ -107,7 +107,37 @@ class DiscreteGaussian:
         return self.rho + 2.0 * math.sqrt(self.rho * math.log(1.0 / delta))
 
 
-Mechanism: TypeAlias = DiscreteLaplace | DiscreteGaussian
+@dataclass(frozen=True)
+class ApproxDP:
+    """A mechanism known only by its (epsilon, delta) guarantee.
+
+    Used for steps that are not additive noise: private partition selection ((epsilon,
+    delta)) and the exponential mechanism (pure, delta = 0).
+    """
+
+    epsilon: Fraction
+    delta: Fraction
+    name: str = "approx_dp"
+
+    @classmethod
+    def of(cls, epsilon: Number, delta: Number = 0, name: str = "approx_dp") -> ApproxDP:
+        """Validated constructor: epsilon > 0, 0 <= delta < 1."""
+        d = to_fraction(delta, "delta")
+        if not 0 <= d < 1:
+            raise ConfigError(f"delta must be in [0, 1), got {delta!r}")
+        return cls(_positive(epsilon, "epsilon"), d, name)
+
+    @property
+    def pure(self) -> bool:
+        return self.delta == 0
+
+    @property
+    def rho(self) -> float:
+        """Pure epsilon-DP implies epsilon^2/2-zCDP; approximate DP has no zCDP bound."""
+        return float(self.epsilon) ** 2 / 2.0 if self.pure else math.inf
+
+
+Mechanism: TypeAlias = DiscreteLaplace | DiscreteGaussian | ApproxDP
 
 
 @dataclass(frozen=True)
@@ -178,6 +208,15 @@ def _worst(step: Step) -> list[Mechanism]:
     return list(step.mechanisms) if isinstance(step, Parallel) else [step]
 
 
+def _is_pure(m: Mechanism) -> bool:
+    return isinstance(m, DiscreteLaplace) or (isinstance(m, ApproxDP) and m.pure)
+
+
+def _step_delta(step: Step) -> Fraction:
+    """delta an (epsilon, delta) step spends by itself (a parallel group: its largest)."""
+    return max((m.delta for m in _worst(step) if isinstance(m, ApproxDP)), default=Fraction(0))
+
+
 class Accountant:
     """Bounds the composition of `steps` at total `delta` for groups of `group_size`."""
 
@@ -192,14 +231,18 @@ class Accountant:
         if group_size < 1:
             raise ConfigError(f"group_size must be >= 1, got {group_size}")
         self.group_size = group_size
-        self.all_pure = all(isinstance(m, DiscreteLaplace) for s in self.steps for m in _worst(s))
+        self.all_pure = all(_is_pure(m) for s in self.steps for m in _worst(s))
+        # delta that (epsilon, delta) steps use up whatever the method (a parallel group: max)
+        self.fixed_delta = float(sum((_step_delta(s) for s in self.steps), Fraction(0)))
+        self.has_approx = any(_step_delta(s) > 0 for s in self.steps)
 
     # Per-step helpers: a parallel group is its worst member.
     def _step_epsilon(self, step: Step) -> Fraction | None:
+        """The step's epsilon when every member is pure or (epsilon, delta); else None."""
         mechs = _worst(step)
-        if not all(isinstance(m, DiscreteLaplace) for m in mechs):
+        if any(isinstance(m, DiscreteGaussian) for m in mechs):
             return None
-        return max(m.epsilon for m in mechs if isinstance(m, DiscreteLaplace))
+        return max(m.epsilon for m in mechs if not isinstance(m, DiscreteGaussian))
 
     def _step_rho(self, step: Step) -> float:
         return max(m.rho for m in _worst(step))
@@ -221,16 +264,34 @@ class Accountant:
     def basic(self) -> Guarantee:
         if self.all_pure:
             return Guarantee("basic", self.pure().epsilon, 0.0)
-        if self.delta == 0:
-            return Guarantee("basic", None, None, "zCDP mechanisms need delta > 0")
         k = sum(1 for s in self.steps if self._step_epsilon(s) is None)
-        per = self.delta / k
+        if k == 0:  # pure and (epsilon, delta) steps only: both add up
+            total = sum((self._step_epsilon(s) or Fraction(0) for s in self.steps), Fraction(0))
+            return Guarantee("basic", float(total), self.fixed_delta)
+        free = self.delta - self.fixed_delta
+        if free <= 0:
+            return Guarantee(
+                "basic", None, None, "zCDP mechanisms need delta beyond the (epsilon, delta) steps"
+            )
+        per = free / k
         return Guarantee("basic", sum(self._step_approx(s, per) for s in self.steps), self.delta)
 
     def advanced(self) -> Guarantee:
-        if self.delta == 0:
-            return Guarantee("advanced", None, None, "advanced composition needs delta > 0")
+        free = self.delta - self.fixed_delta
+        if free <= 0:
+            return Guarantee(
+                "advanced", None, None, "advanced composition needs delta beyond the steps' own"
+            )
         k = len(self.steps)
+        if self.has_approx:
+            if any(self._step_epsilon(s) is None for s in self.steps):
+                return Guarantee(
+                    "advanced", None, None, "not applied to zCDP mixed with (epsilon, delta) steps"
+                )
+            # DRV holds with heterogeneous delta_i: (eps', sum of delta_i + delta').
+            eps_max = max(float(self._step_epsilon(s) or 0) for s in self.steps)
+            eps, _ = advanced_composition(eps_max, 0.0, k, free)
+            return Guarantee("advanced", eps, self.delta)
         if self.all_pure:
             eps_max = max(float(self._step_epsilon(s) or 0) for s in self.steps)
             eps, dlt = advanced_composition(eps_max, 0.0, k, self.delta)
@@ -253,7 +314,9 @@ class Accountant:
         for step, count in counts.items():
             eps = self._step_epsilon(step)
             if eps is not None:
-                params = pld_common.DifferentialPrivacyParameters(float(eps), 0.0)
+                params = pld_common.DifferentialPrivacyParameters(
+                    float(eps), float(_step_delta(step))
+                )
                 pld = pld_lib.from_privacy_parameters(params)
             else:
                 mechs = _worst(step)
@@ -289,6 +352,8 @@ class Accountant:
     def rdp(self) -> Guarantee:
         if self.delta == 0:
             return Guarantee("rdp", None, None, "RDP conversion needs delta > 0")
+        if self.has_approx:
+            return Guarantee("rdp", None, None, "(epsilon, delta) steps have no Renyi bound")
         accountant = dp_accounting.rdp.RdpAccountant()
         events = [dp_accounting.ZCDpEvent(self._step_rho(s)) for s in self.steps]
         accountant.compose(dp_accounting.ComposedDpEvent(events))

@@ -103,8 +103,30 @@ def bound_contributions(
             f"column {unit!r} (privacy unit) has missing values; every row needs a unit id"
         )
     gen = bounding_rng(rng)
-    person = units.astype(np.int64)
-    part = _partition_codes(frame, partition_cols)
+    keep = bound_units(
+        units.astype(np.int64), _partition_codes(frame, partition_cols), l0, linf, gen
+    )
+    return frame.loc[keep].copy()
+
+
+def bound_units(
+    units: npt.NDArray[np.generic],
+    partitions: npt.NDArray[np.generic],
+    max_partitions: int,
+    max_contributions_per_partition: int,
+    rng: RngLike = None,
+) -> npt.NDArray[np.bool_]:
+    """Keep mask: each unit keeps ≤ L0 of its partitions and ≤ Linf rows in each, at random.
+
+    ``units`` and ``partitions`` are any hashable integer ids per row (e.g. 64-bit hashes).
+    """
+    l0 = _check_bound("max_partitions", max_partitions)
+    linf = _check_bound("max_contributions_per_partition", max_contributions_per_partition)
+    if units.size == 0:
+        return np.zeros(0, dtype=np.bool_)
+    gen = bounding_rng(rng)
+    person = pd.factorize(units)[0].astype(np.int64)
+    part = pd.factorize(partitions)[0].astype(np.int64)
     n_parts = int(part.max()) + 1
     # One id per distinct (unit, partition) pair; pairs sorted by unit.
     pair_key = person * n_parts + part
@@ -113,10 +135,18 @@ def bound_contributions(
     pair_rank = _rank_within(pair_unit, gen.permutation(uniq_pairs.size).astype(np.int64))
     keep_pair = pair_rank < l0
     row_rank = _rank_within(
-        pair_of_row.astype(np.int64), gen.permutation(len(frame)).astype(np.int64)
+        pair_of_row.astype(np.int64), gen.permutation(units.size).astype(np.int64)
     )
-    keep = keep_pair[pair_of_row] & (row_rank < linf)
-    return frame.loc[keep].copy()
+    keep: npt.NDArray[np.bool_] = keep_pair[pair_of_row] & (row_rank < linf)
+    return keep
+
+
+def one_group_per_unit(
+    units: npt.NDArray[np.generic], groups: npt.NDArray[np.generic], rng: RngLike = None
+) -> npt.NDArray[np.bool_]:
+    """Keep mask: the rows of one group per unit, the group chosen uniformly at random."""
+    mask: npt.NDArray[np.bool_] = bound_units(units, groups, 1, max(1, units.size), rng)
+    return mask
 
 
 def sensitivities(

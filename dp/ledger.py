@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -274,40 +274,84 @@ class Ledger:
 
         Call this BEFORE any noise is drawn: once noise exists the budget is spent.
         """
-        if isinstance(budget, RhoBudget):
-            raise ConfigError("the ledger records (epsilon, delta): convert with .to_approx(delta)")
-        if not run_id or not release:
-            raise ConfigError("charge needs a non-empty run_id and release name")
-        cost = budget.to_approx()
+        return self.charge_many(run_id, [(release, budget)])[0]
+
+    def check_affordable(
+        self, run_id: str, items: Sequence[tuple[str, PureBudget | ApproxBudget]]
+    ) -> None:
+        """Refuse (PrivacyRefusal) now if `items` would not fit; records nothing."""
         with self._write():
-            entries = self._verified_rows(self._fix())
-            spent = self._sum(entries)
-            left_eps = self.lifetime.epsilon - spent.epsilon
-            left_dlt = self.lifetime.delta - spent.delta
-            if cost.epsilon > left_eps or cost.delta > left_dlt:
-                raise PrivacyRefusal(
-                    f"privacy budget of dataset {self.dataset!r} exhausted: the ledger has "
-                    f"epsilon {_fmt(left_eps)} of {_fmt(self.lifetime.epsilon)} left (delta "
-                    f"{_fmt(left_dlt)} of {_fmt(self.lifetime.delta)}); release {release!r} of "
-                    f"run {run_id!r} needs epsilon {_fmt(cost.epsilon)}, delta "
-                    f"{_fmt(cost.delta)}. Lower the release's budget or use a new dataset version"
+            self._refuse_unless_fits(run_id, items, self._verified_rows(self._fix()))
+
+    def charge_many(
+        self, run_id: str, items: Sequence[tuple[str, PureBudget | ApproxBudget | RhoBudget]]
+    ) -> list[LedgerEntry]:
+        """Record every release's spend in one transaction: all fit and are recorded, or none."""
+        if not run_id or not items or any(not name for name, _ in items):
+            raise ConfigError("charge needs a non-empty run_id and release names")
+        if any(isinstance(b, RhoBudget) for _, b in items):
+            raise ConfigError("the ledger records (epsilon, delta): convert with .to_approx(delta)")
+        costs = [(name, b.to_approx()) for name, b in items if not isinstance(b, RhoBudget)]
+        out: list[LedgerEntry] = []
+        with self._write():
+            self._refuse_unless_fits(run_id, costs, self._verified_rows(self._fix()))
+            for release, cost in costs:
+                created = datetime.now(UTC).isoformat(timespec="microseconds")
+                cur = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'entries'")
+                seq = cur.fetchone()
+                ident = (seq[0] if seq else 0) + 1
+                fields = (ident, run_id, release, str(cost.epsilon), str(cost.delta), created)
+                prev = self._conn.execute("SELECT value FROM meta WHERE key = 'head'").fetchone()[0]
+                checksum = _checksum(prev, fields)
+                self._conn.execute(
+                    "INSERT INTO entries (id, run_id, release, epsilon, delta, created_at, "
+                    "status, reason, checksum) VALUES (?, ?, ?, ?, ?, ?, 'committed', NULL, ?)",
+                    (*fields, checksum),
                 )
-            created = datetime.now(UTC).isoformat(timespec="microseconds")
-            cur = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'entries'")
-            seq = cur.fetchone()
-            ident = (seq[0] if seq else 0) + 1
-            fields = (ident, run_id, release, str(cost.epsilon), str(cost.delta), created)
-            prev = self._conn.execute("SELECT value FROM meta WHERE key = 'head'").fetchone()[0]
-            checksum = _checksum(prev, fields)
-            self._conn.execute(
-                "INSERT INTO entries (id, run_id, release, epsilon, delta, created_at, status, "
-                "reason, checksum) VALUES (?, ?, ?, ?, ?, ?, 'committed', NULL, ?)",
-                (*fields, checksum),
+                self._conn.execute("UPDATE meta SET value = ? WHERE key = 'head'", (checksum,))
+                out.append(
+                    LedgerEntry(
+                        ident, run_id, release, cost.epsilon, cost.delta, created, "committed", None
+                    )
+                )
+        return out
+
+    def _refuse_unless_fits(
+        self,
+        run_id: str,
+        items: Sequence[tuple[str, PureBudget | ApproxBudget]],
+        entries: list[LedgerEntry],
+    ) -> None:
+        spent = self._sum(entries)
+        left_eps = self.lifetime.epsilon - spent.epsilon
+        left_dlt = self.lifetime.delta - spent.delta
+        need_eps = sum((b.to_approx().epsilon for _, b in items), Fraction(0))
+        need_dlt = sum((b.to_approx().delta for _, b in items), Fraction(0))
+        if need_eps > left_eps or need_dlt > left_dlt:
+            names = ", ".join(repr(n) for n, _ in items)
+            raise PrivacyRefusal(
+                f"privacy budget of dataset {self.dataset!r} exhausted: the ledger {self.path} "
+                f"has epsilon {_fmt(left_eps)} of {_fmt(self.lifetime.epsilon)} left (delta "
+                f"{_fmt(left_dlt)} of {_fmt(self.lifetime.delta)}); release(s) {names} of run "
+                f"{run_id!r} need epsilon {_fmt(need_eps)}, delta {_fmt(need_dlt)}; nothing "
+                "was charged. Lower the releases' budget or use a new dataset version"
             )
-            self._conn.execute("UPDATE meta SET value = ? WHERE key = 'head'", (checksum,))
-        return LedgerEntry(
-            ident, run_id, release, cost.epsilon, cost.delta, created, "committed", None
-        )
+
+    @classmethod
+    def inspect(cls, path: str | Path) -> Ledger:
+        """Open an existing ledger as it is (dataset and lifetime read from it), to show it."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p}: no such ledger file; check the path (budget.ledger)")
+        try:
+            conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, isolation_level=None)
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            conn.close()
+            dataset = meta["dataset"]
+            eps, dlt = meta["lifetime_epsilon"], meta["lifetime_delta"]
+        except (sqlite3.Error, KeyError) as exc:
+            raise InputDataError(f"{p} is not a privacy ledger ({exc})") from exc
+        return cls.open(p, dataset, Fraction(eps), Fraction(dlt))
 
     def mark_failed(self, run_id: str, reason: str) -> int:
         """Mark the run's entries failed with `reason`; the spend stays. Returns rows marked."""

@@ -4,6 +4,7 @@
     privpipe validate CONFIG
     privpipe demo [--output DIR] [--rows N] [--seed S] [beam options...]
     privpipe schema
+    privpipe budget show LEDGER
 
 Exit codes (DESIGN.md): 0 ok; 2 invalid config or arguments; 3 invalid input data;
 4 privacy refusal; 1 anything else. Errors go to stderr as `privpipe: error: ...`.
@@ -48,6 +49,13 @@ def _parser() -> _Parser:
     r.add_argument("config", help="the YAML config file")
     r.add_argument("--output", help="output folder (default: the config's output.dir)")
     r.add_argument("--runner", help="Beam runner (default DirectRunner)")
+    r.add_argument(
+        "--insecure-seed",
+        type=int,
+        metavar="N",
+        help="reproducible DP noise and bounding from seed N: NOT private, for tests only; "
+        "recorded in the manifest and every DP release.json",
+    )
     r.epilog = "Other options (e.g. --direct_num_workers=2) are passed to Beam."
 
     v = sub.add_parser("validate", help="check a config (schema and semantics); reads no data")
@@ -58,6 +66,12 @@ def _parser() -> _Parser:
     d.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"rows (default {DEMO_ROWS})")
     d.add_argument("--seed", type=int, default=20261122, help="generator seed")
     d.add_argument("--runner", help="Beam runner (default DirectRunner)")
+    d.add_argument("--insecure-seed", type=int, metavar="N", help="as for run (tests only)")
+
+    b = sub.add_parser("budget", help="the privacy-budget ledger of a dataset")
+    bsub = b.add_subparsers(dest="budget_command", required=True, parser_class=_Parser)
+    show = bsub.add_parser("show", help="print a ledger's lifetime, spend and history")
+    show.add_argument("ledger", help="the ledger file (budget.ledger of the config)")
 
     sub.add_parser("schema", help="print the JSON Schema of the config")
     return p
@@ -121,9 +135,13 @@ def _dispatch(argv: list[str]) -> int:
             raise ConfigError(f"validate takes no other options, got {' '.join(beam_args)}")
         return _validate(args.config)
     if args.command == "run":
-        return _run(args.config, args.output, args.runner, beam_args)
+        return _run(args.config, args.output, args.runner, beam_args, seed=args.insecure_seed)
     if args.command == "demo":
-        return _demo(args.output, args.rows, args.seed, args.runner, beam_args)
+        return _demo(args.output, args.rows, args.seed, args.runner, beam_args, args.insecure_seed)
+    if args.command == "budget":
+        if beam_args:
+            raise ConfigError(f"budget show takes no other options, got {' '.join(beam_args)}")
+        return _budget_show(args.ledger)
     raise ConfigError(f"unknown command {args.command!r}")  # pragma: no cover
 
 
@@ -147,12 +165,22 @@ def _run(
     runner: str | None,
     beam_args: list[str],
     input_override: str | None = None,
+    seed: int | None = None,
+    ledger_override: str | None = None,
 ) -> int:
     from pipelines.plan import load_plan
     from pipelines.run import run
 
-    plan = load_plan(config, output_dir=output, input_override=input_override)
-    result = run(plan, beam_args=beam_args, runner=runner)
+    plan = load_plan(
+        config, output_dir=output, input_override=input_override, ledger_override=ledger_override
+    )
+    if seed is not None:
+        print(
+            f"privpipe: WARNING: --insecure-seed {seed}: DP noise is reproducible and NOT "
+            "private; the manifest records it. Never publish this output.",
+            file=sys.stderr,
+        )
+    result = run(plan, beam_args=beam_args, runner=runner, insecure_seed=seed)
     m = result.manifest
     prof = m["profile"]
     combos = prof["qi_combinations"]
@@ -167,14 +195,53 @@ def _run(
         )
     )
     for name, summary in m["release_summaries"].items():
-        g = ", ".join(f"{k}={v}" for k, v in summary["guarantee"].items())
+        g = ", ".join(
+            f"{k}={v}" for k, v in summary["guarantee"].items() if not isinstance(v, dict)
+        )
         check = "verified" if summary["verified"] else "NOT verified"
         print(f"privpipe:   releases/{name}: {summary['kind']} ({g}), {check}")
+    if m.get("budget"):
+        b = m["budget"]
+        print(
+            f"privpipe: privacy budget: spent epsilon {b['spent']['epsilon']:g} of "
+            f"{b['lifetime']['epsilon']:g}, {b['remaining']['epsilon']:g} left ({b['ledger']})"
+        )
     print(f"privpipe: published to {result.output_dir} (manifest.json) in {m['seconds']:.1f}s")
     return 0
 
 
-def _demo(output: str, rows: int, seed: int, runner: str | None, beam_args: list[str]) -> int:
+def _budget_show(path: str) -> int:
+    from dp.ledger import Ledger
+
+    with Ledger.inspect(path) as ledger:
+        entries = ledger.history()
+        spent, left = ledger.spent(), ledger.remaining()
+        life = ledger.lifetime
+        print(f"ledger {ledger.path}")
+        print(f"dataset {ledger.dataset!r}")
+        print(f"lifetime epsilon {float(life.epsilon):g}, delta {float(life.delta):g}")
+        print(f"spent    epsilon {float(spent.epsilon):g}, delta {float(spent.delta):g}")
+        print(f"left     epsilon {float(left.epsilon):g}, delta {float(left.delta):g}")
+        print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}:")
+        print(f"{'id':>4}  {'created (UTC)':<26}  {'run':<26}  {'release':<16}  "
+              f"{'epsilon':>9}  {'delta':>9}  status")  # fmt: skip
+        for e in entries:
+            line = (
+                f"{e.id:>4}  {e.created_at[:26]:<26}  {e.run_id:<26}  {e.release:<16}  "
+                f"{float(e.epsilon):>9.4g}  {float(e.delta):>9.3g}  {e.status}"
+            )
+            print(line + (f" ({e.reason})" if e.reason else ""))
+    return 0
+
+
+def _demo(
+    output: str,
+    rows: int,
+    seed: int,
+    runner: str | None,
+    beam_args: list[str],
+    insecure_seed: int | None = None,
+) -> int:
     from pipelines.demo_data import write_csv
 
     if rows < 1:
@@ -188,7 +255,18 @@ def _demo(output: str, rows: int, seed: int, runner: str | None, beam_args: list
             "choose another folder with --output"
         ) from None
     print(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
-    return _run(str(DEMO_CONFIG), str(out), runner, beam_args, input_override=str(data))
+    # freshly generated data is a new dataset version, so it starts a fresh ledger
+    ledger = out / "ledger.sqlite"
+    ledger.unlink(missing_ok=True)
+    return _run(
+        str(DEMO_CONFIG),
+        str(out),
+        runner,
+        beam_args,
+        input_override=str(data),
+        seed=insecure_seed,
+        ledger_override=str(ledger),
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

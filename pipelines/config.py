@@ -238,12 +238,163 @@ class TClosenessRelease(_AnonymityRelease):
     distance: Literal["equal", "ordered", "hierarchical"] = "equal"
 
 
+class DPQueryConfig(_Model):
+    """One query of a DP release; the queries share the release's budget by weight."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Name of the query in data.csv.")
+    group_by: list[str] = Field(default_factory=list)
+    levels: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, description="Hierarchy level per group_by column (0 = raw)."
+    )
+    weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+
+
+class _DPRelease(_Release):
+    kind: str
+    epsilon: float = Field(gt=0, allow_inf_nan=False, description="Total epsilon of the release.")
+    delta: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="Total delta: private partition selection and the discrete Gaussian.",
+    )
+    mechanism: Literal["discrete_laplace", "discrete_gaussian"] = "discrete_laplace"
+    group_by: list[str] = Field(default_factory=list)
+    levels: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, description="Hierarchy level per group_by column (0 = raw)."
+    )
+    queries: list[DPQueryConfig] | None = Field(
+        default=None,
+        min_length=1,
+        description="Several queries sharing epsilon by weight (sequential composition).",
+    )
+    partition_by: list[str] = Field(
+        default_factory=list,
+        description="Columns splitting persons into disjoint groups (parallel composition).",
+    )
+    bound_to_one_group: bool = Field(
+        default=False,
+        description="Keep each person in one partition_by group (chosen at random) instead "
+        "of refusing persons in several groups.",
+    )
+    max_partitions: int = Field(default=1, ge=1, description="L0: cells per person.")
+    max_contributions_per_partition: int = Field(
+        default=1, ge=1, description="Linf: rows per person and cell."
+    )
+    partitions: Literal["auto", "public", "private"] = Field(
+        default="auto",
+        description="public: every cell of the domain is released; private: cells are "
+        "selected with (epsilon, delta); auto: public when every key column has a domain.",
+    )
+    domain: dict[str, list[str]] = Field(
+        default_factory=dict, description="Public domain of key columns (values or labels)."
+    )
+    selection: Literal["truncated_geometric", "laplace"] = "truncated_geometric"
+    selection_share: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="Share of each query's epsilon spent selecting private partitions.",
+    )
+    clamp: bool = Field(default=True, description="Post-processing: negative counts to 0.")
+    confidence: float = Field(default=0.95, gt=0, lt=1, allow_inf_nan=False)
+
+    @field_validator("partition_by", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    def query_list(self) -> list[DPQueryConfig]:
+        """The release's queries; a release without ``queries`` is one query named after it."""
+        if self.queries is not None:
+            return list(self.queries)
+        return [DPQueryConfig(name=self.name, group_by=self.group_by, levels=self.levels)]
+
+    def key_columns(self) -> list[str]:
+        """Every column that names a released cell: partition_by, then all group_by."""
+        cols = list(self.partition_by)
+        for q in self.query_list():
+            cols += [c for c in q.group_by if c not in cols]
+        return cols
+
+
+class DPCountRelease(_DPRelease):
+    kind: Literal["dp_count"]
+
+
+class DPHistogramRelease(_DPRelease):
+    kind: Literal["dp_histogram"]
+
+
+class _DPValueRelease(_DPRelease):
+    value: str = Field(description="Numeric column summed or averaged.")
+    bounds: list[Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        min_length=2,
+        max_length=2,
+        description="Clamping bounds [lower, upper] of the value column.",
+    )
+    resolution: float = Field(
+        default=1.0, gt=0, allow_inf_nan=False, description="Fixed-point step of released sums."
+    )
+
+    @model_validator(mode="after")
+    def _ordered_bounds(self) -> _DPValueRelease:
+        lo, hi = self.bounds
+        if lo > hi:
+            raise ValueError(f"bounds: lower {lo:g} is above upper {hi:g}; swap them")
+        if lo == hi == 0:
+            raise ValueError("bounds: [0, 0] makes every value 0; give the value's real range")
+        return self
+
+
+class DPSumRelease(_DPValueRelease):
+    kind: Literal["dp_sum"]
+
+
+class DPMeanRelease(_DPValueRelease):
+    kind: Literal["dp_mean"]
+    count_share: float = Field(
+        default=0.5, gt=0, lt=1, allow_inf_nan=False, description="Share of epsilon for the count."
+    )
+
+
+class DPTopKRelease(_DPRelease):
+    kind: Literal["dp_top_k", "dp_mode"]
+    value: str = Field(description="Column whose most frequent values are released.")
+    k: int = Field(default=1, ge=1, description="How many values per group (dp_mode: 1).")
+
+
 Release = Annotated[
-    KAnonymityRelease | LDiversityRelease | TClosenessRelease,
+    KAnonymityRelease
+    | LDiversityRelease
+    | TClosenessRelease
+    | DPCountRelease
+    | DPHistogramRelease
+    | DPSumRelease
+    | DPMeanRelease
+    | DPTopKRelease,
     Field(discriminator="kind"),
 ]
 ANONYMITY_KINDS = ("k_anonymity", "l_diversity", "t_closeness")
-RELEASE_KINDS = ANONYMITY_KINDS
+DP_KINDS = ("dp_count", "dp_histogram", "dp_sum", "dp_mean", "dp_top_k", "dp_mode")
+RELEASE_KINDS = ANONYMITY_KINDS + DP_KINDS
+DPRelease = DPCountRelease | DPHistogramRelease | DPSumRelease | DPMeanRelease | DPTopKRelease
+STATIC_HIERARCHY_KINDS = ("file", "groups")  # known without reading data
+
+
+# -------------------------------------------------------------------------- budget
+
+
+class BudgetConfig(_Model):
+    """The dataset's lifetime privacy budget, kept in a ledger file."""
+
+    ledger: str = Field(
+        description="SQLite ledger file (or folder) relative to the config file's folder."
+    )
+    lifetime_epsilon: float = Field(gt=0, allow_inf_nan=False)
+    lifetime_delta: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
 
 
 # -------------------------------------------------------------------------- output
@@ -265,6 +416,7 @@ class PrivpipeConfig(_Model):
     schema_: SchemaConfig = Field(alias="schema")
     hierarchies: dict[str, HierarchyConfig] = Field(default_factory=dict)
     releases: list[Release] = Field(default_factory=list)
+    budget: BudgetConfig | None = None
     output: OutputConfig
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=False)
@@ -292,6 +444,9 @@ class PrivpipeConfig(_Model):
         """Columns that a configured release generalises (so they need a hierarchy)."""
         needed: set[str] = set()
         for r in self.releases:
+            if isinstance(r, _DPRelease):
+                for q in r.query_list():
+                    needed |= {c for c, level in q.levels.items() if level > 0}
             if r.kind in ANONYMITY_KINDS:
                 needed |= set(self.schema_.quasi_identifiers)
             hierarchical = isinstance(r, TClosenessRelease) and r.distance == "hierarchical"
@@ -319,11 +474,15 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
             "the person id is neither"
         )
     roles = set(qis) | ({s.sensitive} if s.sensitive else set())
+    for r in cfg.releases:
+        if isinstance(r, _DPRelease):
+            roles |= set(r.key_columns()) | ({r.value} if isinstance(r, DPTopKRelease) else set())
     for col in cfg.hierarchies:
         if col not in roles:
             out.append(
-                f"hierarchies.{col}: {col!r} is neither a quasi-identifier nor the sensitive "
-                "attribute; add it to schema.quasi_identifiers or remove the hierarchy"
+                f"hierarchies.{col}: {col!r} is neither a quasi-identifier, the sensitive "
+                "attribute nor a DP release's key column; add it to schema.quasi_identifiers "
+                "or remove the hierarchy"
             )
     for col, h in cfg.hierarchies.items():
         typ = s.types.get(col, "string")
@@ -356,7 +515,7 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
             out.append(f"releases[{i}]: kind {r.kind} needs schema.quasi_identifiers")
         if isinstance(r, LDiversityRelease | TClosenessRelease) and not s.sensitive:
             out.append(f"releases[{i}]: kind {r.kind} needs schema.sensitive")
-        if r.kind in ANONYMITY_KINDS:
+        if isinstance(r, _AnonymityRelease):
             for key in ("min_levels", "max_levels"):
                 for col in getattr(r, key):
                     if col not in qis:
@@ -365,6 +524,16 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
                 hi = r.max_levels.get(col)
                 if hi is not None and lo > hi:
                     out.append(f"releases[{i}].min_levels.{col}: {lo} > max_levels.{col} {hi}")
+    for i, r in enumerate(cfg.releases):
+        if isinstance(r, _DPRelease):
+            out += dp_problems(cfg, i, r)
+    if cfg.budget is None and any(isinstance(r, _DPRelease) for r in cfg.releases):
+        first = next(i for i, r in enumerate(cfg.releases) if isinstance(r, _DPRelease))
+        out.append(
+            f"budget: missing; releases[{first}] is differentially private and every DP "
+            "release is charged to the dataset's ledger, e.g. "
+            "budget: {ledger: ledger.sqlite, lifetime_epsilon: 10}"
+        )
     for col in sorted(needed):
         if col not in cfg.hierarchies:
             which = next(
@@ -374,6 +543,110 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
                 f"hierarchies.{col}: missing; {which} generalises {col!r} and needs its "
                 f"hierarchy, e.g. hierarchies: {{{col}: {{file: hierarchies/{col}.csv}}}}"
             )
+    return out
+
+
+def public_domain_source(cfg: PrivpipeConfig, r: _DPRelease, col: str) -> str | None:
+    """Where ``col``'s public domain comes from for release ``r`` (None: not public)."""
+    if col in r.domain:
+        return "domain"
+    h = cfg.hierarchies.get(col)
+    if h is not None and h.kind in STATIC_HIERARCHY_KINDS:
+        return "hierarchy"
+    return None
+
+
+def resolved_partitions(cfg: PrivpipeConfig, r: _DPRelease) -> str:
+    """'public' or 'private': what ``partitions: auto`` means for this release."""
+    if r.partitions != "auto":
+        return r.partitions
+    cols = r.key_columns()
+    return "public" if all(public_domain_source(cfg, r, c) for c in cols) else "private"
+
+
+def dp_problems(cfg: PrivpipeConfig, i: int, r: _DPRelease) -> list[str]:
+    """Cross-key rules of one DP release."""
+    key = f"releases[{i}]"
+    out: list[str] = []
+    s = cfg.schema_
+    if r.queries is not None and (r.group_by or r.levels):
+        out.append(f"{key}.queries: give group_by/levels inside each query, not beside queries")
+    names = [q.name for q in r.query_list()]
+    for j, n in enumerate(names):
+        if n in names[:j]:
+            out.append(f"{key}.queries[{j}].name: {n!r} is used twice; names must be unique")
+    for j, q in enumerate(r.query_list()):
+        where = f"{key}.queries[{j}]" if r.queries is not None else key
+        dupes = sorted({c for c in q.group_by if q.group_by.count(c) > 1})
+        if dupes:
+            out.append(f"{where}.group_by: {dupes[0]!r} is listed twice")
+        if r.kind == "dp_histogram" and not q.group_by:
+            out.append(
+                f"{where}.group_by: dp_histogram needs at least one column; "
+                "for a single total use kind: dp_count"
+            )
+        for col in q.levels:
+            if col not in q.group_by:
+                out.append(f"{where}.levels.{col}: {col!r} is not in group_by")
+        both = sorted(set(q.group_by) & set(r.partition_by))
+        if both:
+            out.append(
+                f"{where}.group_by: {both[0]!r} is also in partition_by; partition_by columns "
+                "are part of every cell already"
+            )
+        if s.privacy_unit in q.group_by:
+            out.append(f"{where}.group_by: {s.privacy_unit!r} is the privacy unit")
+    if s.privacy_unit is not None and s.privacy_unit in r.partition_by:
+        out.append(f"{key}.partition_by: {s.privacy_unit!r} is the privacy unit")
+    value = getattr(r, "value", None)
+    if value is not None and value in r.key_columns():
+        out.append(f"{key}.value: {value!r} is also a group_by/partition_by column")
+    if value is not None and value == s.privacy_unit:
+        out.append(f"{key}.value: {value!r} is the privacy unit")
+    keys = r.key_columns() + ([value] if isinstance(r, DPTopKRelease) else [])
+    for col in r.domain:
+        if col not in keys:
+            out.append(f"{key}.domain.{col}: {col!r} is not a key column of this release")
+        elif not r.domain[col]:
+            out.append(f"{key}.domain.{col}: the domain is empty")
+    if r.mechanism == "discrete_gaussian" and r.delta == 0:
+        out.append(
+            f"{key}.delta: mechanism discrete_gaussian needs delta > 0 (e.g. delta: 1.0e-6), "
+            "or use mechanism: discrete_laplace"
+        )
+    if isinstance(r, DPTopKRelease):
+        if public_domain_source(cfg, r, r.value) is None:
+            out.append(
+                f"{key}.domain.{r.value}: dp_top_k picks among public candidates; give "
+                f"domain: {{{r.value}: [...]}} or a file/groups hierarchy for {r.value!r}"
+            )
+        if r.partitions == "private":
+            out.append(f"{key}.partitions: dp_top_k releases public groups only")
+        private = [c for c in r.key_columns() if public_domain_source(cfg, r, c) is None]
+        if private:
+            out.append(
+                f"{key}.domain.{private[0]}: the groups of dp_top_k must be public; give "
+                f"domain: {{{private[0]}: [...]}} or a file/groups hierarchy"
+            )
+        if r.kind == "dp_mode" and r.k != 1:
+            out.append(f"{key}.k: dp_mode releases one value per group (k: 1); use dp_top_k")
+        return out
+    mode = resolved_partitions(cfg, r)
+    if mode == "public":
+        missing = [c for c in r.key_columns() if public_domain_source(cfg, r, c) is None]
+        if missing:
+            out.append(
+                f"{key}.partitions: public needs a public domain for {missing[0]!r}: give "
+                f"domain: {{{missing[0]}: [...]}} or a file/groups hierarchy (a domain read "
+                "from the data is not public)"
+            )
+    elif r.delta == 0:
+        private = [c for c in r.key_columns() if public_domain_source(cfg, r, c) is None]
+        out.append(
+            f"{key}.delta: the cells of {private[0] if private else 'this release'!r} are not "
+            "public, so they are chosen by private partition selection, which needs delta > 0 "
+            "(e.g. delta: 1.0e-6); or give a public domain (domain: or a file/groups hierarchy)"
+        )
     return out
 
 

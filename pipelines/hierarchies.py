@@ -11,10 +11,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy, build_dates, build_intervals, build_mask
+from anonymity.hierarchy import (
+    Hierarchy,
+    build_dates,
+    build_intervals,
+    build_mask,
+    canonical_factorize,
+)
+from dp.cells import canonical_labels
 from pipelines.config import HierarchyConfig
+from privpipe.errors import ConfigError, InputDataError
 
 
 @dataclass(frozen=True)
@@ -65,3 +75,39 @@ def build_from_data(col: str, hc: HierarchyConfig, values: list[object]) -> Hier
             aliases=aliases,
         )
     raise AssertionError(f"{key}: file and groups hierarchies are loaded at plan time")
+
+
+@dataclass(frozen=True)
+class HierarchyLabeler:
+    """Labels of a column at a hierarchy level, batch by batch (for DP cells).
+
+    File and grouping hierarchies are loaded at plan time; builders (mask, intervals,
+    dates) label a value from the value alone, so each batch builds them over its own
+    distinct values and every batch gets the same label for the same value.
+    """
+
+    configs: Mapping[str, HierarchyConfig]
+    loaded: Mapping[str, Hierarchy]
+
+    def __call__(self, col: str, level: int, values: pd.Series) -> npt.NDArray[np.object_]:
+        if level == 0:
+            return canonical_labels(col, 0, values)
+        hc = self.configs.get(col)
+        if hc is None:
+            raise ConfigError(f"levels.{col}: {col!r} has no hierarchy; add hierarchies.{col}")
+        h = self.loaded.get(col)
+        if h is None:
+            _, uniques = canonical_factorize(values)
+            h = build_from_data(col, hc, [v for v in uniques.tolist() if v != ""])
+        if level > h.height:
+            raise ConfigError(
+                f"levels.{col}: level {level} is above the top of its hierarchy ({h.height})"
+            )
+        codes = h.encode(values)
+        if (codes < 0).any():
+            bad = pd.Series(values).iloc[np.flatnonzero(codes < 0)[:3]].tolist()
+            raise InputDataError(
+                f"column {col!r}: value(s) {bad} are not in hierarchies.{col}; add them to the "
+                "hierarchy (or a map alias) or fix the data"
+            )
+        return h.generalize(codes, level)

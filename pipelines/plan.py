@@ -50,6 +50,15 @@ class Plan:
     hierarchies: MappingProxyType[str, Hierarchy] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    ledger_override: Path | None = None
+
+    @property
+    def ledger_path(self) -> Path | None:
+        """The budget ledger file: budget.ledger resolved, or the override (the demo's)."""
+        if self.ledger_override is not None:
+            return self.ledger_override
+        b = self.config.budget
+        return None if b is None else self.resolve(b.ledger)
 
     @property
     def name(self) -> str:
@@ -71,6 +80,10 @@ class Plan:
         for col in s.types:
             if col not in required:
                 required.append(col)
+        for r in c.releases:
+            for col in dp_columns(r):
+                if col not in required:
+                    required.append(col)
         return InputSpec(
             paths=self.input_paths,
             format=self.input_format,  # type: ignore[arg-type]
@@ -93,11 +106,27 @@ class Plan:
         for col, h in self.config.hierarchies.items():
             if h.intervals is not None and col not in types:
                 types[col] = "float"
+        for r in self.config.releases:
+            if r.kind in ("dp_sum", "dp_mean") and r.value not in types:  # type: ignore[union-attr]
+                types[r.value] = "float"  # type: ignore[union-attr]
         return types
 
 
+def dp_columns(release: object) -> list[str]:
+    """Columns a DP release reads: its key columns and its value column."""
+    key_columns = getattr(release, "key_columns", None)
+    if key_columns is None:
+        return []
+    cols: list[str] = list(key_columns())
+    value = getattr(release, "value", None)
+    return cols + ([value] if value else [])
+
+
 def load_plan(
-    path: str | Path, output_dir: str | Path | None = None, input_override: str | Path | None = None
+    path: str | Path,
+    output_dir: str | Path | None = None,
+    input_override: str | Path | None = None,
+    ledger_override: str | Path | None = None,
 ) -> Plan:
     """Read, validate and resolve a config file into a Plan (no data is read)."""
     p = Path(path).resolve()
@@ -142,6 +171,7 @@ def load_plan(
         input_paths=tuple(paths),
         input_format=str(fmt),
         output_dir=out,
+        ledger_override=Path(ledger_override).resolve() if ledger_override else None,
     )
     return _with_static_hierarchies(plan)
 

@@ -22,13 +22,16 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 import privpipe
 from anonymity.spec import AnonymizationSpec
+from dp.ledger import Ledger
 from pipelines.config import ANONYMITY_KINDS
-from pipelines.hierarchies import HierarchyResolver
+from pipelines.dp_release import DPJob, dp_jobs, open_ledger, publish
+from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
 from pipelines.output import RunOutput, new_run_id
 from pipelines.plan import Plan
 from privpipe import errors
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from transforms.anonymize import AnonymizeRelease, load_document
+from transforms.dp_aggregate import AggregateDPCells
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
 from transforms.profile import ProfileMicrodata, load_json, split_internal
 from transforms.sink import WriteTable, write_json
@@ -82,9 +85,15 @@ def anonymization_spec(release: Any, plan: Plan) -> AnonymizationSpec:
 
 
 def build_graph(
-    p: beam.Pipeline, spec: InputSpec, columns: Sequence[str], plan: Plan, out: RunOutput
+    p: beam.Pipeline,
+    spec: InputSpec,
+    columns: Sequence[str],
+    plan: Plan,
+    out: RunOutput,
+    jobs: Sequence[DPJob] = (),
+    seed: int | None = None,
 ) -> None:
-    """The profile graph: read batches, profile them, write rejected rows."""
+    """Read batches once; profile them, publish anonymised releases, aggregate DP cells."""
     s = plan.config.schema_
     counted = list(s.quasi_identifiers) + ([s.sensitive] if s.sensitive else [])
     read = p | "Read" >> ReadMicrodata(spec)
@@ -101,6 +110,11 @@ def build_graph(
                 str(out.staging / "releases" / r.name),
                 plan.config.output.format,
             )
+    labeler = HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)
+    for job in jobs:
+        _ = read["batches"] | f"DP[{job.name}]" >> AggregateDPCells(
+            job.spec, job.plans, labeler, str(out.work / f"dp-{job.name}.pickle"), seed
+        )
     _ = (
         read["rejected"]
         | "RejectedColumns" >> beam.Map(lambda df: df[list(REJECTED_COLUMNS)])
@@ -113,21 +127,57 @@ def run(
     beam_args: Sequence[str] = (),
     runner: str | None = None,
     log: Callable[[str], None] = print,
+    insecure_seed: int | None = None,
 ) -> RunResult:
-    """Run a plan end to end; on any failure nothing is published (DESIGN.md, fail closed)."""
+    """Run a plan end to end; on any failure nothing is published (DESIGN.md, fail closed).
+
+    ``insecure_seed`` makes noise and bounding reproducible and NOT private (tests; the
+    CLI's --insecure-seed); the manifest and every DP release.json record it.
+    """
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     spec = plan.input_spec()
+    jobs = dp_jobs(plan)
+    run_id = new_run_id()
+    ledger: Ledger | None = None
+    if jobs:  # refuse an unaffordable run before any data is read
+        ledger = open_ledger(plan)
+        try:
+            ledger.check_affordable(run_id, [(j.name, j.budget()) for j in jobs])
+        except BaseException:
+            ledger.close()
+            raise
+    try:
+        return _run(
+            plan, beam_args, runner, log, insecure_seed, spec, jobs, run_id, ledger, started, t0
+        )
+    finally:
+        if ledger is not None:
+            ledger.close()
+
+
+def _run(
+    plan: Plan,
+    beam_args: Sequence[str],
+    runner: str | None,
+    log: Callable[[str], None],
+    insecure_seed: int | None,
+    spec: InputSpec,
+    jobs: Sequence[DPJob],
+    run_id: str,
+    ledger: Ledger | None,
+    started: datetime,
+    t0: float,
+) -> RunResult:
     columns = inspect_input(spec)
     options = pipeline_options(beam_args, runner)
     runner_name = str(options.view_as(StandardOptions).runner)
-    run_id = new_run_id()
     out = RunOutput(plan.output_dir, run_id)
     try:
         log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
         try:
             with beam.Pipeline(options=options) as p:
-                build_graph(p, spec, columns, plan, out)
+                build_graph(p, spec, columns, plan, out, jobs, insecure_seed)
         except PrivpipeError as e:
             raise strip_step(e) from None
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
@@ -136,6 +186,12 @@ def run(
         rejected = pd.read_csv(out.staging / "rejected.csv", dtype={"file": str, "reason": str})
         check_rejected(plan, profile["rows"], rejected)
         hierarchies = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)(value_counts)
+        dp_bounding: dict[str, Any] = {}
+        if jobs and ledger is not None:
+            dp_bounding = publish(
+                jobs, ledger, run_id, int(profile["rows"]), out.work, out.staging,
+                plan.config.output.format, insecure_seed, log,
+            )  # fmt: skip
         finished = datetime.now(UTC)
         manifest = {
             "run_id": run_id,
@@ -159,6 +215,9 @@ def run(
                 for c, h in hierarchies.items()
             },
             "profile": profile,
+            "insecure_seed": insecure_seed,
+            "dp_contribution_bounding": dp_bounding or None,
+            "budget": budget_summary(ledger, run_id),
             "status": "succeeded",
         }
         write_json(str(out.staging / "manifest.json"), manifest)
@@ -167,6 +226,26 @@ def run(
         out.abort()
         raise
     return RunResult(run_id=run_id, output_dir=plan.output_dir, manifest=manifest)
+
+
+def budget_summary(ledger: Ledger | None, run_id: str) -> dict[str, Any] | None:
+    """The ledger's state after this run's charges (None without DP releases)."""
+    if ledger is None:
+        return None
+    spent, left = ledger.spent(), ledger.remaining()
+    mine = [e for e in ledger.history() if e.run_id == run_id]
+    return {
+        "ledger": str(ledger.path),
+        "charged_this_run": {
+            e.release: {"epsilon": float(e.epsilon), "delta": float(e.delta)} for e in mine
+        },
+        "spent": {"epsilon": float(spent.epsilon), "delta": float(spent.delta)},
+        "remaining": {"epsilon": float(left.epsilon), "delta": float(left.delta)},
+        "lifetime": {
+            "epsilon": float(ledger.lifetime.epsilon),
+            "delta": float(ledger.lifetime.delta),
+        },
+    }
 
 
 def release_summaries(plan: Plan, out: RunOutput) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def test_charge_spent_remaining_history(tmp_path: Path) -> None:
 def test_refusal_message_and_exact_fill(tmp_path: Path) -> None:
     ledger = Ledger.open(tmp_path / "l.sqlite", "d", 10)
     ledger.charge("r1", "a", PureBudget("8.5"))
-    with pytest.raises(PrivacyRefusal, match=r"has epsilon 1\.5 of 10 left.*needs epsilon 2") as e:
+    with pytest.raises(PrivacyRefusal, match=r"has epsilon 1\.5 of 10 left.*need epsilon 2") as e:
         ledger.charge("r2", "b", PureBudget(2))
     assert e.value.exit_code == 4
     assert len(ledger.history()) == 1  # the refused charge left no entry

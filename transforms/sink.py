@@ -39,7 +39,7 @@ from apache_beam.transforms.combiners import ToList
 
 from privpipe.errors import ConfigError
 
-__all__ = ["WriteTable", "write_json"]
+__all__ = ["WriteTable", "write_json", "write_table"]
 
 _COPY_CHUNK = 8 << 20
 
@@ -277,3 +277,16 @@ def write_json(path: str, obj: Any) -> None:
         if os.path.exists(temp):
             os.remove(temp)
         raise
+
+
+def write_table(frame: pd.DataFrame, path: str, fmt: str, delimiter: str = ",") -> None:
+    """One small in-memory table (e.g. a DP release's cells) as CSV or Parquet, atomically."""
+    temp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+    with _create(temp) as out:
+        if fmt == "csv":
+            out.write(_csv_text(frame, delimiter, header=True))
+        elif fmt == "parquet":
+            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out)
+        else:
+            raise ConfigError(f"output.format must be csv or parquet, got {fmt!r}")
+    FileSystems.rename([temp], [path])  # type: ignore[no-untyped-call]

@@ -1,0 +1,316 @@
+"""From rows to bounded per-cell aggregates, batch by batch, with hashed keys.
+
+The DP pipeline never moves raw rows between steps: each batch becomes compact numpy
+arrays per query — a 64-bit hash of the person (``unit``), of the released cell
+(``cell``), of the partition_by group (``group``) and the fixed-point value — plus a small
+dictionary from cell hash to the cell's labels. All rows of a person are brought together
+(a shuffle keyed by the person hash), bounded there (:func:`bound_and_aggregate`), and
+reduced to per-cell counts, distinct persons and sums (:class:`CellPartial`), which add up
+across shards (:func:`merge_partials`).
+
+Hashes: pandas' ``hash_pandas_object`` (SipHash with a fixed key) of canonical strings, so
+every worker computes the same value. Two persons colliding in 64 bits would be bounded as
+one person (only stricter); two cells colliding would merge their counts, so merging the
+dictionaries refuses a hash that names two different cells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from anonymity.hierarchy import canonical_factorize
+from dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
+from dp.spec import TOP_KINDS, DPReleaseSpec, Query, QueryPlan
+from privpipe.errors import InputDataError
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+ObjArray = npt.NDArray[np.object_]
+
+# (column, level, values) -> labels at that level; level 0 returns canonical raw strings
+Labeler = Callable[[str, int, pd.Series], ObjArray]
+
+
+def canonical_labels(col: str, level: int, values: pd.Series) -> ObjArray:
+    """The default labeler: raw canonical strings; refuses a level without hierarchies."""
+    if level != 0:
+        raise InputDataError(f"column {col!r}: level {level} needs a hierarchy")
+    codes, uniques = canonical_factorize(values)
+    table = np.append(uniques, "").astype(object)
+    out: ObjArray = table[codes]
+    return out
+
+
+def hash_keys(keys: pd.DataFrame) -> U64:
+    """One 64-bit hash per row of the label columns (all zero when there are none)."""
+    if keys.shape[1] == 0:
+        return np.zeros(len(keys), dtype=np.uint64)
+    h = pd.util.hash_pandas_object(keys, index=False, categorize=True)
+    out: U64 = np.asarray(h.to_numpy(), dtype=np.uint64)
+    return out
+
+
+def hash_units(values: pd.Series) -> U64:
+    """64-bit person hashes; a missing person id is refused (it cannot be bounded)."""
+    if values.isna().any():
+        raise InputDataError(
+            f"column {values.name!r} (schema.privacy_unit) has missing values; every row "
+            "needs a person id"
+        )
+    codes, uniques = canonical_factorize(values)
+    blank = uniques == ""
+    if blank.any() and np.isin(codes, np.flatnonzero(blank)).any():
+        raise InputDataError(
+            f"column {values.name!r} (schema.privacy_unit) has empty values; every row "
+            "needs a person id"
+        )
+    per_unique = pd.util.hash_array(uniques.astype(object), categorize=False)
+    out: U64 = np.asarray(per_unique, dtype=np.uint64)[codes]
+    return out
+
+
+@dataclass
+class Contributions:
+    """One batch of one query as arrays (rows aligned), plus its cell dictionary."""
+
+    query: int
+    cell: U64
+    unit: U64 | None = None
+    group: U64 | None = None
+    value: I64 | None = None
+    dictionary: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def __len__(self) -> int:
+        return int(self.cell.size)
+
+    def take(self, mask: npt.NDArray[np.bool_]) -> Contributions:
+        """The rows where ``mask`` holds (the dictionary is kept whole)."""
+        return Contributions(
+            self.query,
+            self.cell[mask],
+            None if self.unit is None else self.unit[mask],
+            None if self.group is None else self.group[mask],
+            None if self.value is None else self.value[mask],
+            self.dictionary,
+        )
+
+
+def key_frame(
+    batch: pd.DataFrame, spec: DPReleaseSpec, query: Query, labeler: Labeler
+) -> pd.DataFrame:
+    """The released cell's labels of every row (object strings, one column per key)."""
+    cols = spec.key_columns(query)
+    data = {c: labeler(c, query.level(c), batch[c]) for c in cols}
+    return pd.DataFrame(data, index=pd.RangeIndex(len(batch)), columns=list(cols), dtype=object)
+
+
+def fixed_point_values(batch: pd.DataFrame, spec: DPReleaseSpec, plan: QueryPlan) -> I64:
+    """Each row's value clamped and rounded to integer ``resolution`` steps (centred for means)."""
+    assert spec.value is not None and plan.sum_units is not None
+    raw = pd.to_numeric(batch[spec.value], errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(raw)
+    if bad.any():
+        example = batch[spec.value].iloc[int(np.flatnonzero(bad)[0])]
+        raise InputDataError(
+            f"column {spec.value!r} ({spec.name}.value): {int(bad.sum())} row(s) are missing "
+            f"or not numeric (e.g. {example!r}); {spec.kind} needs a number in every row — "
+            f"declare schema.types.{spec.value}: float to reject such rows at reading"
+        )
+    lo, hi = plan.sum_units
+    units = np.rint((raw - plan.centre) / spec.resolution)
+    out: I64 = np.clip(units, lo, hi).astype(np.int64)
+    return out
+
+
+def contributions(
+    batch: pd.DataFrame,
+    spec: DPReleaseSpec,
+    plans: Sequence[QueryPlan],
+    labeler: Labeler = canonical_labels,
+) -> list[Contributions]:
+    """Every query's contributions of one batch (vectorised; no loop over rows)."""
+    unit = hash_units(batch[spec.unit]) if spec.unit is not None else None
+    group = None
+    if spec.unit is not None and spec.partition_by:
+        group = hash_keys(batch[list(spec.partition_by)].astype(object))
+    out: list[Contributions] = []
+    for i, plan in enumerate(plans):
+        keys = key_frame(batch, spec, plan.query, labeler)
+        cell = hash_keys(keys)
+        first = ~pd.Series(cell).duplicated().to_numpy()
+        dictionary = keys.loc[first].assign(_cell=cell[first]).reset_index(drop=True)
+        value = fixed_point_values(batch, spec, plan) if plan.sum_units is not None else None
+        out.append(Contributions(i, cell, unit, group, value, dictionary))
+    return out
+
+
+def shard_of(unit: U64, shards: int) -> I64:
+    """The shard of each person (all rows of a person land in one shard)."""
+    out: I64 = (unit % np.uint64(shards)).astype(np.int64)
+    return out
+
+
+def concat(parts: Sequence[Contributions]) -> Contributions:
+    """Many batches of the same query as one (for a shard)."""
+    first = parts[0]
+
+    def cat(name: str) -> npt.NDArray[np.generic] | None:
+        arrays = [getattr(p, name) for p in parts]
+        return None if arrays[0] is None else np.concatenate(arrays)
+
+    return Contributions(
+        first.query,
+        np.concatenate([p.cell for p in parts]),
+        cat("unit"),  # type: ignore[arg-type]
+        cat("group"),  # type: ignore[arg-type]
+        cat("value"),  # type: ignore[arg-type]
+        pd.DataFrame(),
+    )
+
+
+@dataclass
+class CellPartial:
+    """Bounded per-cell aggregates of some persons; partials of disjoint persons add up."""
+
+    query: int
+    cells: pd.DataFrame  # index: cell hash (uint64); columns count, units, sum_units (int64)
+    rows_in: int = 0
+    rows_kept: int = 0
+    max_rows_per_cell: int = 0  # observed after bounding: ≤ Linf
+    max_cells_per_unit: int = 0  # observed after bounding: ≤ L0
+    max_groups_per_unit: int = 0  # observed after bounding: ≤ 1 with partition_by
+    persons_in_several_groups: int = 0  # before bounding
+
+
+def _aggregate(c: Contributions) -> pd.DataFrame:
+    """count, distinct units and value sum per cell of (already bounded) contributions."""
+    frame = pd.DataFrame({"cell": c.cell})
+    frame["count"] = np.int64(1)
+    frame["sum_units"] = c.value if c.value is not None else np.int64(0)
+    cells = frame.groupby("cell", sort=False).agg(
+        count=("count", "sum"), sum_units=("sum_units", "sum")
+    )
+    if c.unit is None:
+        cells["units"] = cells["count"]
+    else:
+        pairs = pd.DataFrame({"cell": c.cell, "unit": c.unit}).drop_duplicates()
+        cells["units"] = pairs.groupby("cell", sort=False).size()
+    return cells[["count", "units", "sum_units"]].astype(np.int64)
+
+
+def _max_per(keys: Sequence[npt.NDArray[np.generic]]) -> int:
+    """The largest number of rows sharing the same key tuple (0 when empty)."""
+    if keys[0].size == 0:
+        return 0
+    frame = pd.DataFrame({str(i): k for i, k in enumerate(keys)})
+    return int(frame.groupby(list(frame.columns), sort=False).size().max())
+
+
+def _max_distinct(owner: U64, item: npt.NDArray[np.generic]) -> int:
+    """The largest number of distinct items of one owner."""
+    if owner.size == 0:
+        return 0
+    pairs = pd.DataFrame({"o": owner, "i": item}).drop_duplicates()
+    return int(pairs.groupby("o", sort=False).size().max())
+
+
+def bound_and_aggregate(c: Contributions, spec: DPReleaseSpec, rng: RngLike = None) -> CellPartial:
+    """Bound the persons of ``c`` (who must have all their rows here) and aggregate per cell.
+
+    With partition_by, a person in several groups is refused (InputDataError, exit 3)
+    unless ``bound_to_one_group`` keeps one group per person, chosen at random. Then each
+    person keeps ≤ L0 cells and ≤ Linf rows per cell, uniformly at random. The bounds are
+    re-counted on the kept rows (a separate code path) for the release's verification.
+    """
+    n_in = len(c)
+    several = 0
+    if c.unit is None:
+        kept = c
+    else:
+        gen = bounding_rng(rng)
+        if c.group is not None:
+            several = _units_in_several_groups(c.unit, c.group)
+            if several and not spec.bound_to_one_group:
+                raise InputDataError(
+                    f"{spec.name}: {several} person(s) ({spec.unit}) appear in more than one "
+                    f"partition_by group ({', '.join(spec.partition_by)}); parallel composition "
+                    "needs each person in one group. Fix the data, or set "
+                    "bound_to_one_group: true to keep one group per person"
+                )
+            if several:
+                c = c.take(one_group_per_unit(c.unit, c.group, gen))
+        assert c.unit is not None
+        kept = c.take(bound_units(c.unit, c.cell, spec.l0, spec.linf, gen))
+    partial = CellPartial(
+        query=c.query,
+        cells=_aggregate(kept),
+        rows_in=n_in,
+        rows_kept=len(kept),
+        persons_in_several_groups=several,
+    )
+    if kept.unit is None:
+        partial.max_rows_per_cell = 1 if len(kept) else 0
+        partial.max_cells_per_unit = 1 if len(kept) else 0
+        partial.max_groups_per_unit = 1 if len(kept) else 0
+    else:
+        partial.max_rows_per_cell = _max_per([kept.unit, kept.cell])
+        partial.max_cells_per_unit = _max_distinct(kept.unit, kept.cell)
+        grp = kept.group if kept.group is not None else np.zeros(len(kept), dtype=np.uint64)
+        partial.max_groups_per_unit = _max_distinct(kept.unit, grp)
+    return partial
+
+
+def _units_in_several_groups(unit: U64, group: U64) -> int:
+    pairs = pd.DataFrame({"u": unit, "g": group}).drop_duplicates()
+    return int((pairs.groupby("u", sort=False).size() > 1).sum())
+
+
+def merge_partials(parts: Sequence[CellPartial]) -> CellPartial:
+    """Partials of disjoint persons (shards, or batches without a privacy unit) summed."""
+    if not parts:
+        raise ValueError("merge_partials needs at least one partial")
+    frames = [p.cells for p in parts if len(p.cells)]
+    if frames:
+        cells = pd.concat(frames).groupby(level=0, sort=False).sum().astype(np.int64)
+    else:
+        cells = parts[0].cells
+    return CellPartial(
+        query=parts[0].query,
+        cells=cells,
+        rows_in=sum(p.rows_in for p in parts),
+        rows_kept=sum(p.rows_kept for p in parts),
+        max_rows_per_cell=max(p.max_rows_per_cell for p in parts),
+        max_cells_per_unit=max(p.max_cells_per_unit for p in parts),
+        max_groups_per_unit=max(p.max_groups_per_unit for p in parts),
+        persons_in_several_groups=sum(p.persons_in_several_groups for p in parts),
+    )
+
+
+def empty_partial(query: int) -> CellPartial:
+    cells = pd.DataFrame(
+        {"count": [], "units": [], "sum_units": []}, index=pd.Index([], dtype=np.uint64)
+    ).astype(np.int64)
+    return CellPartial(query, cells)
+
+
+def merge_dictionaries(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Cell hash → labels over many batches; refuses a hash naming two different cells."""
+    frames = [p for p in parts if len(p)]
+    if not frames:
+        return pd.DataFrame({"_cell": np.array([], dtype=np.uint64)})
+    merged = pd.concat(frames, ignore_index=True).drop_duplicates(ignore_index=True)
+    if merged["_cell"].duplicated().any():
+        raise InputDataError(
+            "two different cells share a 64-bit key hash; rename a value in one of them "
+            "(this is astronomically rare)"
+        )
+    return merged
+
+
+def top_value_column(spec: DPReleaseSpec) -> str | None:
+    return spec.value if spec.kind in TOP_KINDS else None

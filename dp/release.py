@@ -1,0 +1,402 @@
+"""A central-DP release from bounded per-cell aggregates: partitions, noise, check, document.
+
+:func:`release_query` turns one query's merged :class:`~dp.cells.CellPartial` into the
+published table — public partitions complete the domain (every cell released, empty ones
+with noise too), private ones are selected with (ε, δ) on the distinct-person counts —
+then adds integer noise from the :class:`~dp.noise.NoiseSampler` (one call per query),
+post-processes (clamp at 0) and attaches a confidence interval to every cell.
+:func:`verify_release` re-checks the guarantee on what will be published, by code separate
+from the planning: the accountant recomputed from the recorded scales, the bounds recounted
+on the kept rows, the published cells against the domain or the selected keys.
+
+:func:`dp_release` is the whole release on a DataFrame, for notebooks; the Beam pipeline
+runs the same steps (contributions per batch, bounding per shard of persons, merge), and a
+test asserts both publish the same table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dp.accounting import Accountant, ApproxDP, DiscreteGaussian, DiscreteLaplace, Parallel, Step
+from dp.bounding import RngLike
+from dp.cells import (
+    CellPartial,
+    Labeler,
+    bound_and_aggregate,
+    canonical_labels,
+    concat,
+    contributions,
+    hash_keys,
+    merge_dictionaries,
+)
+from dp.exponential import top_k
+from dp.noise import NoiseSampler
+from dp.partition_selection import select_partitions
+from dp.spec import (
+    COUNT_KINDS,
+    TOP_KINDS,
+    DPReleaseSpec,
+    QueryPlan,
+    charge,
+    guarantee,
+    plan_queries,
+)
+from privpipe.errors import ConfigError, PrivacyRefusal
+
+MAX_PUBLIC_CELLS = 5_000_000
+
+
+@dataclass(frozen=True)
+class QueryRelease:
+    """One query's published table and what the verifier needs to know about it."""
+
+    name: str
+    table: pd.DataFrame
+    key_columns: tuple[str, ...]
+    observed_cells: int
+    selected_cells: int
+    partial: CellPartial
+
+
+def public_domain(spec: DPReleaseSpec, plan: QueryPlan, columns: Sequence[str]) -> pd.DataFrame:
+    """The cartesian product of the public domains of ``columns`` (object strings)."""
+    domains = []
+    for col in columns:
+        labels = spec.domain(col, plan.query.level(col))
+        if labels is None:
+            raise ConfigError(
+                f"{spec.name}: column {col!r} has no public domain at level "
+                f"{plan.query.level(col)}; give one or use private partitions"
+            )
+        domains.append(list(dict.fromkeys(labels)))
+    size = math.prod(len(d) for d in domains)
+    if size > MAX_PUBLIC_CELLS:
+        raise ConfigError(
+            f"{spec.name}: the public domain of {', '.join(columns)} has {size:,} cells "
+            f"(more than {MAX_PUBLIC_CELLS:,}); group at a coarser level or use private "
+            "partitions"
+        )
+    rows = list(itertools.product(*domains)) if columns else [()]
+    return pd.DataFrame(rows, columns=list(columns), dtype=object)
+
+
+def _with_labels(
+    partial: CellPartial, dictionary: pd.DataFrame, cols: Sequence[str]
+) -> pd.DataFrame:
+    """The partial's cells with their label columns (cells without a label are dropped)."""
+    cells = partial.cells.rename_axis("_cell").reset_index()
+    if not cols:
+        return cells.assign(_cell=np.uint64(0))
+    return cells.merge(dictionary, on="_cell", how="inner", validate="one_to_one")
+
+
+def _noisy(values: np.ndarray, spec_noise: Any, sampler: NoiseSampler) -> np.ndarray:
+    return np.asarray(spec_noise.add_noise(values.astype(np.int64), sampler), dtype=np.int64)
+
+
+def release_query(
+    partial: CellPartial,
+    dictionary: pd.DataFrame,
+    spec: DPReleaseSpec,
+    plan: QueryPlan,
+    sampler: NoiseSampler,
+) -> QueryRelease:
+    """The published table of one query (cells sorted by their labels)."""
+    cols = list(spec.key_columns(plan.query))
+    observed = _with_labels(partial, dictionary, cols)
+    if spec.kind in TOP_KINDS:
+        return _release_top(observed, spec, plan, sampler, partial)
+    if spec.partitions == "public":
+        domain = public_domain(spec, plan, cols)
+        domain["_cell"] = hash_keys(domain[cols]) if cols else np.uint64(0)
+        cells = domain.merge(
+            observed[["_cell", "count", "units", "sum_units"]], on="_cell", how="left"
+        )
+        for c in ("count", "units", "sum_units"):
+            cells[c] = cells[c].fillna(0).astype(np.int64)
+        selected = len(cells)
+    else:
+        assert plan.selection_epsilon is not None and plan.selection_delta is not None
+        keep = select_partitions(
+            observed["units"].to_numpy(dtype=np.int64),
+            float(plan.selection_epsilon),
+            float(plan.selection_delta),
+            spec.l0,
+            spec.selection,  # type: ignore[arg-type]
+            sampler,
+        )
+        cells = observed.loc[keep].reset_index(drop=True)
+        selected = int(keep.sum())
+    cells = cells.sort_values(cols, kind="stable").reset_index(drop=True) if cols else cells
+    out = cells[cols].copy() if cols else pd.DataFrame(index=range(len(cells)))
+    if spec.kind in COUNT_KINDS:
+        assert plan.count_noise is not None
+        noisy = _noisy(cells["count"].to_numpy(), plan.count_noise, sampler)
+        hw = plan.count_noise.halfwidth
+        out["count"], out["ci_low"], out["ci_high"] = noisy, noisy - hw, noisy + hw
+        if spec.clamp:
+            for c in ("count", "ci_low", "ci_high"):
+                out[c] = out[c].clip(lower=0)
+    elif spec.kind == "dp_sum":
+        assert plan.sum_noise is not None
+        r = spec.resolution
+        noisy = _noisy(cells["sum_units"].to_numpy(), plan.sum_noise, sampler)
+        hw = plan.sum_noise.halfwidth
+        out["sum"] = noisy * r
+        out["ci_low"], out["ci_high"] = (noisy - hw) * r, (noisy + hw) * r
+    else:  # dp_mean: centre + noisy centred sum / max(noisy count, 1), clipped to bounds
+        assert plan.count_noise is not None and plan.sum_noise is not None
+        assert spec.bounds is not None
+        count = _noisy(cells["count"].to_numpy(), plan.count_noise, sampler)
+        total = _noisy(cells["sum_units"].to_numpy(), plan.sum_noise, sampler) * spec.resolution
+        lo, hi = spec.bounds
+        out["mean"] = np.clip(plan.centre + total / np.maximum(count, 1), lo, hi)
+        out["count"] = np.maximum(count, 0) if spec.clamp else count
+    return QueryRelease(plan.query.name, out, tuple(cols), len(observed), selected, partial)
+
+
+def _release_top(
+    observed: pd.DataFrame,
+    spec: DPReleaseSpec,
+    plan: QueryPlan,
+    sampler: NoiseSampler,
+    partial: CellPartial,
+) -> QueryRelease:
+    """Top-k values per public group by the exponential mechanism on bounded counts."""
+    assert spec.value is not None and plan.top_epsilon is not None
+    cols = list(spec.key_columns(plan.query))
+    groups = cols[:-1]
+    candidates = public_domain(spec, plan, [spec.value])[spec.value].tolist()
+    if spec.top_k > len(candidates):
+        raise ConfigError(
+            f"{spec.name}.k: {spec.top_k} is more than the {len(candidates)} candidate values "
+            f"of {spec.value!r}"
+        )
+    domain = public_domain(spec, plan, groups)
+    scores = observed.set_index(cols)["count"] if cols else observed["count"]
+    rows: list[dict[str, Any]] = []
+    for g in domain.itertuples(index=False, name=None):  # one selection per public group
+        index = [(*g, v) for v in candidates] if groups else candidates
+        u = scores.reindex(index, fill_value=0).to_numpy(dtype=np.int64)
+        picks = top_k(u, spec.top_k, float(plan.top_epsilon), float(spec.linf), sampler)
+        for rank, i in enumerate(picks.tolist(), start=1):
+            rows.append(
+                {**dict(zip(groups, g, strict=True)), "rank": rank, spec.value: candidates[i]}
+            )
+    table = pd.DataFrame(rows, columns=[*groups, "rank", spec.value])
+    return QueryRelease(plan.query.name, table, tuple(cols), len(observed), len(domain), partial)
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def _suggest(rows: int) -> float:
+    return float(10 ** math.floor(math.log10(1 / rows) - 1))
+
+
+def check_delta(spec: DPReleaseSpec, rows: int) -> None:
+    """δ must be below 1/rows (else one person could be exposed outright); before any noise."""
+    if spec.delta > 0 and rows > 0 and spec.delta >= 1 / rows:
+        raise ConfigError(
+            f"{spec.name}.delta: {float(spec.delta):g} is not below 1/rows = {1 / rows:.3g} "
+            f"({rows:,} rows); choose a delta below {1 / rows:.1g}, e.g. {_suggest(rows):g}"
+        )
+
+
+def _recorded_steps(spec: DPReleaseSpec, plans: Sequence[QueryPlan]) -> list[Step]:
+    """The accountant's steps rebuilt from the recorded scales (not from the planner's)."""
+    steps: list[Step] = []
+    for p in plans:
+        mine: list[Step] = []
+        if p.selection_epsilon is not None:
+            mine.append(ApproxDP.of(p.selection_epsilon, p.selection_delta or 0))
+        for noise in (p.count_noise, p.sum_noise):
+            if noise is None:
+                continue
+            if noise.mechanism == "discrete_laplace":
+                mine.append(DiscreteLaplace.of(repr(noise.scale), repr(noise.sensitivity)))
+            else:
+                mine.append(DiscreteGaussian.of(repr(noise.scale), repr(noise.sensitivity)))
+        if p.top_epsilon is not None:
+            groups_per_person = spec.l0 if p.query.group_by else 1
+            mine.append(ApproxDP.of(p.top_epsilon * groups_per_person, 0))
+        if spec.partition_by:
+            mine = [Parallel((m,)) for m in mine]  # type: ignore[arg-type]
+        steps += mine
+    return steps
+
+
+def verify_release(
+    spec: DPReleaseSpec, plans: Sequence[QueryPlan], releases: Sequence[QueryRelease], rows: int
+) -> dict[str, Any]:
+    """Re-check the guarantee on the output; PrivacyRefusal (exit 4) on any failure."""
+    problems: list[str] = []
+    chosen = Accountant(_recorded_steps(spec, plans), delta=spec.delta).chosen()
+    tolerance = 1e-9 * float(spec.epsilon)
+    if chosen.epsilon is None or chosen.epsilon > float(spec.epsilon) + tolerance:
+        problems.append(
+            f"the recorded noise gives epsilon {chosen.epsilon} > configured {float(spec.epsilon)}"
+        )
+    if chosen.delta is not None and chosen.delta > float(spec.delta):
+        problems.append(f"delta {chosen.delta} > configured {float(spec.delta)}")
+    if spec.delta > 0 and rows > 0 and spec.delta >= 1 / rows:
+        problems.append(f"delta {float(spec.delta)} is not below 1/rows = {1 / rows:.3g}")
+    for p, r in zip(plans, releases, strict=True):
+        part = r.partial
+        if part.max_rows_per_cell > spec.linf:
+            problems.append(
+                f"{r.name}: a person keeps {part.max_rows_per_cell} rows in a cell "
+                f"(bound {spec.linf})"
+            )
+        if part.max_cells_per_unit > spec.l0:
+            problems.append(
+                f"{r.name}: a person keeps {part.max_cells_per_unit} cells (bound {spec.l0})"
+            )
+        if spec.partition_by and part.max_groups_per_unit > 1:
+            problems.append(f"{r.name}: a person is in {part.max_groups_per_unit} groups")
+        if spec.kind in TOP_KINDS:
+            groups = len(public_domain(spec, p, list(r.key_columns)[:-1]))
+            if len(r.table) != groups * spec.top_k:
+                problems.append(f"{r.name}: {len(r.table)} rows, expected {groups} x {spec.top_k}")
+            continue
+        keys = list(r.key_columns)
+        if spec.partitions == "public":
+            expected = len(public_domain(spec, p, keys))
+            if len(r.table) != expected or (keys and r.table.duplicated(keys).any()):
+                problems.append(f"{r.name}: {len(r.table)} cells published, domain has {expected}")
+        elif len(r.table) > r.observed_cells:
+            problems.append(f"{r.name}: more cells published than observed with persons")
+        noise = p.count_noise if spec.kind in COUNT_KINDS else p.sum_noise
+        if noise is not None and spec.kind != "dp_mean" and len(r.table):
+            col = "count" if spec.kind in COUNT_KINDS else "sum"
+            scale = 1.0 if spec.kind in COUNT_KINDS else spec.resolution
+            width = (r.table["ci_high"] - r.table["ci_low"]).to_numpy(dtype=np.float64)
+            unclamped = np.ones(len(r.table), dtype=bool)
+            if spec.kind in COUNT_KINDS and spec.clamp:
+                unclamped = r.table["ci_low"].to_numpy(dtype=np.float64) > 0
+            if (
+                not np.allclose(width[unclamped], 2 * noise.halfwidth * scale)
+                or r.table[col].isna().any()
+            ):
+                problems.append(f"{r.name}: confidence intervals do not match the noise scale")
+    if problems:
+        raise PrivacyRefusal(
+            f"release {spec.name!r} failed verification: "
+            + "; ".join(problems)
+            + ". Nothing was published"
+        )
+    return {"epsilon": chosen.epsilon, "delta": chosen.delta, "method": chosen.method}
+
+
+def release_document(
+    spec: DPReleaseSpec,
+    plans: Sequence[QueryPlan],
+    releases: Sequence[QueryRelease],
+    check: dict[str, Any],
+    *,
+    seconds: float,
+    insecure_seed: int | None = None,
+) -> dict[str, Any]:
+    """release.json: parameters, the guarantee with its accounting, per-query metrics."""
+    eps, dlt = charge(spec, plans)
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "parameters": {
+            "epsilon": float(spec.epsilon),
+            "delta": float(spec.delta),
+            "mechanism": spec.mechanism,
+            "privacy_unit": spec.unit,
+            "max_partitions": spec.l0,
+            "max_contributions_per_partition": spec.linf,
+            "partition_by": list(spec.partition_by),
+            "bound_to_one_group": spec.bound_to_one_group,
+            "partitions": spec.partitions if spec.kind not in TOP_KINDS else "public",
+            "selection": spec.selection if spec.is_private_selection else None,
+            "value": spec.value,
+            "bounds": list(spec.bounds) if spec.bounds else None,
+            "resolution": spec.resolution if spec.bounds else None,
+            "k": spec.top_k if spec.kind in TOP_KINDS else None,
+            "clamp": spec.clamp,
+            "confidence": spec.confidence,
+            "queries": {
+                p.query.name: {
+                    "group_by": list(p.query.group_by),
+                    "levels": dict(p.query.levels),
+                    "weight": float(p.query.weight),
+                    **p.as_dict(),
+                }
+                for p in plans
+            },
+        },
+        "guarantee": guarantee(spec, plans),
+        "charged": {"epsilon": float(eps), "delta": float(dlt)},
+        # only DP outputs here: exact data-dependent counts (rows, rows dropped by bounding)
+        # would bypass the guarantee, so they go to the operator's manifest instead
+        "metrics": {
+            "seconds": round(seconds, 3),
+            "cells_published": {r.name: len(r.table) for r in releases},
+        },
+        "verification": check,
+        "insecure_seed": insecure_seed,
+        "verified": True,
+    }
+
+
+def bounding_summary(releases: Sequence[QueryRelease]) -> dict[str, Any]:
+    """Exact effect of contribution bounding per query: for the operator, never published."""
+    return {
+        r.name: {
+            "rows": r.partial.rows_in,
+            "rows_kept": r.partial.rows_kept,
+            "persons_in_several_groups": r.partial.persons_in_several_groups,
+        }
+        for r in releases
+    }
+
+
+def published_table(spec: DPReleaseSpec, releases: Sequence[QueryRelease]) -> pd.DataFrame:
+    """data.csv: the only query's table, or all queries in long form with a ``query`` column."""
+    if len(releases) == 1:
+        return releases[0].table
+    frames = [r.table.assign(query=r.name) for r in releases]
+    table = pd.concat(frames, ignore_index=True)
+    return table[["query", *[c for c in table.columns if c != "query"]]]
+
+
+# --------------------------------------------------------------------------- pure API
+
+
+def dp_release(
+    df: pd.DataFrame,
+    spec: DPReleaseSpec,
+    sampler: NoiseSampler,
+    *,
+    rng: RngLike = None,
+    labeler: Labeler = canonical_labels,
+    insecure_seed: int | None = None,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The whole release on a DataFrame: (data.csv's table, release.json's document)."""
+    t0 = time.perf_counter()
+    plans = plan_queries(spec)
+    check_delta(spec, len(df))
+    releases = []
+    for contrib in contributions(df, spec, plans, labeler):
+        partial = bound_and_aggregate(concat([contrib]), spec, rng)
+        dictionary = merge_dictionaries([contrib.dictionary])
+        releases.append(release_query(partial, dictionary, spec, plans[contrib.query], sampler))
+    check = verify_release(spec, plans, releases, len(df))
+    doc = release_document(
+        spec, plans, releases, check, seconds=time.perf_counter() - t0,
+        insecure_seed=insecure_seed,
+    )  # fmt: skip
+    return published_table(spec, releases), doc

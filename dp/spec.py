@@ -1,0 +1,327 @@
+"""What one central-DP release computes and what it spends: queries, bounds, noise, budget.
+
+A :class:`DPReleaseSpec` is the pure core's view of one ``dp_*`` release of the config.
+:func:`plan_queries` turns it into one :class:`QueryPlan` per query with every noise scale
+fixed *before any data is read* (scales depend on the config only), so the run can charge
+the ledger up front and the accountant can bound the release from the plan alone.
+
+Budget split (all exact Fractions until a float scale is computed):
+
+- queries share the release's ε by weight (sequential composition);
+- with private partitions a query spends ``selection_share`` of its ε on selecting cells
+  (with δ), the rest on noise; ``dp_mean`` splits the noise ε between count and sum;
+- δ: half to partition selection and half to discrete-Gaussian noise when both exist;
+  selection δ is split by weight, Gaussian δ evenly over the Gaussian steps (so basic
+  composition reproduces the configured (ε, δ) exactly);
+- ``partition_by`` groups hold disjoint persons: each group runs the queries with the full
+  budget (parallel composition), so it costs the maximum, not the sum, over groups.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from dp.accounting import Accountant, ApproxDP, DiscreteGaussian, DiscreteLaplace, Parallel, Step
+from dp.aggregate import NoiseSpec, _fixed_point, noise_spec
+from dp.bounding import sensitivities
+from dp.budget import to_fraction
+from privpipe.errors import ConfigError
+
+COUNT_KINDS = ("dp_count", "dp_histogram")
+VALUE_KINDS = ("dp_sum", "dp_mean")
+TOP_KINDS = ("dp_top_k", "dp_mode")
+KINDS = COUNT_KINDS + VALUE_KINDS + TOP_KINDS
+
+
+@dataclass(frozen=True)
+class Query:
+    """One histogram of a release: its cells are partition_by + group_by (at levels)."""
+
+    name: str
+    group_by: tuple[str, ...] = ()
+    levels: tuple[tuple[str, int], ...] = ()
+    weight: Fraction = Fraction(1)
+
+    def level(self, col: str) -> int:
+        return dict(self.levels).get(col, 0)
+
+
+@dataclass(frozen=True)
+class DPReleaseSpec:
+    """One central-DP release; immutable and validated."""
+
+    name: str
+    kind: str
+    epsilon: Fraction
+    delta: Fraction = Fraction(0)
+    mechanism: str = "discrete_laplace"
+    unit: str | None = None
+    queries: tuple[Query, ...] = ()
+    partition_by: tuple[str, ...] = ()
+    bound_to_one_group: bool = False
+    max_partitions: int = 1
+    max_contributions: int = 1
+    partitions: str = "public"
+    # public domain per key column and level: ((column, level), labels)
+    domains: tuple[tuple[tuple[str, int], tuple[str, ...]], ...] = ()
+    selection: str = "truncated_geometric"
+    selection_share: Fraction = Fraction(1, 2)
+    value: str | None = None
+    bounds: tuple[float, float] | None = None
+    resolution: float = 1.0
+    count_share: Fraction = Fraction(1, 2)
+    top_k: int = 1
+    clamp: bool = True
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"{self.name}: kind must be one of {KINDS}, got {self.kind!r}")
+        if not self.epsilon > 0:
+            raise ConfigError(f"{self.name}: epsilon must be > 0, got {self.epsilon}")
+        if not 0 <= self.delta < 1:
+            raise ConfigError(f"{self.name}: delta must be in [0, 1), got {self.delta}")
+        if not self.queries:
+            raise ConfigError(f"{self.name}: a DP release needs at least one query")
+        if self.kind in VALUE_KINDS + TOP_KINDS and not self.value:
+            raise ConfigError(f"{self.name}: {self.kind} needs a value column")
+        if self.kind in VALUE_KINDS:
+            if self.bounds is None:
+                raise ConfigError(f"{self.name}: {self.kind} needs bounds [lower, upper]")
+            lo, hi = self.bounds
+            if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+                raise ConfigError(f"{self.name}: bounds must be finite with lower <= upper")
+        if self.partitions not in ("public", "private"):
+            raise ConfigError(f"{self.name}: partitions must be public or private")
+        if self.partitions == "private" and self.delta == 0:
+            raise ConfigError(f"{self.name}: private partition selection needs delta > 0")
+        if self.mechanism == "discrete_gaussian" and self.delta == 0:
+            raise ConfigError(f"{self.name}: the discrete Gaussian needs delta > 0")
+
+    @property
+    def l0(self) -> int:
+        """Cells per person after bounding (1 when each row is its own person)."""
+        return self.max_partitions if self.unit is not None else 1
+
+    @property
+    def linf(self) -> int:
+        """Rows per person and cell after bounding (1 when each row is its own person)."""
+        return self.max_contributions if self.unit is not None else 1
+
+    def key_columns(self, query: Query) -> tuple[str, ...]:
+        """Cell columns of ``query``: partition_by, group_by, and the value for top-k."""
+        cols = (*self.partition_by, *query.group_by)
+        return (*cols, self.value) if self.kind in TOP_KINDS and self.value else cols
+
+    def domain(self, col: str, level: int) -> tuple[str, ...] | None:
+        """Public labels of ``col`` at ``level``, or None."""
+        return dict(self.domains).get((col, level))
+
+    def query_level(self, query: Query, col: str) -> int:
+        return query.level(col)
+
+    @property
+    def is_private_selection(self) -> bool:
+        return self.kind not in TOP_KINDS and self.partitions == "private"
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """The fixed noise and selection parameters of one query (data-independent)."""
+
+    query: Query
+    epsilon: Fraction
+    delta: Fraction
+    count_noise: NoiseSpec | None = None
+    sum_noise: NoiseSpec | None = None
+    sum_units: tuple[int, int] | None = None  # fixed-point clamp bounds of one row
+    centre: float = 0.0
+    selection_epsilon: Fraction | None = None
+    selection_delta: Fraction | None = None
+    top_epsilon: Fraction | None = None  # per group, exponential mechanism
+    steps: tuple[Step, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"epsilon": float(self.epsilon), "delta": float(self.delta)}
+        for key, spec in (("count_noise", self.count_noise), ("sum_noise", self.sum_noise)):
+            if spec is not None:
+                out[key] = {
+                    "mechanism": spec.mechanism,
+                    "scale": spec.scale,
+                    "sensitivity": spec.sensitivity,
+                    "ci_halfwidth": spec.halfwidth,
+                    "confidence": 1 - spec.beta,
+                }
+        if self.selection_epsilon is not None:
+            out["partition_selection"] = {
+                "epsilon": float(self.selection_epsilon),
+                "delta": float(self.selection_delta or 0),
+            }
+        if self.top_epsilon is not None:
+            out["exponential_mechanism"] = {"epsilon_per_group": float(self.top_epsilon)}
+        return out
+
+
+def rho_for(epsilon: float, delta: float) -> float:
+    """The largest ρ whose zCDP→(ε, δ) conversion ρ + 2√(ρ ln(1/δ)) is at most ε."""
+    log_term = math.log(1.0 / delta)
+    root = -math.sqrt(log_term) + math.sqrt(log_term + epsilon)
+    rho = root * root
+    while rho + 2.0 * math.sqrt(rho * log_term) > epsilon:  # float rounding: stay below ε
+        rho = math.nextafter(rho, 0.0)
+    return rho
+
+
+def _noise(
+    spec: DPReleaseSpec, eps: Fraction, delta: float | None, l1: float, l2: float
+) -> NoiseSpec:
+    beta = 1.0 - spec.confidence
+    if spec.mechanism == "discrete_laplace":
+        return noise_spec("discrete_laplace", epsilon=float(eps), l1=l1, beta=beta)
+    assert delta is not None and delta > 0
+    return noise_spec("discrete_gaussian", rho=rho_for(float(eps), delta), l2=l2, beta=beta)
+
+
+def _as_step(spec: NoiseSpec, dims: int | None, name: str) -> Step:
+    mech = spec.accounting()
+    if isinstance(mech, DiscreteGaussian):
+        mech = DiscreteGaussian.of(mech.sigma, mech.sensitivity, dims, name)
+    else:
+        mech = DiscreteLaplace.of(mech.scale, mech.sensitivity, name)
+    return mech
+
+
+def plan_queries(spec: DPReleaseSpec) -> list[QueryPlan]:
+    """One QueryPlan per query: the budget split and every noise scale (see module doc)."""
+    total_w = sum((q.weight for q in spec.queries), Fraction(0))
+    gauss_steps = 0
+    if spec.mechanism == "discrete_gaussian" and spec.kind not in TOP_KINDS:
+        gauss_steps = len(spec.queries) * (2 if spec.kind == "dp_mean" else 1)
+    private = spec.is_private_selection
+    sel_delta_total = spec.delta / 2 if (private and gauss_steps) else spec.delta
+    gauss_delta_total = spec.delta - sel_delta_total if private else spec.delta
+    gauss_delta = float(gauss_delta_total / gauss_steps) if gauss_steps else None
+    l0, linf = spec.l0, spec.linf
+    plans: list[QueryPlan] = []
+    for q in spec.queries:
+        share = q.weight / total_w
+        eps_q, delta_q = spec.epsilon * share, spec.delta * share
+        steps: list[Step] = []
+        sel_eps = sel_delta = None
+        noise_eps = eps_q
+        if private:
+            sel_eps = eps_q * spec.selection_share
+            sel_delta = sel_delta_total * share
+            noise_eps = eps_q - sel_eps
+            steps.append(ApproxDP.of(sel_eps, sel_delta, f"{q.name}: partition selection"))
+        dims = 1 if not spec.key_columns(q) else None
+        count_noise = sum_noise = None
+        sum_units: tuple[int, int] | None = None
+        centre = 0.0
+        top_eps = None
+        if spec.kind in COUNT_KINDS:
+            c1, c2 = sensitivities(l0, linf)
+            count_noise = _noise(spec, noise_eps, gauss_delta, c1, c2)
+            steps.append(_as_step(count_noise, dims, f"{q.name}: count"))
+        elif spec.kind in VALUE_KINDS:
+            assert spec.bounds is not None
+            lo, hi = spec.bounds
+            if spec.kind == "dp_mean":
+                centre = (lo + hi) / 2.0
+                lo, hi = lo - centre, hi - centre
+            sum_units = _fixed_point(lo, hi, spec.resolution)
+            s1, s2 = sensitivities(l0, linf, clamp=(float(sum_units[0]), float(sum_units[1])))
+            sum_eps = noise_eps
+            if spec.kind == "dp_mean":
+                count_eps = noise_eps * spec.count_share
+                sum_eps = noise_eps - count_eps
+                c1, c2 = sensitivities(l0, linf)
+                count_noise = _noise(spec, count_eps, gauss_delta, c1, c2)
+                steps.append(_as_step(count_noise, dims, f"{q.name}: count"))
+            if max(abs(sum_units[0]), abs(sum_units[1])) == 0:
+                raise ConfigError(
+                    f"{spec.name}: bounds {spec.bounds} round to 0 at resolution "
+                    f"{spec.resolution}; use a finer resolution"
+                )
+            sum_noise = _noise(spec, sum_eps, gauss_delta, s1, s2)
+            steps.append(_as_step(sum_noise, dims, f"{q.name}: sum"))
+        else:  # top-k: a person touches at most L0 groups when group_by splits them
+            top_eps = eps_q / (l0 if q.group_by else 1)
+            steps.append(ApproxDP.of(eps_q, 0, f"{q.name}: exponential mechanism"))
+        if spec.partition_by:
+            steps = [Parallel((s,), f"{q.name}: partition_by groups") for s in steps]  # type: ignore[arg-type]
+        plans.append(
+            QueryPlan(
+                query=q,
+                epsilon=eps_q,
+                delta=delta_q,
+                count_noise=count_noise,
+                sum_noise=sum_noise,
+                sum_units=sum_units,
+                centre=centre,
+                selection_epsilon=sel_eps,
+                selection_delta=sel_delta,
+                top_epsilon=top_eps,
+                steps=tuple(steps),
+            )
+        )
+    return plans
+
+
+def accountant(spec: DPReleaseSpec, plans: Sequence[QueryPlan]) -> Accountant:
+    """The accountant over every step of every query, at the release's δ."""
+    steps = [s for p in plans for s in p.steps]
+    return Accountant(steps, delta=spec.delta)
+
+
+def guarantee(spec: DPReleaseSpec, plans: Sequence[QueryPlan]) -> dict[str, Any]:
+    """release.json's ``guarantee``: (ε, δ) as configured, how it composes, the accounting."""
+    report = accountant(spec, plans).report()
+    return {
+        "epsilon": float(spec.epsilon),
+        "delta": float(spec.delta),
+        "composition": "parallel" if spec.partition_by else "sequential",
+        "unit": spec.unit or "row",
+        "mechanism": spec.mechanism if spec.kind not in TOP_KINDS else "exponential",
+        "max_partitions": spec.l0,
+        "max_contributions_per_partition": spec.linf,
+        "accounting": report,
+    }
+
+
+def charge(spec: DPReleaseSpec, plans: Sequence[QueryPlan]) -> tuple[Fraction, Fraction]:
+    """What the ledger records: the configured (ε, δ), or the accountant's tighter bound.
+
+    The accountant's float ε is rounded up to 1e-12 so the charge is never below it.
+    """
+    chosen = accountant(spec, plans).chosen()
+    eps = spec.epsilon
+    if chosen.epsilon is not None and chosen.epsilon < float(spec.epsilon) * (1 - 1e-9):
+        eps = Fraction(math.ceil(chosen.epsilon * 10**12), 10**12)
+    return eps, spec.delta
+
+
+def from_config_values(
+    *,
+    name: str,
+    kind: str,
+    epsilon: float,
+    delta: float,
+    queries: Sequence[Query],
+    domains: Mapping[tuple[str, int], Sequence[str]],
+    **rest: Any,
+) -> DPReleaseSpec:
+    """A spec from plain config numbers (exact Fractions from their decimal text)."""
+    return DPReleaseSpec(
+        name=name,
+        kind=kind,
+        epsilon=to_fraction(epsilon, "epsilon"),
+        delta=to_fraction(delta, "delta"),
+        queries=tuple(queries),
+        domains=tuple((k, tuple(v)) for k, v in sorted(domains.items())),
+        **rest,
+    )

@@ -1,0 +1,199 @@
+"""Central-DP releases of a run: specs from the config, the ledger, and publishing.
+
+Order of a run with DP releases (DESIGN.md "Fail closed", issue: ledger contract):
+
+1. before any data is read: open the dataset's ledger and refuse (exit 4) if the DP
+   releases of this config do not fit the remaining lifetime budget;
+2. the pipeline reads the data and writes bounded per-cell aggregates (no noise);
+3. the driver checks what needs the data (δ < 1/rows), then charges the ledger for all
+   DP releases in one transaction — before any noisy value exists;
+4. noise, post-processing, independent verification, data.csv and release.json. If
+   anything fails after the charge, the entries are marked failed with the reason (the
+   spend stays: noise may have been drawn).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from anonymity.hierarchy import SUPPRESSED
+from dp.budget import ApproxBudget, to_fraction
+from dp.ledger import Ledger
+from dp.noise import NoiseSampler, SecureSampler, SeededTestSampler
+from dp.release import (
+    QueryRelease,
+    bounding_summary,
+    check_delta,
+    published_table,
+    release_document,
+    release_query,
+    verify_release,
+)
+from dp.spec import DPReleaseSpec, Query, QueryPlan, charge, plan_queries
+from pipelines.config import (
+    DPMeanRelease,
+    DPRelease,
+    DPTopKRelease,
+    _DPRelease,
+    _DPValueRelease,
+    public_domain_source,
+    resolved_partitions,
+)
+from pipelines.plan import Plan
+from transforms.dp_aggregate import load_cells
+from transforms.sink import write_json, write_table
+
+
+@dataclass(frozen=True)
+class DPJob:
+    """One DP release of the run: its config, spec and data-independent plan."""
+
+    config: DPRelease
+    spec: DPReleaseSpec
+    plans: tuple[QueryPlan, ...]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def budget(self) -> ApproxBudget:
+        eps, dlt = charge(self.spec, self.plans)
+        return ApproxBudget(eps, dlt)
+
+
+def _domains(plan: Plan, r: _DPRelease) -> dict[tuple[str, int], list[str]]:
+    """Public labels per (key column, level): the config's domain, or a static hierarchy."""
+    out: dict[tuple[str, int], list[str]] = {}
+    cols = r.key_columns() + ([r.value] if isinstance(r, DPTopKRelease) else [])
+    levels = {(c, q.levels.get(c, 0)) for q in r.query_list() for c in cols}
+    levels |= {(c, 0) for c in cols}
+    for col, level in sorted(levels):
+        source = public_domain_source(plan.config, r, col)
+        if source == "domain":
+            out[(col, level)] = [str(v) for v in r.domain[col]]
+        elif source == "hierarchy":
+            h = plan.hierarchies[col]
+            if level <= h.height:
+                labels = list(dict.fromkeys(h.labels(level).tolist()))
+                out[(col, level)] = [str(x) for x in labels if level == h.height or x != SUPPRESSED]
+    return out
+
+
+def dp_spec(plan: Plan, r: DPRelease) -> DPReleaseSpec:
+    """The pure core's spec of one DP release of the config."""
+    queries = tuple(
+        Query(
+            name=q.name,
+            group_by=tuple(q.group_by),
+            levels=tuple(sorted(q.levels.items())),
+            weight=to_fraction(q.weight, "weight"),
+        )
+        for q in r.query_list()
+    )
+    extra: dict[str, Any] = {}
+    if isinstance(r, _DPValueRelease):
+        extra.update(value=r.value, bounds=tuple(r.bounds), resolution=r.resolution)
+    if isinstance(r, DPMeanRelease):
+        extra["count_share"] = to_fraction(r.count_share, "count_share")
+    if isinstance(r, DPTopKRelease):
+        extra.update(value=r.value, top_k=r.k)
+    return DPReleaseSpec(
+        name=r.name,
+        kind=r.kind,
+        epsilon=to_fraction(r.epsilon, "epsilon"),
+        delta=to_fraction(r.delta, "delta"),
+        mechanism=r.mechanism,
+        unit=plan.config.schema_.privacy_unit,
+        queries=queries,
+        partition_by=tuple(r.partition_by),
+        bound_to_one_group=r.bound_to_one_group,
+        max_partitions=r.max_partitions,
+        max_contributions=r.max_contributions_per_partition,
+        partitions=resolved_partitions(plan.config, r)
+        if not isinstance(r, DPTopKRelease)
+        else "public",
+        domains=tuple((k, tuple(v)) for k, v in sorted(_domains(plan, r).items())),
+        selection=r.selection,
+        selection_share=to_fraction(r.selection_share, "selection_share"),
+        clamp=r.clamp,
+        confidence=r.confidence,
+        **extra,
+    )
+
+
+def dp_jobs(plan: Plan) -> list[DPJob]:
+    """Every DP release of the plan with its noise plan (no data needed)."""
+    jobs = []
+    for r in plan.config.releases:
+        if isinstance(r, _DPRelease):
+            spec = dp_spec(plan, r)  # type: ignore[arg-type]
+            jobs.append(DPJob(r, spec, tuple(plan_queries(spec))))  # type: ignore[arg-type]
+    return jobs
+
+
+def open_ledger(plan: Plan) -> Ledger:
+    """The dataset's ledger from ``budget:`` (path relative to the config's folder)."""
+    b = plan.config.budget
+    path = plan.ledger_path
+    assert b is not None and path is not None, "validated: DP releases need budget:"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Ledger.open(path, plan.name, to_fraction(b.lifetime_epsilon, "budget.lifetime_epsilon"),
+                       to_fraction(b.lifetime_delta, "budget.lifetime_delta"))  # fmt: skip
+
+
+def sampler(seed: int | None) -> NoiseSampler:
+    """OpenDP's secure sampler, or the seeded test sampler of an accepted insecure run."""
+    return SecureSampler() if seed is None else SeededTestSampler(seed)
+
+
+def publish(
+    jobs: Sequence[DPJob],
+    ledger: Ledger,
+    run_id: str,
+    rows: int,
+    work: Path,
+    staging: Path,
+    fmt: str,
+    seed: int | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Steps 3 and 4 of the module docstring, for every DP release of the run.
+
+    Returns the exact bounding figures per release, for the operator's manifest only.
+    """
+    for job in jobs:
+        check_delta(job.spec, rows)
+    entries = ledger.charge_many(run_id, [(j.name, j.budget()) for j in jobs])
+    spent = sum((e.epsilon for e in entries), Fraction(0))
+    log(f"privpipe: charged epsilon {float(spent):g} to the ledger {ledger.path}")
+    bounding: dict[str, Any] = {}
+    try:
+        for i, job in enumerate(jobs):
+            t0 = time.perf_counter()
+            cells = load_cells(work / f"dp-{job.name}.pickle")
+            noise = sampler(None if seed is None else seed + i)
+            releases: list[QueryRelease] = [
+                release_query(cells["partials"][q], cells["dictionaries"][q], job.spec, p, noise)
+                for q, p in enumerate(job.plans)
+            ]
+            check = verify_release(job.spec, job.plans, releases, rows)
+            folder = staging / "releases" / job.name
+            folder.mkdir(parents=True, exist_ok=True)
+            table = published_table(job.spec, releases)
+            write_table(table, str(folder / f"data.{fmt}"), fmt)
+            doc = release_document(
+                job.spec, job.plans, releases, check,
+                seconds=time.perf_counter() - t0, insecure_seed=seed,
+            )  # fmt: skip
+            write_json(str(folder / "release.json"), doc)
+            bounding[job.name] = bounding_summary(releases)
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        ledger.mark_failed(run_id, reason)
+        raise
+    return bounding
