@@ -113,6 +113,8 @@ def release_query(
     """The published table of one query (cells sorted by their labels)."""
     cols = list(spec.key_columns(plan.query))
     observed = _with_labels(partial, dictionary, cols)
+    if cols:  # a fixed order, so a seeded run draws the same noise for the same cell
+        observed = observed.sort_values(cols, kind="stable", ignore_index=True)
     if spec.kind in TOP_KINDS:
         return _release_top(observed, spec, plan, sampler, partial)
     if spec.partitions == "public":
@@ -205,10 +207,10 @@ def _suggest(rows: int) -> float:
 
 def check_delta(spec: DPReleaseSpec, rows: int) -> None:
     """δ must be below 1/rows (else one person could be exposed outright); before any noise."""
-    if spec.delta > 0 and rows > 0 and spec.delta >= 1 / rows:
+    if spec.delta > 0 and rows > 0 and spec.delta * rows >= 1:
         raise ConfigError(
             f"{spec.name}.delta: {float(spec.delta):g} is not below 1/rows = {1 / rows:.3g} "
-            f"({rows:,} rows); choose a delta below {1 / rows:.1g}, e.g. {_suggest(rows):g}"
+            f"({rows:,} rows); choose a smaller delta, e.g. {_suggest(rows):g}"
         )
 
 
@@ -248,7 +250,7 @@ def verify_release(
         )
     if chosen.delta is not None and chosen.delta > float(spec.delta):
         problems.append(f"delta {chosen.delta} > configured {float(spec.delta)}")
-    if spec.delta > 0 and rows > 0 and spec.delta >= 1 / rows:
+    if spec.delta > 0 and rows > 0 and spec.delta * rows >= 1:
         problems.append(f"delta {float(spec.delta)} is not below 1/rows = {1 / rows:.3g}")
     for p, r in zip(plans, releases, strict=True):
         part = r.partial
