@@ -1,1 +1,65 @@
-"""Pure core (no Beam): attacker knowledge and attacks on each kind of release."""
+"""Pure core (no Beam): attacker knowledge and attacks on each kind of release.
+
+Anonymised tables: ``attack_table`` (or ``match_targets`` once, then ``homogeneity``,
+``background_knowledge``, ``skewness``, ``similarity``, ``linkage``, ``proximity`` on
+the view); the raw table through ``baseline_table`` is the no-protection baseline.
+DP releases: ``histogram_attribute_inference``, ``membership_inference``,
+``differencing_attack``. Local DP: ``report_attack``. Every attack returns an
+``AttackResult``; ``audit_attacks`` turns a list of them into audit.json's ``attacks``.
+"""
+
+from attacks.dp import (
+    NoNoise,
+    difference_histograms,
+    differencing_attack,
+    dp_success_bound,
+    histogram_attribute_inference,
+    membership_inference,
+    optimal_success,
+)
+from attacks.knowledge import AttackerKnowledge
+from attacks.ldp import grr_posterior, grr_success_bound, report_attack
+from attacks.matching import TargetView, match_targets
+from attacks.result import AttackResult, audit_attacks
+from attacks.stats import wilson_interval
+from attacks.table import (
+    TABLE_ATTACKS,
+    attack_table,
+    background_knowledge,
+    baseline_table,
+    candidate_ranges,
+    homogeneity,
+    linkage,
+    proximity,
+    similarity,
+    skewness,
+)
+
+__all__ = [
+    "TABLE_ATTACKS",
+    "AttackResult",
+    "AttackerKnowledge",
+    "NoNoise",
+    "TargetView",
+    "attack_table",
+    "audit_attacks",
+    "background_knowledge",
+    "baseline_table",
+    "candidate_ranges",
+    "difference_histograms",
+    "differencing_attack",
+    "dp_success_bound",
+    "grr_posterior",
+    "grr_success_bound",
+    "histogram_attribute_inference",
+    "homogeneity",
+    "linkage",
+    "match_targets",
+    "membership_inference",
+    "optimal_success",
+    "proximity",
+    "report_attack",
+    "similarity",
+    "skewness",
+    "wilson_interval",
+]

@@ -152,7 +152,7 @@ output: {dir: out/adult-nightly, format: csv}
         ),
         (
             lambda d: d["hierarchies"].update(zip={"mask": {"digits": 5}}),
-            "hierarchies.zip: 'zip' is neither a quasi-identifier, the sensitive attribute nor a DP",
+            "hierarchies.zip: 'zip' is neither a quasi-identifier, the sensitive attribute nor",
         ),
         (
             lambda d: d["hierarchies"].update(age={"file": "a.csv", "mask": {"digits": 2}}),

@@ -1,0 +1,351 @@
+"""Match targets to the published equivalence classes that may hold them.
+
+The attacker knows a target's raw QI values, not its row. A published label *covers* a
+raw value when it equals the value, is one of its ancestors in the QI's hierarchy (any
+level), is ``*``, or is a Mondrian range ``[lo, hi]`` holding the numeric value. A class
+(distinct tuple of published labels over the QIs the attacker knows) covers a target
+when every label covers the target's value. Full-domain releases give one class per
+target; local recodings (Mondrian) may give several, which the attacker pools. The
+attacker's view of a target is the SA distribution pooled over the rows of every
+covering class; suppressed rows (all QIs ``*``) carry no QI information and are left out.
+
+How it is fast: everything runs on distinct values, never per target. Per QI a sparse
+coverage relation (distinct raw values x distinct labels) is built; distinct target
+tuples are then joined to distinct class tuples one QI at a time, keeping only pairs
+whose label prefix exists among the classes (a trie walk with sorted integer keys), so
+intermediate sizes stay near the number of matching (tuple, class) pairs. Pooled counts
+are one sparse matrix product.
+
+Pure core: numpy, pandas, scipy and the standard library only (no Beam).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias, cast
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+from scipy import sparse
+
+from anonymity.hierarchy import Hierarchy
+
+__all__ = [
+    "SUPPRESSED",
+    "TargetView",
+    "canonical_strings",
+    "coverage",
+    "match_targets",
+    "suppressed_rows",
+]
+
+SUPPRESSED: Final = "*"
+
+IntArray: TypeAlias = npt.NDArray[np.int64]
+FloatArray: TypeAlias = npt.NDArray[np.float64]
+BoolArray: TypeAlias = npt.NDArray[np.bool_]
+ObjArray: TypeAlias = npt.NDArray[np.object_]
+
+_RANGE: Final = r"^\[\s*([^,\]]+?)\s*,\s*([^,\]]+?)\s*\]$"
+
+
+# --------------------------------------------------------------------------- strings
+
+
+def _canonical(value: object) -> str:
+    """One value as the string a hierarchy or a published CSV would hold (39.0 -> "39")."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        number = float(value)
+        if math.isnan(number):
+            return ""
+        if math.isfinite(number) and number.is_integer():
+            return str(int(number))
+        return repr(number)
+    return str(value)
+
+
+def canonical_strings(values: Any) -> tuple[IntArray, ObjArray]:
+    """Codes per element and the distinct canonical strings (missing cells -> ``""``).
+
+    The Python work is per distinct value; codes index the returned strings.
+    """
+    if not isinstance(values, pd.Series | pd.Index | np.ndarray):
+        array = np.empty(len(values), dtype=object)
+        array[:] = list(values)
+        values = array
+    codes, uniques = pd.factorize(values)
+    texts = [_canonical(v) for v in np.asarray(uniques, dtype=object).tolist()]
+    codes = np.asarray(codes, dtype=np.int64)
+    if (codes < 0).any():
+        texts.append("")
+        codes = np.where(codes < 0, len(texts) - 1, codes)
+    # two distinct raw values may share one canonical string (39 and 39.0): merge them
+    merged, names = pd.factorize(pd.Series(texts, dtype=object))
+    out = np.empty(len(names), dtype=object)
+    out[:] = [str(v) for v in names]
+    return np.asarray(merged, dtype=np.int64)[codes], out
+
+
+def suppressed_rows(published: pd.DataFrame, qis: Sequence[str]) -> BoolArray:
+    """Rows published as suppressed: every QI is ``*``."""
+    if not qis:
+        return np.zeros(len(published), dtype=bool)
+    mask = np.ones(len(published), dtype=bool)
+    for qi in qis:
+        mask &= published[qi].astype(object).to_numpy() == SUPPRESSED
+    return mask
+
+
+# --------------------------------------------------------------------------- coverage
+
+
+def coverage(
+    raw: ObjArray, labels: ObjArray, hierarchy: Hierarchy | None = None
+) -> tuple[IntArray, IntArray]:
+    """Pairs (raw index, label index) where the label covers the raw value, sorted by raw.
+
+    Equality, ``*``, hierarchy ancestors at any level (when ``hierarchy`` is given) and
+    numeric ranges ``[lo, hi]`` (inclusive) are all recognised.
+    """
+    n_raw, n_lab = raw.shape[0], labels.shape[0]
+    index = pd.Index(labels, dtype=object)
+    rows: list[IntArray] = []
+    cols: list[IntArray] = []
+
+    def add(raw_ids: IntArray, found: IntArray) -> None:
+        keep = found >= 0
+        rows.append(raw_ids[keep])
+        cols.append(found[keep])
+
+    every = np.arange(n_raw, dtype=np.int64)
+    add(every, np.asarray(index.get_indexer(raw), dtype=np.int64))
+    star = np.flatnonzero(labels == SUPPRESSED)
+    for position in star.tolist():
+        add(every, np.full(n_raw, position, dtype=np.int64))
+    if hierarchy is not None:
+        codes = hierarchy.encode(raw)
+        known = np.flatnonzero(codes >= 0).astype(np.int64)
+        for level in range(1, hierarchy.levels):
+            ancestors = hierarchy.generalize(codes[known], level)
+            add(known, np.asarray(index.get_indexer(ancestors), dtype=np.int64))
+    bounds = pd.Series(labels, dtype=object).astype(str).str.extract(_RANGE)
+    lo = pd.to_numeric(bounds[0], errors="coerce").to_numpy(dtype=np.float64)
+    hi = pd.to_numeric(bounds[1], errors="coerce").to_numpy(dtype=np.float64)
+    ranged = np.flatnonzero(~np.isnan(lo) & ~np.isnan(hi))
+    if ranged.size:
+        numbers = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(
+            dtype=np.float64
+        )
+        numeric = np.flatnonzero(~np.isnan(numbers)).astype(np.int64)
+        order = numeric[np.argsort(numbers[numeric], kind="stable")]
+        values = numbers[order]
+        left = np.searchsorted(values, lo[ranged], side="left")
+        right = np.searchsorted(values, hi[ranged], side="right")
+        width = np.maximum(right - left, 0)
+        label_ids = np.repeat(ranged.astype(np.int64), width)
+        starts = np.repeat(left, width)
+        offsets = np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
+        add(order[starts + offsets], label_ids)
+    keys = np.unique(np.concatenate(rows) * max(n_lab, 1) + np.concatenate(cols))
+    return (keys // max(n_lab, 1)).astype(np.int64), (keys % max(n_lab, 1)).astype(np.int64)
+
+
+def _join(
+    tuples: IntArray,
+    classes: IntArray,
+    relations: Sequence[tuple[IntArray, IntArray, int, int]],
+) -> tuple[IntArray, IntArray]:
+    """All (tuple, class) pairs whose every label covers the tuple's raw value.
+
+    ``tuples`` (n_t x q) raw ids, ``classes`` (n_c x q) label ids, distinct rows;
+    ``relations[j]`` = (raw ids, label ids, n_raw, n_labels) of QI j, sorted by raw id.
+    """
+    n_t, q = tuples.shape
+    n_c = classes.shape[0]
+    if q == 0:
+        return np.repeat(np.arange(n_t), n_c), np.tile(np.arange(n_c), n_t)
+    # most distinct labels first: the most selective QIs prune the walk early
+    order = sorted(range(q), key=lambda j: -relations[j][3])
+    state_t = np.arange(n_t, dtype=np.int64)
+    state_p = np.zeros(n_t, dtype=np.int64)
+    class_p = np.zeros(n_c, dtype=np.int64)
+    for j in order:
+        raw_ids, lab_ids, n_raw, n_lab = relations[j]
+        indptr = np.searchsorted(raw_ids, np.arange(n_raw + 1))
+        class_keys = class_p * n_lab + classes[:, j]
+        unique_keys, class_p = np.unique(class_keys, return_inverse=True)
+        class_p = class_p.astype(np.int64)
+        r = tuples[state_t, j]
+        start = indptr[r]
+        count = indptr[r + 1] - start
+        total = int(count.sum())
+        offsets = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+        labels = lab_ids[np.repeat(start, count) + offsets]
+        keys = np.repeat(state_p, count) * n_lab + labels
+        position = np.searchsorted(unique_keys, keys)
+        clipped = np.minimum(position, unique_keys.shape[0] - 1)
+        found = (position < unique_keys.shape[0]) & (unique_keys[clipped] == keys)
+        state_t = np.repeat(state_t, count)[found]
+        state_p = position[found].astype(np.int64)
+    class_of_prefix = np.empty(n_c, dtype=np.int64)
+    class_of_prefix[class_p] = np.arange(n_c, dtype=np.int64)
+    return state_t, class_of_prefix[state_p]
+
+
+# --------------------------------------------------------------------------- the view
+
+
+@dataclass(frozen=True, eq=False)
+class TargetView:
+    """What the attacker sees for each target, computed once and shared by the attacks.
+
+    ``counts[u, s]`` is the number of published (unsuppressed) rows with SA value
+    ``sa_values[s]`` in the classes covering distinct target tuple ``u``; ``classes[u]``
+    how many classes cover it. ``target_tuple[i]`` is target i's tuple, ``true_codes[i]``
+    its true SA value's column (-1 when unknown), ``target_rows[i]`` its row in the raw
+    table. ``overall`` is the SA distribution p of the published unsuppressed rows;
+    ``class_counts`` the SA counts per published class (over the known QIs).
+    """
+
+    qis: tuple[str, ...]
+    sa: str
+    sa_values: ObjArray
+    counts: IntArray
+    classes: IntArray
+    target_tuple: IntArray
+    true_codes: IntArray
+    target_rows: IntArray
+    overall: FloatArray
+    published_rows: int
+    suppressed_rows: int
+    class_counts: IntArray
+
+    @property
+    def n_targets(self) -> int:
+        """Number of targets."""
+        return int(self.target_tuple.shape[0])
+
+    @property
+    def sizes(self) -> IntArray:
+        """Candidate rows per distinct target tuple."""
+        return cast(IntArray, self.counts.sum(axis=1))
+
+    def per_target(self, per_tuple: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Broadcast a per-tuple array to the targets."""
+        return per_tuple[self.target_tuple]
+
+
+def match_targets(
+    published: pd.DataFrame,
+    targets: pd.DataFrame,
+    qis: Sequence[str],
+    sa: str,
+    hierarchies: Mapping[str, Hierarchy] | None = None,
+    *,
+    known: Sequence[str] | None = None,
+    suppressed: BoolArray | None = None,
+    target_rows: IntArray | None = None,
+) -> TargetView:
+    """Map each target (raw QI values, and its true SA if ``targets`` has the column) to
+    the published classes covering it, and pool their SA counts.
+
+    ``published`` has the QI and SA columns of the release (an anonymised table, or the
+    raw table itself as the no-protection baseline); ``known`` restricts matching to the
+    QIs the attacker knows (default all); ``suppressed`` overrides the all-``*`` rule
+    (which does not apply when every row is all ``*``: that is one generalised class).
+    """
+    qis = tuple(qis)
+    known_qis = tuple(q for q in qis if known is None or q in known)
+    hierarchies = hierarchies or {}
+    missing = [c for c in (*known_qis, sa) if c not in published.columns]
+    missing += [c for c in known_qis if c not in targets.columns]
+    if missing:
+        raise ValueError(f"columns missing from the published table or the targets: {missing}")
+    if suppressed is None:
+        hidden = suppressed_rows(published, qis)
+        if hidden.all():
+            # a suppression limit < 100% keeps some records: a table of only "*" rows is
+            # the top of every hierarchy (one class of everyone), not a suppressed table
+            hidden = np.zeros(len(published), dtype=bool)
+    else:
+        hidden = np.asarray(suppressed, dtype=bool)
+    kept = published.loc[~hidden]
+
+    # SA domain: published values, then true values of targets absent from the release
+    sa_codes, sa_names = canonical_strings(kept[sa].to_numpy(dtype=object))
+    truth: IntArray | None = None
+    if sa in targets.columns:
+        t_codes, t_names = canonical_strings(targets[sa].to_numpy(dtype=object))
+        extra = np.setdiff1d(t_names.astype(str), sa_names.astype(str))
+        domain = np.sort(np.concatenate([sa_names.astype(str), extra])).astype(object)
+        index = pd.Index(domain, dtype=object)
+        truth = np.asarray(index.get_indexer(t_names), dtype=np.int64)[t_codes]
+    else:
+        domain = np.sort(sa_names.astype(str)).astype(object)
+        index = pd.Index(domain, dtype=object)
+    sa_codes = np.asarray(index.get_indexer(sa_names), dtype=np.int64)[sa_codes]
+    m = domain.shape[0]
+
+    # distinct classes over the known QIs, and distinct target tuples
+    n_rows, n_t = len(kept), len(targets)
+    label_cols: list[IntArray] = []
+    raw_cols: list[IntArray] = []
+    relations: list[tuple[IntArray, IntArray, int, int]] = []
+    for qi in known_qis:
+        lab_codes, lab_names = canonical_strings(kept[qi].to_numpy(dtype=object))
+        raw_codes, raw_names = canonical_strings(targets[qi].to_numpy(dtype=object))
+        raw_ids, lab_ids = coverage(raw_names, lab_names, hierarchies.get(qi))
+        relations.append((raw_ids, lab_ids, raw_names.shape[0], lab_names.shape[0]))
+        label_cols.append(lab_codes)
+        raw_cols.append(raw_codes)
+    if known_qis:
+        class_tuples, class_of_row = np.unique(
+            np.stack(label_cols, axis=1), axis=0, return_inverse=True
+        )
+        tuples, tuple_of_target = np.unique(np.stack(raw_cols, axis=1), axis=0, return_inverse=True)
+    else:
+        class_tuples = np.zeros((1 if n_rows else 0, 0), dtype=np.int64)
+        class_of_row = np.zeros(n_rows, dtype=np.int64)
+        tuples = np.zeros((1 if n_t else 0, 0), dtype=np.int64)
+        tuple_of_target = np.zeros(n_t, dtype=np.int64)
+    class_of_row = np.asarray(class_of_row, dtype=np.int64).reshape(-1)
+    n_c, n_u = class_tuples.shape[0], tuples.shape[0]
+    class_counts = (
+        np.bincount(class_of_row * m + sa_codes, minlength=n_c * m).reshape(n_c, m).astype(np.int64)
+    )
+    pair_t, pair_c = _join(
+        np.asarray(tuples, dtype=np.int64), np.asarray(class_tuples, dtype=np.int64), relations
+    )
+    link = sparse.csr_matrix(
+        (np.ones(pair_t.shape[0], dtype=np.int64), (pair_t, pair_c)), shape=(n_u, n_c)
+    )
+    counts = np.asarray(link @ class_counts, dtype=np.int64).reshape(n_u, m)
+    n_classes = np.bincount(pair_t, minlength=n_u).astype(np.int64)
+    totals = np.bincount(sa_codes, minlength=m).astype(np.float64)
+    overall = totals / totals.sum() if n_rows else np.zeros(m, dtype=np.float64)
+    rows = np.arange(n_t, dtype=np.int64) if target_rows is None else np.asarray(target_rows)
+    return TargetView(
+        qis=known_qis,
+        sa=sa,
+        sa_values=domain,
+        counts=counts,
+        classes=n_classes,
+        target_tuple=np.asarray(tuple_of_target, dtype=np.int64).reshape(-1),
+        true_codes=truth if truth is not None else np.full(n_t, -1, dtype=np.int64),
+        target_rows=rows.astype(np.int64),
+        overall=overall,
+        published_rows=int(n_rows),
+        suppressed_rows=int(hidden.sum()),
+        class_counts=class_counts,
+    )
