@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--domain", type=int, default=64)
     ap.add_argument("--side", choices=["oracle", "tree"])
     ap.add_argument("--protocol")
-    args = ap.parse_args()
+    args, _ = ap.parse_known_args()  # run_all passes every benchmark the same flags
     if args.side == "oracle":
         return oracle_side(args.protocol, args.persons, args.domain)
     if args.side == "tree":

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["bench_io.py", "bench_anonymity.py"]
+BENCHMARKS = ["bench_io.py", "bench_anonymity.py", "bench_dp.py", "bench_local_dp.py"]
 
 if __name__ == "__main__":
     failed = 0

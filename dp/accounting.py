@@ -27,10 +27,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeAlias
 
-import dp_accounting
-from dp_accounting.pld import common as pld_common
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
 from dp.budget import Number, to_fraction
 from privpipe.errors import ConfigError
 
@@ -305,6 +301,10 @@ class Accountant:
     def pld(self) -> Guarantee:
         if self.delta == 0:
             return Guarantee("pld", None, None, "needs delta > 0 (at delta = 0 it is the pure sum)")
+        # imported here: dp_accounting pulls in scipy (~1.5 s), needed only when delta > 0
+        from dp_accounting.pld import common as pld_common
+        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
         composed: Any = None
         slack = 0.0
         # Identical steps are self-composed at once (FFT powers): much faster than one by one.
@@ -354,6 +354,8 @@ class Accountant:
             return Guarantee("rdp", None, None, "RDP conversion needs delta > 0")
         if self.has_approx:
             return Guarantee("rdp", None, None, "(epsilon, delta) steps have no Renyi bound")
+        import dp_accounting
+
         accountant = dp_accounting.rdp.RdpAccountant()
         events = [dp_accounting.ZCDpEvent(self._step_rho(s)) for s in self.steps]
         accountant.compose(dp_accounting.ComposedDpEvent(events))

@@ -88,8 +88,8 @@ class Contributions:
     def __len__(self) -> int:
         return int(self.cell.size)
 
-    def take(self, mask: npt.NDArray[np.bool_]) -> Contributions:
-        """The rows where ``mask`` holds (the dictionary is kept whole)."""
+    def take(self, mask: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> Contributions:
+        """The rows selected by a boolean mask or an index array (dictionary kept whole)."""
         return Contributions(
             self.query,
             self.cell[mask],

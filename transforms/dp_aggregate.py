@@ -39,7 +39,7 @@ from dp.cells import (
 )
 from dp.spec import DPReleaseSpec, QueryPlan
 
-SHARDS = 64
+SHARDS = 16
 _COMPACT_AT = 32
 
 
@@ -67,9 +67,7 @@ class ContributionsFn(beam.DoFn):  # type: ignore[misc]
             for s in range(self.shards):
                 lo, hi = bounds[s], bounds[s + 1]
                 if hi > lo:
-                    mask = np.zeros(len(c), dtype=bool)
-                    mask[order[lo:hi]] = True
-                    yield (c.query, s), c.take(mask)
+                    yield (c.query, s), c.take(np.sort(order[lo:hi]))
 
 
 class BoundShardFn(beam.DoFn):  # type: ignore[misc]

@@ -1,0 +1,161 @@
+"""Central DP: a histogram with private partition selection through `privpipe run`.
+
+Workload (issue 4): 1,000 Zipf-distributed keys (s = 1.1), 100,000 persons, 1M and 10M
+rows; one dp_histogram over the key with private partition selection (ε = 1, δ = 1e-8,
+below 1/rows; each person bounded to 4 keys and 2 rows per key), DirectRunner in process.
+Reports the process wall time (interpreter start, imports and Beam start-up included), the run's own
+time from the manifest, rows/s for both, and the peak RSS of the process tree.
+
+If a separate venv with pipeline-dp exists (``--pipeline-dp PYTHON``), the same workload
+runs through pipeline_dp's Beam API (DirectRunner, same bounds and budget) for the ratio.
+
+    python benchmarks/bench_dp.py [--rows 1000000 10000000] [--pipeline-dp /path/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._measure import machine, measure  # noqa: E402
+
+CACHE = HERE / ".cache"
+PERSONS = 100_000
+KEYS = 1_000
+ZIPF_S = 1.1
+CHUNK = 1_000_000
+
+
+def data_file(rows: int) -> Path:
+    """person_id,key rows (cached): persons uniform, keys Zipf over 1,000 values."""
+    path = CACHE / f"dp-zipf-{rows}.csv"
+    if path.exists():
+        return path
+    CACHE.mkdir(exist_ok=True)
+    rng = np.random.default_rng(20261122)
+    weights = 1.0 / np.arange(1, KEYS + 1) ** ZIPF_S
+    weights /= weights.sum()
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        f.write("person_id,key\n")
+        for start in range(0, rows, CHUNK):
+            n = min(CHUNK, rows - start)
+            frame = pd.DataFrame(
+                {
+                    "person_id": np.char.add("u", rng.integers(0, PERSONS, n).astype(str)),
+                    "key": np.char.add("k", rng.choice(KEYS, n, p=weights).astype(str)),
+                }
+            )
+            frame.to_csv(f, header=False, index=False)
+    tmp.replace(path)
+    return path
+
+
+def config(tmp: Path, rows: int) -> Path:
+    cfg = {
+        "name": f"dp-bench-{rows}",
+        "input": {"path": str(data_file(rows))},
+        "schema": {"privacy_unit": "person_id"},
+        "releases": [
+            {
+                "name": "hist",
+                "kind": "dp_histogram",
+                "epsilon": 1.0,
+                "delta": 1e-8,
+                "group_by": ["key"],
+                "max_partitions": 4,
+                "max_contributions_per_partition": 2,
+            }
+        ],
+        "budget": {
+            "ledger": str(tmp / f"ledger-{rows}.sqlite"),
+            "lifetime_epsilon": 100,
+            "lifetime_delta": 1e-3,
+        },
+        "output": {"dir": str(tmp / f"out-{rows}")},
+    }
+    path = tmp / f"dp-{rows}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def privpipe_run(tmp: Path, rows: int) -> dict[str, object]:
+    res = measure([sys.executable, "-m", "pipelines.cli", "run", str(config(tmp, rows))])
+    out = tmp / f"out-{rows}"
+    manifest = json.loads((out / "manifest.json").read_text())
+    cells = len(pd.read_csv(out / "releases" / "hist" / "data.csv"))
+    run_s = float(manifest["seconds"])
+    return {
+        "tool": "privpipe",
+        "rows": rows,
+        "wall_s": res["wall_s"],
+        "run_s": run_s,
+        "rows_per_s_wall": round(rows / res["wall_s"]),
+        "rows_per_s_run": round(rows / run_s),
+        "peak_rss_mb": res["peak_rss_mb"],
+        "cells_released": cells,
+    }
+
+
+PIPELINE_DP_SCRIPT = """
+import json, sys, time
+import apache_beam as beam
+import pipeline_dp
+from pipeline_dp.private_beam import MakePrivate, Count, CountParams
+path, = sys.argv[1:]
+t0 = time.perf_counter()
+with beam.Pipeline(runner="DirectRunner") as p:
+    rows = p | beam.io.ReadFromText(path, skip_header_lines=1) | beam.Map(lambda l: l.split(","))
+    budget = pipeline_dp.NaiveBudgetAccountant(total_epsilon=1.0, total_delta=1e-8)
+    private = rows | MakePrivate(budget_accountant=budget, privacy_id_extractor=lambda r: r[0])
+    counts = private | Count(CountParams(
+        noise_kind=pipeline_dp.NoiseKind.LAPLACE, max_partitions_contributed=4,
+        max_contributions_per_partition=2, partition_extractor=lambda r: r[1]))
+    budget.compute_budgets()
+    _ = counts | beam.combiners.Count.Globally() | beam.Map(lambda n: print("cells", n))
+print(json.dumps({"run_s": round(time.perf_counter() - t0, 3)}))
+"""
+
+
+def pipeline_dp_run(python: str, tmp: Path, rows: int) -> dict[str, object]:
+    script = tmp / "pdp.py"
+    script.write_text(PIPELINE_DP_SCRIPT)
+    res = measure([python, str(script), str(data_file(rows))], timeout=3600)
+    return {
+        "tool": "pipeline_dp",
+        "rows": rows,
+        "wall_s": res["wall_s"],
+        "rows_per_s_wall": round(rows / res["wall_s"]),
+        "peak_rss_mb": res["peak_rss_mb"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    ap.add_argument("--pipeline-dp", help="python of a venv with pipeline-dp installed")
+    args, _ = ap.parse_known_args()
+    print(json.dumps({"benchmark": "dp", "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                      "machine": machine()}), flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for rows in args.rows:
+            print(json.dumps(privpipe_run(tmp, rows)), flush=True)
+            if args.pipeline_dp:
+                print(json.dumps(pipeline_dp_run(args.pipeline_dp, tmp, rows)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
