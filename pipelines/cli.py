@@ -200,6 +200,15 @@ def _run(
         )
         check = "verified" if summary["verified"] else "NOT verified"
         print(f"privpipe:   releases/{name}: {summary['kind']} ({g}), {check}")
+    if m.get("attacks"):
+        base = m["attacks"].get("raw", {})
+        for name, rates in m["attacks"].items():
+            shown = ", ".join(
+                f"{a} {v:.1%}" + (f" (raw {base[a]:.1%})" if name != "raw" and a in base else "")
+                for a, v in rates.items()
+            )
+            print(f"privpipe:   attacks on {name}: {shown or 'none applicable'}")
+        print(f"privpipe: attack results in {result.output_dir / 'audit.json'}")
     if m.get("budget"):
         b = m["budget"]
         print(

@@ -384,6 +384,92 @@ DPRelease = DPCountRelease | DPHistogramRelease | DPSumRelease | DPMeanRelease |
 STATIC_HIERARCHY_KINDS = ("file", "groups")  # known without reading data
 
 
+# ------------------------------------------------------------------------- attacks
+
+TABLE_ATTACK_NAMES = ("homogeneity", "background_knowledge", "skewness", "similarity", "linkage")
+DP_ATTACK_NAMES = ("attribute_inference", "membership", "differencing")
+ATTACK_NAMES = TABLE_ATTACK_NAMES + DP_ATTACK_NAMES
+ATTACK_PARAMETERS: dict[str, dict[str, type]] = {
+    "homogeneity": {},
+    "background_knowledge": {"eliminate": int, "mode": str},
+    "skewness": {"threshold": float},
+    "similarity": {"level": int},
+    "linkage": {"risk_threshold": float},
+    "attribute_inference": {},
+    "membership": {"trials": int},
+    "differencing": {"trials": int},
+}
+
+
+def _all_attacks() -> list[str | dict[str, dict[str, Any]]]:
+    return [*ATTACK_NAMES]
+
+
+class AttacksConfig(_Model):
+    """What the attacker knows and which attacks run against every release."""
+
+    run: list[str | dict[str, dict[str, Any]]] = Field(
+        default_factory=_all_attacks,
+        description="Attacks by name, or {name: {parameter: value}}; default all.",
+    )
+    targets: Literal["all"] | Annotated[int, Field(ge=1)] = Field(
+        default="all", description="Target records: all, or a seeded sample of N."
+    )
+    seed: int = Field(default=0, description="Seed of the target sample and simulations.")
+    known: list[str] | None = Field(
+        default=None, description="QIs the attacker knows (default all)."
+    )
+    tau: float = Field(
+        default=0.5, gt=0, le=1, allow_inf_nan=False, description="Disclosure confidence."
+    )
+
+    @field_validator("run")
+    @classmethod
+    def _known_attacks(cls, value: list[Any]) -> list[Any]:
+        for i, item in enumerate(value):
+            if isinstance(item, dict):
+                if len(item) != 1:
+                    raise ValueError(
+                        f"run[{i}]: one attack per entry, e.g. {{similarity: {{level: 1}}}}"
+                    )
+                name, params = next(iter(item.items()))
+            else:
+                name, params = item, {}
+            if name not in ATTACK_PARAMETERS:
+                close = difflib.get_close_matches(str(name), ATTACK_NAMES, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ValueError(
+                    f"run[{i}]: unknown attack {name!r}; {hint}known: {', '.join(ATTACK_NAMES)}"
+                )
+            if not isinstance(params, dict):
+                raise ValueError(f"run[{i}].{name}: parameters must be a mapping")
+            for key, val in params.items():
+                want = ATTACK_PARAMETERS[name].get(key)
+                if want is None:
+                    allowed = ", ".join(ATTACK_PARAMETERS[name]) or "none"
+                    raise ValueError(
+                        f"run[{i}].{name}.{key}: unknown parameter; allowed: {allowed}"
+                    )
+                ok = isinstance(val, want) and not isinstance(val, bool)
+                if want is float:
+                    ok = isinstance(val, int | float) and not isinstance(val, bool)
+                if not ok:
+                    what = {int: "an integer", float: "a number", str: "a string"}[want]
+                    raise ValueError(f"run[{i}].{name}.{key}: must be {what}, got {val!r}")
+            mode = params.get("mode")
+            if mode is not None and mode not in ("worst", "random"):
+                raise ValueError(f"run[{i}].{name}.mode: must be worst or random, got {mode!r}")
+        return value
+
+    def attacks(self) -> dict[str, dict[str, Any]]:
+        """Attack name → its parameters, in the configured order."""
+        out: dict[str, dict[str, Any]] = {}
+        for item in self.run:
+            name, params = next(iter(item.items())) if isinstance(item, dict) else (item, {})
+            out[name] = dict(params)
+        return out
+
+
 # -------------------------------------------------------------------------- budget
 
 
@@ -416,10 +502,17 @@ class PrivpipeConfig(_Model):
     schema_: SchemaConfig = Field(alias="schema")
     hierarchies: dict[str, HierarchyConfig] = Field(default_factory=dict)
     releases: list[Release] = Field(default_factory=list)
+    attacks: AttacksConfig | None = None
     budget: BudgetConfig | None = None
     output: OutputConfig
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=False)
+
+    @field_validator("attacks", mode="before")
+    @classmethod
+    def _attack_list(cls, value: Any) -> Any:
+        """DESIGN.md's short form: a list of attacks with the default attacker."""
+        return {"run": value} if isinstance(value, list) else value
 
     @field_validator("releases", mode="before")
     @classmethod
@@ -527,6 +620,21 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
     for i, r in enumerate(cfg.releases):
         if isinstance(r, _DPRelease):
             out += dp_problems(cfg, i, r)
+    if cfg.attacks is not None:
+        if not qis or not s.sensitive:
+            out.append(
+                "attacks: the attacker links targets by their quasi-identifiers and guesses "
+                "the sensitive attribute; set schema.quasi_identifiers and schema.sensitive"
+            )
+        for q in cfg.attacks.known or []:
+            if q not in qis:
+                out.append(f"attacks.known: {q!r} is not a quasi-identifier")
+        wanted = cfg.attacks.attacks()
+        if "similarity" in wanted and s.sensitive and s.sensitive not in cfg.hierarchies:
+            out.append(
+                f"attacks.run: similarity needs a hierarchy of {s.sensitive!r} (its categories); "
+                f"add hierarchies.{s.sensitive} or drop similarity"
+            )
     if cfg.budget is None and any(isinstance(r, _DPRelease) for r in cfg.releases):
         first = next(i for i, r in enumerate(cfg.releases) if isinstance(r, _DPRelease))
         out.append(

@@ -23,6 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 import privpipe
 from anonymity.spec import AnonymizationSpec
 from dp.ledger import Ledger
+from pipelines.audit import RAW_TABLE, headline, run_attacks
 from pipelines.config import ANONYMITY_KINDS
 from pipelines.dp_release import DPJob, dp_jobs, open_ledger, publish
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
@@ -110,6 +111,13 @@ def build_graph(
                 str(out.staging / "releases" / r.name),
                 plan.config.output.format,
             )
+    if plan.config.attacks is not None:  # the attacker's targets: accepted rows, QIs + SA
+        cols = [*s.quasi_identifiers, str(s.sensitive)]
+        _ = (
+            read["batches"]
+            | "AttackTargetColumns" >> beam.Map(lambda df, c: df[c], cols)
+            | "WriteAttackTargets" >> WriteTable(str(out.work), RAW_TABLE, cols, "parquet")
+        )
     labeler = HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)
     for job in jobs:
         _ = read["batches"] | f"DP[{job.name}]" >> AggregateDPCells(
@@ -192,6 +200,11 @@ def _run(
                 jobs, ledger, run_id, int(profile["rows"]), out.work, out.staging,
                 plan.config.output.format, insecure_seed, log,
             )  # fmt: skip
+        summaries = release_summaries(plan, out)
+        attack_rates = None
+        if plan.config.attacks is not None:
+            log("privpipe: attacking every release (and the raw table as the baseline)")
+            attack_rates = headline(run_attacks(plan, out.staging, out.work, hierarchies))
         finished = datetime.now(UTC)
         manifest = {
             "run_id": run_id,
@@ -209,7 +222,8 @@ def _run(
             "seconds": round(time.perf_counter() - t0, 3),
             "runner": runner_name,
             "releases": [r.name for r in plan.config.releases],
-            "release_summaries": release_summaries(plan, out),
+            "release_summaries": summaries,
+            "attacks": attack_rates,
             "hierarchies": {
                 c: {"levels": h.levels, "domain_size": h.domain_size, "source": h.source}
                 for c, h in hierarchies.items()
