@@ -113,7 +113,8 @@ PIPELINE_DP_SCRIPT = """
 import json, sys, time
 import apache_beam as beam
 import pipeline_dp
-from pipeline_dp.private_beam import MakePrivate, Count, CountParams
+from pipeline_dp.private_beam import MakePrivate, Count
+from pipeline_dp.aggregate_params import CountParams
 path, = sys.argv[1:]
 t0 = time.perf_counter()
 with beam.Pipeline(runner="DirectRunner") as p:
