@@ -16,10 +16,11 @@ test asserts both publish the same table.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from dp.accounting import Accountant, ApproxDP, DiscreteGaussian, DiscreteLaplace, Parallel, Step
+from dp.aggregate import NoiseSpec, make_consistent
 from dp.bounding import RngLike
 from dp.cells import (
     CellPartial,
@@ -39,7 +41,7 @@ from dp.cells import (
     merge_dictionaries,
 )
 from dp.exponential import top_k
-from dp.noise import NoiseSampler
+from dp.noise import NoiseSampler, discrete_laplace_variance
 from dp.partition_selection import select_partitions
 from dp.spec import (
     COUNT_KINDS,
@@ -65,6 +67,96 @@ class QueryRelease:
     observed_cells: int
     selected_cells: int
     partial: CellPartial
+    consistent_with: str | None = None  # the coarser query this one was adjusted to
+
+
+def clamp_counts(table: pd.DataFrame) -> pd.DataFrame:
+    """Counts (and their interval ends, when present) below 0 set to 0: post-processing."""
+    out = table.copy()
+    for c in ("count", "ci_low", "ci_high"):
+        if c in out:
+            out[c] = out[c].clip(lower=0)
+    return out
+
+
+# labels of a column at one level -> its labels at a coarser level
+Coarsen = Callable[[str, int, int, np.ndarray], np.ndarray]
+
+
+def _joined(frame: pd.DataFrame, cols: Sequence[str]) -> pd.Series:
+    """One string key per row of several label columns (unit separator between labels)."""
+    if not cols:
+        return pd.Series("", index=frame.index)
+    key = frame[cols[0]].astype(str)
+    for c in cols[1:]:
+        key = key + "\x1f" + frame[c].astype(str)
+    return key
+
+
+def post_process(
+    spec: DPReleaseSpec,
+    plans: Sequence[QueryPlan],
+    releases: Sequence[QueryRelease],
+    coarsen: Coarsen | None = None,
+) -> list[QueryRelease]:
+    """``consistent``: each count query with a coarser query over the same columns is made
+    consistent with it (Hay et al. 2010, two levels): per coarse cell the total becomes the
+    inverse-variance combination T of the coarse count and the sum of its fine cells, the
+    fine cells move by the least-squares shift (:func:`dp.aggregate.make_consistent`,
+    integers by largest remainder) and the coarse cell becomes their sum. Intervals of
+    adjusted cells are dropped. Then counts are clamped at 0. Post-processing: free."""
+    if not spec.consistent:
+        return list(releases)
+    current = {r.name: r for r in releases}
+    plan_of = {p.query.name: p for p in plans}
+    for p in plans:
+        coarse_q = spec.ancestor(p.query)
+        if coarse_q is None:
+            continue
+        if coarsen is None:
+            raise ConfigError(f"{spec.name}.consistent: needs the hierarchies of the columns")
+        r, coarse = current[p.query.name], current[coarse_q.name]
+        fine = r.table.copy()
+        lifted = fine.copy()
+        for col in p.query.group_by:
+            lo, hi = p.query.level(col), coarse_q.level(col)
+            if hi > lo:
+                lifted[col] = coarsen(col, lo, hi, fine[col].to_numpy(dtype=object))
+        keys = [*spec.partition_by, *p.query.group_by]
+        coarse_keys = [*spec.partition_by, *coarse_q.group_by]
+        fine["_fine"] = _joined(fine, keys)
+        parent = _joined(lifted, keys)
+        coarse_key = _joined(coarse.table, coarse_keys)
+        totals = pd.Series(coarse.table["count"].to_numpy(), index=coarse_key.to_numpy())
+        var_f, var_c = plan_of[p.query.name].count_noise, plan_of[coarse_q.name].count_noise
+        assert var_f is not None and var_c is not None
+        adjusted = make_consistent(
+            fine, dict(zip(fine["_fine"], parent, strict=True)), totals, key="_fine",
+            fine_variance=noise_variance(var_f), coarse_variance=noise_variance(var_c),
+        ).drop(columns="_fine")  # fmt: skip
+        new_totals = adjusted["count"].groupby(parent.to_numpy()).sum()
+        coarse_table = coarse.table.drop(columns=["ci_low", "ci_high"], errors="ignore")
+        hit = coarse_key.isin(new_totals.index).to_numpy()
+        counts = coarse_table["count"].to_numpy().copy()
+        counts[hit] = new_totals.reindex(coarse_key[hit].to_numpy()).to_numpy()
+        coarse_table["count"] = counts
+        current[p.query.name] = dataclasses.replace(
+            r, table=adjusted, consistent_with=coarse_q.name
+        )
+        current[coarse_q.name] = dataclasses.replace(
+            coarse, table=coarse_table, consistent_with=coarse.consistent_with or p.query.name
+        )
+    out = [current[r.name] for r in releases]
+    if spec.clamp:
+        out = [dataclasses.replace(r, table=clamp_counts(r.table)) for r in out]
+    return out
+
+
+def noise_variance(noise: NoiseSpec) -> float:
+    """Variance of the noise added to each cell."""
+    if noise.mechanism == "discrete_laplace":
+        return discrete_laplace_variance(noise.scale)
+    return float(noise.scale) ** 2  # the discrete Gaussian's variance is at most sigma^2
 
 
 def public_domain(spec: DPReleaseSpec, plan: QueryPlan, columns: Sequence[str]) -> pd.DataFrame:
@@ -145,9 +237,8 @@ def release_query(
         noisy = _noisy(cells["count"].to_numpy(), plan.count_noise, sampler)
         hw = plan.count_noise.halfwidth
         out["count"], out["ci_low"], out["ci_high"] = noisy, noisy - hw, noisy + hw
-        if spec.clamp:
-            for c in ("count", "ci_low", "ci_high"):
-                out[c] = out[c].clip(lower=0)
+        if spec.clamp and not spec.consistent:  # else clamped after the adjustment
+            out = clamp_counts(out)
     elif spec.kind == "dp_sum":
         assert plan.sum_noise is not None
         r = spec.resolution
@@ -278,6 +369,10 @@ def verify_release(
         elif len(r.table) > r.observed_cells:
             problems.append(f"{r.name}: more cells published than observed with persons")
         noise = p.count_noise if spec.kind in COUNT_KINDS else p.sum_noise
+        if r.consistent_with is not None:  # adjusted cells: the intervals were dropped
+            if r.table["count"].isna().any() or "ci_low" in r.table:
+                problems.append(f"{r.name}: adjusted cells must be counts without intervals")
+            continue
         if noise is not None and spec.kind != "dp_mean" and len(r.table):
             col = "count" if spec.kind in COUNT_KINDS else "sum"
             scale = 1.0 if spec.kind in COUNT_KINDS else spec.resolution
@@ -329,6 +424,8 @@ def release_document(
             "resolution": spec.resolution if spec.bounds else None,
             "k": spec.top_k if spec.kind in TOP_KINDS else None,
             "clamp": spec.clamp,
+            "consistent": {r.name: r.consistent_with for r in releases if r.consistent_with}
+            or None,
             "confidence": spec.confidence,
             "queries": {
                 p.query.name: {
@@ -385,17 +482,19 @@ def dp_release(
     *,
     rng: RngLike = None,
     labeler: Labeler = canonical_labels,
+    coarsen: Coarsen | None = None,
     insecure_seed: int | None = None,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The whole release on a DataFrame: (data.csv's table, release.json's document)."""
     t0 = time.perf_counter()
     plans = plan_queries(spec)
     check_delta(spec, len(df))
-    releases = []
+    releases: list[QueryRelease] = []
     for contrib in contributions(df, spec, plans, labeler):
         partial = bound_and_aggregate(concat([contrib]), spec, rng)
         dictionary = merge_dictionaries([contrib.dictionary])
         releases.append(release_query(partial, dictionary, spec, plans[contrib.query], sampler))
+    releases = post_process(spec, plans, releases, coarsen)
     check = verify_release(spec, plans, releases, len(df))
     doc = release_document(
         spec, plans, releases, check, seconds=time.perf_counter() - t0,

@@ -50,6 +50,10 @@ class Query:
         return dict(self.levels).get(col, 0)
 
 
+def _level_sum(q: Query) -> int:
+    return sum(dict(q.levels).values())
+
+
 @dataclass(frozen=True)
 class DPReleaseSpec:
     """One central-DP release; immutable and validated."""
@@ -77,6 +81,7 @@ class DPReleaseSpec:
     top_k: int = 1
     clamp: bool = True
     confidence: float = 0.95
+    consistent: bool = False  # adjust finer queries to their coarser ancestors (counts)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -101,6 +106,13 @@ class DPReleaseSpec:
             raise ConfigError(f"{self.name}: private partition selection needs delta > 0")
         if self.mechanism == "discrete_gaussian" and self.delta == 0:
             raise ConfigError(f"{self.name}: the discrete Gaussian needs delta > 0")
+        if self.consistent and (
+            self.kind not in COUNT_KINDS or not any(self.ancestor(q) for q in self.queries)
+        ):
+            raise ConfigError(
+                f"{self.name}.consistent: needs counts with a query that is a coarser version "
+                "of another (same group_by, higher levels)"
+            )
 
     @property
     def l0(self) -> int:
@@ -123,6 +135,18 @@ class DPReleaseSpec:
 
     def query_level(self, query: Query, col: str) -> int:
         return query.level(col)
+
+    def ancestor(self, query: Query) -> Query | None:
+        """The nearest other query over the same columns at levels all >= (one >), or None."""
+        best: Query | None = None
+        for q in self.queries:
+            if q is query or set(q.group_by) != set(query.group_by):
+                continue
+            up = [q.level(c) - query.level(c) for c in query.group_by]
+            coarser = all(d >= 0 for d in up) and any(d > 0 for d in up)
+            if coarser and (best is None or _level_sum(q) < _level_sum(best)):
+                best = q
+        return best
 
     @property
     def is_private_selection(self) -> bool:

@@ -146,9 +146,11 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def _validate(config: str) -> int:
+    from pipelines.dp_release import dp_jobs
     from pipelines.plan import load_plan
 
     plan = load_plan(config)
+    dp_jobs(plan)  # DP parameters that need the plan (budget split, noise scales)
     c = plan.config
     print(
         f"{Path(config).name}: valid: dataset {c.name!r}, {len(plan.input_paths)} input "

@@ -320,11 +320,19 @@ class _DPRelease(_Release):
         return cols
 
 
-class DPCountRelease(_DPRelease):
+class _DPCounts(_DPRelease):
+    consistent: bool = Field(
+        default=False,
+        description="Adjust each query to its coarser version among the queries (same "
+        "group_by, higher levels) so cells add up; post-processing.",
+    )
+
+
+class DPCountRelease(_DPCounts):
     kind: Literal["dp_count"]
 
 
-class DPHistogramRelease(_DPRelease):
+class DPHistogramRelease(_DPCounts):
     kind: Literal["dp_histogram"]
 
 

@@ -21,14 +21,19 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from anonymity.hierarchy import SUPPRESSED
 from dp.budget import ApproxBudget, to_fraction
 from dp.ledger import Ledger
 from dp.noise import NoiseSampler, SecureSampler, SeededTestSampler
 from dp.release import (
+    Coarsen,
     QueryRelease,
     bounding_summary,
     check_delta,
+    post_process,
     published_table,
     release_document,
     release_query,
@@ -44,7 +49,9 @@ from pipelines.config import (
     public_domain_source,
     resolved_partitions,
 )
+from pipelines.hierarchies import HierarchyLabeler
 from pipelines.plan import Plan
+from privpipe.errors import ConfigError
 from transforms.dp_aggregate import load_cells
 from transforms.sink import write_json, write_table
 
@@ -102,6 +109,8 @@ def dp_spec(plan: Plan, r: DPRelease) -> DPReleaseSpec:
         extra["count_share"] = to_fraction(r.count_share, "count_share")
     if isinstance(r, DPTopKRelease):
         extra.update(value=r.value, top_k=r.k)
+    if getattr(r, "consistent", False):
+        extra["consistent"] = True
     return DPReleaseSpec(
         name=r.name,
         kind=r.kind,
@@ -146,6 +155,25 @@ def open_ledger(plan: Plan) -> Ledger:
                        to_fraction(b.lifetime_delta, "budget.lifetime_delta"))  # fmt: skip
 
 
+def coarsen_for(plan: Plan, labeler: HierarchyLabeler) -> Coarsen:
+    """Labels of a column at one level → a coarser level, for ``consistent`` releases."""
+
+    def coarsen(col: str, lo: int, hi: int, labels: np.ndarray) -> np.ndarray:
+        if lo == 0:  # raw values: label them like the batches were
+            return labeler(col, hi, pd.Series(labels, dtype=object))
+        h = plan.hierarchies.get(col)
+        if h is None:
+            raise ConfigError(
+                f"consistent: {col!r} at level {lo} can be coarsened only with a file or "
+                f"groups hierarchy; use level 0 for the finer query or such a hierarchy"
+            )
+        up = pd.Series(h.labels(hi), index=h.labels(lo))
+        up = up[~up.index.duplicated()]
+        return pd.Series(labels, dtype=object).map(up).to_numpy(dtype=object)
+
+    return coarsen
+
+
 def sampler(seed: int | None) -> NoiseSampler:
     """OpenDP's secure sampler, or the seeded test sampler of an accepted insecure run."""
     return SecureSampler() if seed is None else SeededTestSampler(seed)
@@ -161,6 +189,7 @@ def publish(
     fmt: str,
     seed: int | None,
     log: Callable[[str], None],
+    coarsen: Coarsen | None = None,
 ) -> dict[str, Any]:
     """Steps 3 and 4 of the module docstring, for every DP release of the run.
 
@@ -181,6 +210,7 @@ def publish(
                 release_query(cells["partials"][q], cells["dictionaries"][q], job.spec, p, noise)
                 for q, p in enumerate(job.plans)
             ]
+            releases = post_process(job.spec, job.plans, releases, coarsen)
             check = verify_release(job.spec, job.plans, releases, rows)
             folder = staging / "releases" / job.name
             folder.mkdir(parents=True, exist_ok=True)

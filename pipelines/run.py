@@ -25,7 +25,7 @@ from anonymity.spec import AnonymizationSpec
 from dp.ledger import Ledger
 from pipelines.audit import RAW_TABLE, headline, run_attacks
 from pipelines.config import ANONYMITY_KINDS
-from pipelines.dp_release import DPJob, dp_jobs, open_ledger, publish
+from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
 from pipelines.output import RunOutput, new_run_id
 from pipelines.plan import Plan
@@ -199,6 +199,7 @@ def _run(
             dp_bounding = publish(
                 jobs, ledger, run_id, int(profile["rows"]), out.work, out.staging,
                 plan.config.output.format, insecure_seed, log,
+                coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
             )  # fmt: skip
         summaries = release_summaries(plan, out)
         attack_rates = None

@@ -342,3 +342,37 @@ def test_budget_show_of_a_missing_file_is_exit_2(
 ) -> None:
     code, _, err = run(["budget", "show", str(tmp_path / "nope.sqlite")], capsys)
     assert code == 2 and "no such ledger file" in err
+
+
+def test_consistent_histogram_levels_add_up(
+    dpp: DPProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dpp.cfg["releases"][0].pop("group_by")
+    dpp.cfg["releases"][0].update(
+        queries=[
+            {"name": "disease", "group_by": ["disease"]},
+            {"name": "category", "group_by": ["disease"], "levels": {"disease": 1}},
+        ],
+        consistent=True,
+    )
+    dpp.save()
+    code, _, err = run(["run", str(dpp.config)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(dpp.out / "releases" / "hist" / "data.csv")
+    category = {
+        "Flu": "respiratory",
+        "Asthma": "respiratory",
+        "Cancer": "other",
+        "Gastritis": "other",
+    }
+    fine = table[table["query"] == "disease"]
+    sums = fine.groupby([fine["sex"], fine["disease"].map(category)])["count"].sum()
+    coarse = table[table["query"] == "category"].set_index(["sex", "disease"])["count"]
+    assert sums.sort_index().to_dict() == coarse.sort_index().to_dict()
+    doc = json.loads((dpp.out / "releases" / "hist" / "release.json").read_text())
+    assert doc["parameters"]["consistent"] == {"disease": "category", "category": "disease"}
+    # without a coarser query there is nothing to be consistent with
+    dpp.cfg["releases"][0]["queries"] = [{"name": "disease", "group_by": ["disease"]}]
+    dpp.save()
+    code, _, err = run(["validate", str(dpp.config)], capsys)
+    assert code == 2 and "hist.consistent: needs counts with a query that is a coarser" in err

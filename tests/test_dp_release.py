@@ -327,3 +327,41 @@ def test_queries_keep_their_own_budget_in_the_document() -> None:
     q = doc["parameters"]["queries"]
     assert q["a"]["epsilon"] == q["b"]["epsilon"] == 0.5
     assert q["a"]["count_noise"]["scale"] == 2.0
+
+
+def test_consistent_adjusts_fine_cells_to_their_coarser_query() -> None:
+    groups = {"a": "ab", "b": "ab", "c": "cde", "d": "cde", "e": "cde"}
+
+    def coarsen(col: str, lo: int, hi: int, labels: np.ndarray) -> np.ndarray:
+        assert (col, lo, hi) == ("dx", 0, 1)
+        return np.array([groups[x] for x in labels], dtype=object)
+
+    spec = spec_of(
+        queries=[Query("fine", ("dx",)), Query("coarse", ("dx",), levels=(("dx", 1),))],
+        domains={("dx", 0): DX, ("dx", 1): ["ab", "cde"]},
+        consistent=True,
+    )
+
+    def labeler(col: str, level: int, values: pd.Series) -> np.ndarray:
+        raw = values.to_numpy(dtype=object)
+        return raw if level == 0 else coarsen(col, 0, level, raw)
+
+    table, doc = dp_release(
+        people(), spec, SeededTestSampler(4), rng=4, labeler=labeler, coarsen=coarsen
+    )
+    fine = table[table["query"] == "fine"]
+    coarse = table[table["query"] == "coarse"].set_index("dx")["count"]
+    sums = fine.groupby(fine["dx"].map(groups))["count"].sum()
+    assert sums.to_dict() == coarse.to_dict()
+    assert "ci_low" not in table.columns  # intervals of adjusted cells are dropped
+    assert doc["parameters"]["consistent"] == {"fine": "coarse", "coarse": "fine"}
+    # the combined totals lie between the coarse noisy count and the fine sum
+    spec_raw = dataclasses.replace(spec, consistent=False)
+    raw, _ = dp_release(people(), spec_raw, SeededTestSampler(4), rng=4, labeler=labeler)
+    raw_fine = raw[raw["query"] == "fine"]
+    s = raw_fine.groupby(raw_fine["dx"].map(groups))["count"].sum()
+    c = raw[raw["query"] == "coarse"].set_index("dx")["count"]
+    for g in ("ab", "cde"):
+        assert min(s[g], c[g]) - 1 <= coarse[g] <= max(s[g], c[g]) + 1
+    with pytest.raises(ConfigError, match="consistent: needs counts"):
+        spec_of(consistent=True)
