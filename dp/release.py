@@ -254,6 +254,10 @@ def release_query(
         lo, hi = spec.bounds
         out["mean"] = np.clip(plan.centre + total / np.maximum(count, 1), lo, hi)
         out["count"] = np.maximum(count, 0) if spec.clamp else count
+    if spec.decimals is not None:
+        for c in ("sum", "mean", "ci_low", "ci_high"):
+            if c in out and spec.kind in ("dp_sum", "dp_mean"):
+                out[c] = out[c].round(spec.decimals)
     return QueryRelease(plan.query.name, out, tuple(cols), len(observed), selected, partial)
 
 
@@ -424,6 +428,7 @@ def release_document(
             "resolution": spec.resolution if spec.bounds else None,
             "k": spec.top_k if spec.kind in TOP_KINDS else None,
             "clamp": spec.clamp,
+            "round": spec.decimals,
             "consistent": {r.name: r.consistent_with for r in releases if r.consistent_with}
             or None,
             "confidence": spec.confidence,

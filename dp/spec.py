@@ -82,6 +82,7 @@ class DPReleaseSpec:
     clamp: bool = True
     confidence: float = 0.95
     consistent: bool = False  # adjust finer queries to their coarser ancestors (counts)
+    decimals: int | None = None  # round released sums/means (post-processing)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

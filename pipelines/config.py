@@ -346,6 +346,9 @@ class _DPValueRelease(_DPRelease):
     resolution: float = Field(
         default=1.0, gt=0, allow_inf_nan=False, description="Fixed-point step of released sums."
     )
+    round: int | None = Field(
+        default=None, ge=0, le=12, description="Post-processing: decimals of released values."
+    )
 
     @model_validator(mode="after")
     def _ordered_bounds(self) -> _DPValueRelease:

@@ -104,7 +104,9 @@ def dp_spec(plan: Plan, r: DPRelease) -> DPReleaseSpec:
     )
     extra: dict[str, Any] = {}
     if isinstance(r, _DPValueRelease):
-        extra.update(value=r.value, bounds=tuple(r.bounds), resolution=r.resolution)
+        extra.update(
+            value=r.value, bounds=tuple(r.bounds), resolution=r.resolution, decimals=r.round
+        )
     if isinstance(r, DPMeanRelease):
         extra["count_share"] = to_fraction(r.count_share, "count_share")
     if isinstance(r, DPTopKRelease):

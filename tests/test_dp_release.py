@@ -365,3 +365,10 @@ def test_consistent_adjusts_fine_cells_to_their_coarser_query() -> None:
         assert min(s[g], c[g]) - 1 <= coarse[g] <= max(s[g], c[g]) + 1
     with pytest.raises(ConfigError, match="consistent: needs counts"):
         spec_of(consistent=True)
+
+
+def test_round_post_processing_of_means() -> None:
+    spec = spec_of("dp_mean", value="salary", bounds=(0.0, 1e5), decimals=0)
+    table, doc = dp_release(people(), spec, SeededTestSampler(0))
+    assert (table["mean"] == table["mean"].round(0)).all()
+    assert doc["parameters"]["round"] == 0
