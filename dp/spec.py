@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from dp.accounting import Accountant, ApproxDP, DiscreteGaussian, DiscreteLaplace, Parallel, Step
+from dp.accounting import (
+    Accountant,
+    ApproxDP,
+    DiscreteGaussian,
+    DiscreteLaplace,
+    Parallel,
+    Step,
+    group_privacy,
+)
 from dp.aggregate import NoiseSpec, _fixed_point, noise_spec
 from dp.bounding import sensitivities
 from dp.budget import to_fraction
@@ -35,6 +43,7 @@ COUNT_KINDS = ("dp_count", "dp_histogram")
 VALUE_KINDS = ("dp_sum", "dp_mean")
 TOP_KINDS = ("dp_top_k", "dp_mode")
 KINDS = COUNT_KINDS + VALUE_KINDS + TOP_KINDS
+GROUP_SIZES = (2, 5, 10)  # group privacy reported for these group sizes
 
 
 @dataclass(frozen=True)
@@ -306,6 +315,18 @@ def accountant(spec: DPReleaseSpec, plans: Sequence[QueryPlan]) -> Accountant:
 def guarantee(spec: DPReleaseSpec, plans: Sequence[QueryPlan]) -> dict[str, Any]:
     """release.json's ``guarantee``: (ε, δ) as configured, how it composes, the accounting."""
     report = accountant(spec, plans).report()
+    chosen = report["chosen"]
+    # a group of g persons (e.g. a household) is protected at g·ε (Dwork & Roth, Thm 2.2)
+    report["group_privacy"] = {
+        str(g): dict(
+            zip(
+                ("epsilon", "delta"),
+                group_privacy(chosen["epsilon"], chosen["delta"], g),
+                strict=True,
+            )
+        )
+        for g in GROUP_SIZES
+    }
     return {
         "epsilon": float(spec.epsilon),
         "delta": float(spec.delta),

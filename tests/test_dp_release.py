@@ -372,3 +372,10 @@ def test_round_post_processing_of_means() -> None:
     table, doc = dp_release(people(), spec, SeededTestSampler(0))
     assert (table["mean"] == table["mean"].round(0)).all()
     assert doc["parameters"]["round"] == 0
+
+
+def test_group_privacy_is_reported() -> None:
+    _, doc = dp_release(people(), spec_of(), SeededTestSampler(0))
+    groups = doc["guarantee"]["accounting"]["group_privacy"]
+    assert groups["2"] == {"epsilon": 2.0, "delta": 0.0}
+    assert groups["10"]["epsilon"] == 10.0
