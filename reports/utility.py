@@ -1,0 +1,562 @@
+"""Workload utility: answer the common workload from each release, compare with the truth.
+
+How each kind of release answers a marginal count (its cells are the value combinations
+present in the raw data; a cell the release gives no mass to is answered 0):
+
+- **Anonymised tables** (k-anonymity, l-diversity, t-closeness; also the raw table):
+  every published row spreads one record *uniformly* over the raw values its label
+  covers, independently per column. A label found in the column's hierarchy covers the
+  raw values under it at its level (the level of the transformation when release.json
+  names one, else the lowest level holding the label); ``*`` covers the whole domain; a
+  ``[lo, hi]`` (or ``[lo, hi)``) range — Mondrian's numeric QIs — covers the domain's
+  numeric values inside it; a raw value covers itself. The domain is the hierarchy's
+  raw values (public), else the distinct raw values of the column. **Suppressed rows**
+  (all QIs ``*``) are kept and spread over the whole domain of every QI (their
+  sensitive value is published, so they still answer the sensitive attribute's
+  marginal); releases that drop suppressed rows simply publish fewer rows.
+  By default (``UtilityOptions.domain="data"``) a label covers only the raw values under it
+  that occur in the data (else a generous hierarchy file, e.g. ages 0-120 for data aged
+  17-90, would leak mass into cells that do not exist and penalise releases arbitrarily);
+  ``domain="hierarchy"`` spreads over every raw value of the hierarchy (what an outsider
+  knowing only the public hierarchy would do). A label that
+  resolves to no domain value is spread over the whole domain and counted in
+  ``unresolved_labels``.
+- **Central-DP histograms** (dp_count, dp_histogram; the ``count`` column of dp_sum /
+  dp_mean): a marginal is answerable by a query whose key columns (``partition_by`` +
+  ``group_by``) contain the marginal's columns; its noisy cells are summed over the other
+  key columns; key columns published at a coarser level (``levels``) spread uniformly
+  like anonymised labels. When several queries can answer, the one with the fewest key
+  columns is used (fewest noisy cells summed). Marginals no query covers are *not
+  answerable*: excluded from the scores and counted. dp_top_k publishes a ranking, not
+  counts, and answers nothing.
+- **Local-DP estimates** (a frame ``value, estimate`` for one attribute, release.json
+  ``parameters.attribute``): the 1-way marginal of that attribute.
+
+Metrics over the answered cells (each cell is one count query): mean absolute error;
+mean relative error |est - true| / max(true, floor) with ``floor = max(10, 0.1% of the
+rows)`` (the usual sanity bound, so tiny cells do not dominate); max absolute error;
+share of queries within 10% (relative error, same floor, <= 0.10). Only aggregates are
+returned — never a cell, a value or a count of the raw data — and metrics over fewer than
+``min_queries`` (10) queries are withheld: with the published answers beside them, the
+errors of one or two cells would give their true counts back.
+
+Pure core: numpy, pandas and the standard library only (no Beam).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from anonymity.hierarchy import SUPPRESSED, Hierarchy
+from reports.run import ANONYMISED_KINDS, LOCAL_DP_KINDS, Release
+from reports.workload import CountQuery, Marginal, Truth, canonical_column
+
+__all__ = [
+    "Source",
+    "UtilityOptions",
+    "answer_marginal",
+    "cover_table",
+    "raw_release",
+    "relative_floor",
+    "release_estimates",
+    "release_sources",
+    "release_utility",
+    "score",
+]
+
+ObjArray: TypeAlias = npt.NDArray[np.object_]
+FloatArray: TypeAlias = npt.NDArray[np.float64]
+
+_RANGE: Final = re.compile(r"^\s*\[\s*([^,\[\]()]+?)\s*,\s*([^,\[\]()]+?)\s*([\])])\s*$")
+_VALUE_COLUMNS: Final = frozenset(
+    {"query", "count", "ci_low", "ci_high", "sum", "mean", "rank", "estimate", "variance"}
+)
+_N: Final = "__n"
+
+
+@dataclass(frozen=True)
+class UtilityOptions:
+    """Scoring settings (recorded in the audit's methodology)."""
+
+    floor_share: float = 0.001  # relative-error floor as a share of the rows ...
+    floor_min: float = 10.0  # ... but never below this many records
+    within: float = 0.10  # "within 10%" threshold on the floored relative error
+    min_queries: int = 10  # metrics over fewer queries are withheld (see ``score``)
+    domain: str = "data"  # a label covers the values present in the data, or "hierarchy"
+
+    def describe(self, rows: int) -> dict[str, Any]:
+        return {
+            "relative_error": "|estimate - true| / max(true, floor)",
+            "floor": relative_floor(rows, self),
+            "floor_rule": f"max({self.floor_min:g}, {self.floor_share:.1%} of rows)",
+            "within_threshold": self.within,
+            "spread_over": "the values under a label that occur in the data"
+            if self.domain == "data"
+            else "every raw value under a label in its hierarchy",
+            "min_queries": self.min_queries,
+            "withheld": f"metrics over fewer than {self.min_queries} queries (a small "
+            "marginal, a few custom queries) are withheld: next to the published answers "
+            "they would reveal true counts",
+            "caveat": "utility metrics are computed from the true data: they are not "
+            "differentially private and reveal aggregate error sizes only",
+        }
+
+
+def relative_floor(rows: int, options: UtilityOptions | None = None) -> float:
+    """The floor of the relative error's denominator for a table of ``rows`` records."""
+    o = options or UtilityOptions()
+    return float(max(o.floor_min, o.floor_share * rows))
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class Source:
+    """Published counts over label columns: one anonymised table or one DP query.
+
+    ``labels`` holds one row per published row/cell (canonical strings); ``counts`` its
+    weight (1 per published record, or the noisy count). ``levels`` are the known
+    hierarchy levels of columns; ``numeric`` the columns published as ``[lo, hi]`` ranges.
+    """
+
+    name: str
+    labels: pd.DataFrame
+    counts: FloatArray
+    levels: Mapping[str, int] = field(default_factory=dict)
+    numeric: frozenset[str] = frozenset()
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(str(c) for c in self.labels.columns)
+
+
+def _frame(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: canonical_column(df[c]) for c in columns})
+
+
+def _numbers(values: pd.Series) -> FloatArray:
+    return np.asarray(pd.to_numeric(values, errors="coerce").fillna(0.0), dtype=np.float64)
+
+
+def raw_release(raw: pd.DataFrame, columns: Sequence[str], name: str = "raw") -> Release:
+    """The raw table as a release (the no-protection baseline; answers with 0 error)."""
+    return Release(name=name, kind="raw", data=raw.loc[:, list(columns)], document={})
+
+
+def _table_source(release: Release) -> Source:
+    params = release.parameters
+    transformation = dict(release.document.get("transformation") or {})
+    levels = {str(k): int(v) for k, v in (transformation.get("levels") or {}).items()}
+    numeric = frozenset(
+        str(c) for c in (params.get("numeric") or transformation.get("numeric") or [])
+    )
+    data = release.data
+    return Source(
+        release.name, _frame(data, list(data.columns)), np.ones(len(data)), levels, numeric
+    )
+
+
+def _dp_sources(release: Release) -> list[Source]:
+    data = release.data
+    if "count" not in data.columns:
+        return []
+    params = release.parameters
+    queries: Mapping[str, Any] = params.get("queries") or {}
+    partition_by = [str(c) for c in params.get("partition_by") or []]
+    parts: list[tuple[str, pd.DataFrame]]
+    if "query" in data.columns:
+        parts = [(str(q), g) for q, g in data.groupby("query", sort=True)]
+    else:
+        parts = [(next(iter(queries), release.name), data)]
+    out: list[Source] = []
+    for qname, part in parts:
+        q = queries.get(qname) or {}
+        keys = [*partition_by, *[str(c) for c in q.get("group_by") or []]]
+        keys = [c for c in dict.fromkeys(keys) if c in part.columns]
+        if not keys:
+            keys = [c for c in part.columns if c not in _VALUE_COLUMNS]
+        # a long-form table has empty cells in other queries' key columns: drop those
+        levels = {str(k): int(v) for k, v in (q.get("levels") or {}).items()}
+        out.append(
+            Source(
+                f"{release.name}:{qname}",
+                _frame(part, keys),
+                np.clip(_numbers(part["count"]), 0.0, None),
+                levels,
+            )
+        )
+    return out
+
+
+def _ldp_sources(release: Release) -> list[Source]:
+    data = release.data
+    attribute = release.parameters.get("attribute")
+    if attribute is None or "value" not in data.columns or "estimate" not in data.columns:
+        return []
+    labels = pd.DataFrame({str(attribute): canonical_column(data["value"])})
+    return [Source(release.name, labels, np.clip(_numbers(data["estimate"]), 0.0, None))]
+
+
+def release_sources(release: Release) -> tuple[list[Source], str]:
+    """The sources a release answers from, and the method's name for the audit."""
+    if release.kind == "raw":
+        return [_table_source(release)], "exact"
+    if release.kind in ANONYMISED_KINDS:
+        return [_table_source(release)], "uniform spreading of generalised labels"
+    if release.kind == "dp_top_k":
+        return [], "a ranking: answers no count query"
+    if release.kind.startswith("dp_"):
+        return _dp_sources(release), "noisy cells (coarser levels spread uniformly)"
+    if release.kind in LOCAL_DP_KINDS:
+        return _ldp_sources(release), "local-DP frequency estimates"
+    return [], f"unknown kind {release.kind!r}: answers nothing"
+
+
+# --------------------------------------------------------------------------- covers
+
+
+def _range_mask(
+    labels: ObjArray, domain: ObjArray
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """(labels x domain) membership of ``[lo, hi]``/``[lo, hi)`` labels; rows parsed."""
+    numbers = np.asarray(
+        pd.to_numeric(pd.Series(domain, dtype=object), errors="coerce"), dtype=np.float64
+    )
+    lo = np.full(len(labels), np.nan)
+    hi = np.full(len(labels), np.nan)
+    closed = np.ones(len(labels), dtype=bool)
+    for i, label in enumerate(labels.tolist()):  # per distinct label, not per row
+        text = str(label)
+        match = _RANGE.match(text)
+        a, b, end = match.groups() if match else (text, text, "]")
+        try:
+            x, y = float(a), float(b)
+        except ValueError:
+            continue
+        if math.isfinite(x) and math.isfinite(y) and x <= y:
+            lo[i], hi[i], closed[i] = x, y, end == "]"
+    parsed = ~np.isnan(lo)
+    upper = np.where(
+        closed[:, None], numbers[None, :] <= hi[:, None], numbers[None, :] < hi[:, None]
+    )
+    mask = (numbers[None, :] >= lo[:, None]) & upper & parsed[:, None]
+    return mask, parsed
+
+
+def cover_table(
+    labels: Sequence[str] | ObjArray,
+    domain: Sequence[str] | ObjArray,
+    hierarchy: Hierarchy | None = None,
+    *,
+    level: int | None = None,
+    numeric: bool = False,
+    present: Sequence[str] | ObjArray | None = None,
+) -> tuple[pd.DataFrame, int]:
+    """What each label covers: a frame ``label, value, weight`` (weight = 1/|cover|).
+
+    Rules in the module docstring. With ``present`` (the values that occur in the data),
+    a label covers only its present values (all of them if none is present). Returns the
+    frame and the number of labels that resolved to nothing (spread over the whole domain).
+    """
+    labs = np.asarray(pd.unique(np.asarray(labels, dtype=object)), dtype=object)
+    dom = np.asarray(hierarchy.values if hierarchy is not None else domain, dtype=object)
+    todo = np.ones(len(labs), dtype=bool)
+    pairs: list[pd.DataFrame] = []
+
+    def take(which: npt.NDArray[np.bool_], mask: npt.NDArray[np.bool_] | None) -> None:
+        chosen = labs[which]
+        if mask is None:  # the whole domain
+            pairs.append(
+                pd.DataFrame(
+                    {"label": np.repeat(chosen, len(dom)), "value": np.tile(dom, len(chosen))}
+                )
+            )
+        else:
+            rows, cols = np.nonzero(mask[which])
+            pairs.append(pd.DataFrame({"label": chosen[rows], "value": dom[cols]}))
+        todo[which] = False
+
+    take(labs == SUPPRESSED, None)
+
+    def ranges() -> None:
+        if not todo.any():
+            return
+        mask, parsed = _range_mask(labs, dom)
+        ok = todo & parsed & mask.any(axis=1)
+        take(ok, mask)
+
+    if numeric:
+        ranges()
+    if hierarchy is not None and todo.any():
+        pending = set(labs[todo].tolist())
+        n_dom = hierarchy.domain_size
+        long = pd.DataFrame(
+            {
+                "level": np.repeat(np.arange(hierarchy.levels), n_dom),
+                "label": np.concatenate([hierarchy.labels(lv) for lv in range(hierarchy.levels)]),
+                "value": np.tile(hierarchy.values, hierarchy.levels),
+            }
+        )
+        long = long[long["label"].isin(pending)]
+        if len(long):
+            rank = long["level"].where(long["level"] != (-1 if level is None else level), -1)
+            best = rank.groupby(long["label"]).transform("min")
+            long = long[rank == best]
+            pairs.append(long[["label", "value"]])
+            todo[np.isin(labs, long["label"].unique())] = False
+    if todo.any():
+        identity = todo & np.isin(labs, dom)
+        pairs.append(pd.DataFrame({"label": labs[identity], "value": labs[identity]}))
+        todo[identity] = False
+    if not numeric:
+        ranges()
+    unresolved = int(todo.sum())
+    if unresolved:
+        take(todo.copy(), None)
+    frame = (
+        pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame({"label": [], "value": []})
+    )
+    frame = frame.astype({"label": object, "value": object})
+    if present is not None and len(frame):
+        keep = frame["value"].isin(list(present))
+        any_kept = keep.groupby(frame["label"], sort=False).transform("any")
+        frame = frame[keep | ~any_kept].reset_index(drop=True)
+    sizes = frame.groupby("label", sort=False)["value"].transform("size")
+    frame["weight"] = 1.0 / sizes.to_numpy(dtype=np.float64)
+    return frame, unresolved
+
+
+def _is_identity(cover: pd.DataFrame) -> bool:
+    return bool(
+        (cover["weight"].to_numpy() == 1.0).all() and (cover["label"] == cover["value"]).all()
+    )
+
+
+class _Answerer:
+    """Answers marginals from the sources of one release, caching covers per column."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        truth: Truth,
+        hierarchies: Mapping[str, Hierarchy],
+        present_only: bool = True,
+    ) -> None:
+        self.present_only = present_only
+        self.sources = list(sources)
+        self.truth = truth
+        self.hierarchies = hierarchies
+        self._covers: dict[tuple[int, str], tuple[pd.DataFrame | None, int]] = {}
+
+    def cover(self, i: int, col: str) -> pd.DataFrame | None:
+        """Cover of source i's labels of ``col``; None when it is the identity."""
+        key = (i, col)
+        if key not in self._covers:
+            s = self.sources[i]
+            domain = self.truth.domains.get(col)
+            if domain is None:
+                domain = np.asarray(pd.unique(s.labels[col].to_numpy(dtype=object)), dtype=object)
+            frame, unresolved = cover_table(
+                s.labels[col].to_numpy(dtype=object),
+                domain,
+                self.hierarchies.get(col),
+                level=s.levels.get(col),
+                numeric=col in s.numeric,
+                present=self.truth.domains.get(col) if self.present_only else None,
+            )
+            self._covers[key] = (None if _is_identity(frame) else frame, unresolved)
+        return self._covers[key][0]
+
+    @property
+    def unresolved(self) -> int:
+        return sum(u for _, u in self._covers.values())
+
+    def pick(self, columns: Sequence[str]) -> int | None:
+        """The source answering these columns with the fewest key columns (None: none)."""
+        best: tuple[int, int, int] | None = None
+        for i, s in enumerate(self.sources):
+            if set(columns) <= set(s.columns):
+                rank = (len(s.columns), sum(s.levels.values()), i)
+                best = rank if best is None or rank < best else best
+        return None if best is None else best[2]
+
+    def marginal(self, columns: Marginal) -> pd.Series | None:
+        i = self.pick(columns)
+        if i is None:
+            return None
+        s = self.sources[i]
+        return answer_marginal(s, columns, {c: self.cover(i, c) for c in columns})
+
+    def query(self, q: CountQuery) -> float | None:
+        i = self.pick(q.columns)
+        if i is None:
+            return None
+        s = self.sources[i]
+        factor = np.ones(len(s.labels), dtype=np.float64)
+        for col, values in q.where:
+            cover = self.cover(i, col)
+            labels = s.labels[col]
+            if cover is None:
+                factor *= labels.isin(list(values)).to_numpy(dtype=np.float64)
+                continue
+            hit = cover["weight"].where(cover["value"].isin(list(values)), 0.0)
+            share = hit.groupby(cover["label"], sort=False).sum()
+            factor *= labels.map(share).fillna(0.0).to_numpy(dtype=np.float64)
+        return float((factor * s.counts).sum())
+
+
+def answer_marginal(
+    source: Source, columns: Marginal, covers: Mapping[str, pd.DataFrame | None]
+) -> pd.Series:
+    """Estimated counts per value combination of ``columns`` (index: the columns).
+
+    Groups the published counts by the label combination, then spreads each column in
+    turn through its cover (a sparse product, done as merge + groupby).
+    """
+    cols = list(columns)
+    frame = source.labels[cols].assign(**{_N: source.counts})
+    g = frame.groupby(cols, sort=False)[_N].sum().reset_index()
+    for col in cols:
+        cover = covers.get(col)
+        if cover is None:
+            continue
+        g = g.merge(cover.rename(columns={"label": col}), on=col, how="inner")
+        g[_N] = g[_N].to_numpy() * g["weight"].to_numpy()
+        g = g.drop(columns=[col, "weight"]).rename(columns={"value": col})
+        g = g.groupby(cols, sort=False)[_N].sum().reset_index()
+    return g.set_index(cols)[_N]
+
+
+# --------------------------------------------------------------------------- scores
+
+
+def score(
+    true: npt.ArrayLike,
+    estimate: npt.ArrayLike,
+    floor: float,
+    within: float = 0.10,
+    min_queries: int = 1,
+) -> dict[str, Any]:
+    """Error metrics of estimated against true counts (aggregates only).
+
+    Over fewer than ``min_queries`` queries the metrics are withheld (None, with
+    ``"withheld": true``): next to the published answers they would reveal true counts.
+    """
+    t = np.asarray(true, dtype=np.float64)
+    e = np.asarray(estimate, dtype=np.float64)
+    n = int(t.shape[0])
+    if n == 0 or n < min_queries:
+        return {
+            "queries": n,
+            **({"withheld": True} if n else {}),
+            "mean_absolute_error": None,
+            "mean_relative_error": None,
+            "max_absolute_error": None,
+            "within_10pct": None,
+        }
+    err = np.abs(e - t)
+    rel = err / np.maximum(t, floor)
+    return {
+        "queries": n,
+        "mean_absolute_error": float(err.mean()),
+        "mean_relative_error": float(rel.mean()),
+        "max_absolute_error": float(err.max()),
+        "within_10pct": float((rel <= within + 1e-12).mean()),
+    }
+
+
+def release_estimates(
+    release: Release,
+    truth: Truth,
+    hierarchies: Mapping[str, Hierarchy] | None = None,
+    options: UtilityOptions | None = None,
+) -> dict[Marginal, pd.Series | None]:
+    """Per marginal of the workload: the release's estimated counts (None: not answerable).
+
+    For tests and notebooks only: estimates are indexed by raw value combinations, so they
+    must never go into a report.
+    """
+    sources, _ = release_sources(release)
+    o = options or UtilityOptions()
+    answerer = _Answerer(sources, truth, hierarchies or {}, o.domain == "data")
+    return {m: answerer.marginal(m) for m in truth.workload.marginals}
+
+
+def release_utility(
+    release: Release,
+    truth: Truth,
+    hierarchies: Mapping[str, Hierarchy] | None = None,
+    options: UtilityOptions | None = None,
+) -> dict[str, Any]:
+    """The utility entry of one release in audit.json (see the module docstring)."""
+    o = options or UtilityOptions()
+    floor = relative_floor(truth.rows, o)
+    sources, method = release_sources(release)
+    if o.domain not in ("data", "hierarchy"):
+        raise ValueError(f"domain must be 'data' or 'hierarchy', got {o.domain!r}")
+    answerer = _Answerer(sources, truth, hierarchies or {}, o.domain == "data")
+    trues: list[FloatArray] = []
+    ests: list[FloatArray] = []
+    ways: dict[int, tuple[list[FloatArray], list[FloatArray]]] = {}
+    per_marginal: list[dict[str, Any]] = []
+    not_answerable: list[list[str]] = []
+    skipped_cells = 0
+    for m in truth.workload.marginals:
+        true = truth.marginals[m]
+        est = answerer.marginal(m)
+        if est is None:
+            not_answerable.append(list(m))
+            skipped_cells += int(true.shape[0])
+            continue
+        tv = true.to_numpy(dtype=np.float64)
+        ev = est.reindex(true.index, fill_value=0.0).to_numpy(dtype=np.float64)
+        trues.append(tv)
+        ests.append(ev)
+        bucket = ways.setdefault(len(m), ([], []))
+        bucket[0].append(tv)
+        bucket[1].append(ev)
+        s = score(tv, ev, floor, o.within, o.min_queries)
+        per_marginal.append({"columns": list(m), **s})
+    out: dict[str, Any] = {"method": method}
+    out.update(score(_cat(trues), _cat(ests), floor, o.within, o.min_queries))
+    out["marginals_answered"] = len(per_marginal)
+    out["marginals_not_answerable"] = len(not_answerable)
+    out["queries_not_answerable"] = skipped_cells
+    out["not_answerable"] = not_answerable
+    out["by_way"] = {
+        str(w): score(_cat(a), _cat(b), floor, o.within, o.min_queries)
+        for w, (a, b) in sorted(ways.items())
+    }
+    out["per_marginal"] = per_marginal
+    if truth.workload.queries:
+        qt: list[float] = []
+        qe: list[float] = []
+        missing = 0
+        for q in truth.workload.queries:
+            e = answerer.query(q)
+            if e is None:
+                missing += 1
+                continue
+            qt.append(float(truth.queries[q.name]))
+            qe.append(e)
+        # aggregated: one query's error next to its public estimate would reveal its truth
+        out["custom"] = {
+            **score(qt, qe, floor, o.within, o.min_queries),
+            "not_answerable": missing,
+        }
+    out["unresolved_labels"] = answerer.unresolved
+    out["relative_floor"] = floor
+    return out
+
+
+def _cat(parts: Sequence[FloatArray]) -> FloatArray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)

@@ -1,0 +1,317 @@
+"""Workload utility: workload sizes, uniform spreading by hand, DP histograms, Adult."""
+
+from __future__ import annotations
+
+import time
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from anonymity.api import anonymize
+from anonymity.hierarchy import Hierarchy, load_arx_csv
+from anonymity.spec import AnonymizationSpec
+from attacks import NoNoise
+from dp.release import dp_release
+from dp.spec import Query, from_config_values
+from reports.run import Release
+from reports.utility import (
+    UtilityOptions,
+    cover_table,
+    raw_release,
+    relative_floor,
+    release_estimates,
+    release_utility,
+    score,
+)
+from reports.workload import build_workload, parse_queries, true_answers
+from tests.conftest import ADULT_QIS, ADULT_SA, ARX
+
+# --------------------------------------------------------------------------- workload
+
+
+def test_workload_counts_all_one_and_two_way_marginals() -> None:
+    w = build_workload([*ADULT_QIS, ADULT_SA])
+    assert w.ways() == {1: 9, 2: 36}
+    assert len(w.marginals) == 45
+    assert ("sex", "age") in w.marginals and ("age", "sex") not in w.marginals
+    assert build_workload(["a", "b", "c"], ways=(1, 2, 3)).ways() == {1: 3, 2: 3, 3: 1}
+    assert build_workload(["a", "a", "b"]).columns == ("a", "b")
+    with pytest.raises(ValueError, match="at least one column"):
+        build_workload([])
+
+
+def test_custom_queries_parse_and_count() -> None:
+    df = pd.DataFrame({"age": [30, 30.0, 41, 52], "sex": ["F", "M", "F", "F"]})
+    w = build_workload(
+        ["age", "sex"], queries=[{"name": "f30s", "where": {"age": [30, 41], "sex": "F"}}]
+    )
+    truth = true_answers(df, w)
+    assert truth.queries == {"f30s": 2}
+    assert truth.cells(("age",)) == 3  # 30 and 30.0 are one canonical value
+    assert truth.cells(("age", "sex")) == 4
+    with pytest.raises(ValueError, match="used twice"):
+        parse_queries([{"name": "a", "where": {"x": 1}}, {"name": "a", "where": {"x": 2}}])
+    with pytest.raises(ValueError, match="where"):
+        parse_queries([{"name": "a", "where": {}}])
+
+
+# --------------------------------------------------------------------------- spreading by hand
+
+AGE = Hierarchy(
+    "age",
+    np.array(
+        [
+            ["20", "[20-30)", "*"],
+            ["25", "[20-30)", "*"],
+            ["30", "[30-40)", "*"],
+            ["35", "[30-40)", "*"],
+        ],
+        dtype=object,
+    ),
+)
+SEX = Hierarchy("sex", np.array([["M", "*"], ["F", "*"]], dtype=object))
+RAW = pd.DataFrame(
+    {"age": [20, 25, 30, 35], "sex": ["M", "M", "F", "F"], "dx": ["flu", "flu", "cold", "flu"]}
+)
+
+
+def _table(rows: list[tuple[str, str, str]], **doc: object) -> Release:
+    data = pd.DataFrame(rows, columns=["age", "sex", "dx"])
+    return Release("t", "k_anonymity", data, {"parameters": {"sensitive": "dx"}, **doc})
+
+
+def test_uniform_spreading_hand_checked() -> None:
+    truth = true_answers(RAW, build_workload(["age", "sex", "dx"]))
+    release = _table(
+        [
+            ("[20-30)", "M", "flu"),
+            ("[20-30)", "M", "flu"),
+            ("*", "*", "cold"),
+            ("[30-40)", "F", "flu"),
+        ]
+    )
+    est = release_estimates(release, truth, {"age": AGE, "sex": SEX})
+    age = est[("age",)]
+    assert age is not None
+    assert age.to_dict() == {"20": 1.25, "25": 1.25, "30": 0.75, "35": 0.75}
+    sex = est[("sex",)]
+    assert sex is not None and sex.to_dict() == {"M": 2.5, "F": 1.5}
+    age_dx = est[("age", "dx")]
+    assert age_dx is not None
+    assert age_dx[("30", "cold")] == pytest.approx(0.25)  # the suppressed row, 1/4 per age
+    assert age_dx[("35", "flu")] == pytest.approx(0.5)
+    assert age_dx[("20", "flu")] == pytest.approx(1.0)
+    u = release_utility(release, truth, {"age": AGE, "sex": SEX}, UtilityOptions(min_queries=1))
+    # 1-way age: |1.25-1| x2 + |0.75-1| x2 -> mean 0.25
+    assert u["by_way"]["1"]["queries"] == 4 + 2 + 2
+    assert u["per_marginal"][0] == {
+        "columns": ["age"],
+        "queries": 4,
+        "mean_absolute_error": 0.25,
+        "mean_relative_error": pytest.approx(0.25 / 10),  # floor max(10, 0.1% of 4 rows)
+        "max_absolute_error": 0.25,
+        "within_10pct": 1.0,
+    }
+    assert u["marginals_not_answerable"] == 0 and u["unresolved_labels"] == 0
+    # by default a marginal of fewer than 10 cells keeps its metrics to itself
+    default = release_utility(release, truth, {"age": AGE, "sex": SEX})
+    first = default["per_marginal"][0]
+    assert first["withheld"] is True and first["queries"] == 4
+    assert first["mean_absolute_error"] is None and first["max_absolute_error"] is None
+    assert default["by_way"]["1"]["withheld"] is True  # 8 cells
+    assert default["queries"] == 19 and default["mean_absolute_error"] is not None
+
+
+def test_ranges_levels_and_unresolved_labels() -> None:
+    domain = np.array(["20", "25", "30", "35"], dtype=object)
+    # Mondrian ranges (closed) and a half-open one, without a hierarchy
+    cover, unresolved = cover_table(["[20, 25]", "[30, 40)", "35", "???"], domain, numeric=True)
+    got = cover.groupby("label")["value"].apply(lambda v: sorted(v)).to_dict()
+    assert got["[20, 25]"] == ["20", "25"]
+    assert got["[30, 40)"] == ["30", "35"]
+    assert got["35"] == ["35"]
+    assert got["???"] == ["20", "25", "30", "35"] and unresolved == 1
+    assert cover.groupby("label")["weight"].sum().round(12).eq(1.0).all()
+    # a label present at two levels: the transformation's level wins, else the lowest
+    h = Hierarchy("x", np.array([["a", "a", "*"], ["b", "a", "*"]], dtype=object))
+    low, _ = cover_table(["a"], [], h)
+    assert low["value"].tolist() == ["a"]
+    high, _ = cover_table(["a"], [], h, level=1)
+    assert sorted(high["value"]) == ["a", "b"]
+
+
+def test_raw_table_has_zero_error_and_all_star_is_worse() -> None:
+    truth = true_answers(RAW, build_workload(["age", "sex", "dx"]))
+    u = release_utility(raw_release(RAW, ["age", "sex", "dx"]), truth)
+    assert u["mean_absolute_error"] == 0 and u["max_absolute_error"] == 0
+    assert u["within_10pct"] == 1.0
+    assert (
+        u["queries"]
+        == sum(truth.cells(m) for m in truth.workload.marginals)
+        == 4 + 2 + 2 + 4 + 4 + 3
+    )
+    star = _table([("*", "*", d) for d in RAW["dx"]])
+    assert release_utility(star, truth, {"age": AGE})["mean_absolute_error"] > 0
+
+
+def test_score_floor_and_within() -> None:
+    s = score([0, 100, 1000], [5, 109, 1200], floor=10)
+    assert s["mean_absolute_error"] == pytest.approx((5 + 9 + 200) / 3)
+    assert s["mean_relative_error"] == pytest.approx((0.5 + 0.09 + 0.2) / 3)
+    assert s["within_10pct"] == pytest.approx(1 / 3)
+    assert score([], [], 10)["mean_absolute_error"] is None
+    assert score([1, 2], [1, 2], 10, min_queries=3) == {
+        "queries": 2,
+        "withheld": True,
+        **{
+            k: None
+            for k in (
+                "mean_absolute_error",
+                "mean_relative_error",
+                "max_absolute_error",
+                "within_10pct",
+            )
+        },
+    }
+    assert relative_floor(30162) == pytest.approx(30.162)
+    assert relative_floor(500) == 10.0
+    assert relative_floor(500, UtilityOptions(floor_min=0.1)) == 0.5
+
+
+# --------------------------------------------------------------------------- DP
+
+
+def _people(n: int = 600, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "sex": rng.choice(["F", "M"], n),
+            "dx": rng.choice(["flu", "cold", "gout", "acne"], n),
+            "age": rng.choice(["20", "25", "30", "35"], n),
+        }
+    )
+
+
+def test_dp_histogram_without_noise_answers_exactly() -> None:
+    df = _people()
+    spec = from_config_values(
+        name="h",
+        kind="dp_histogram",
+        epsilon=1.0,
+        delta=0.0,
+        queries=[Query("h", ("dx",))],
+        partition_by=("sex",),
+        max_partitions=1,
+        domains={("dx", 0): ["acne", "cold", "flu", "gout"], ("sex", 0): ["F", "M"]},
+    )
+    table, doc = dp_release(df, spec, NoNoise(), rng=0)
+    release = Release("h", doc["kind"], table.astype(str), doc)
+    truth = true_answers(df, build_workload(["sex", "dx", "age"]))
+    u = release_utility(release, truth)
+    assert u["marginals_answered"] == 3  # sex, dx, sex x dx
+    assert u["marginals_not_answerable"] == 3 and sorted(u["not_answerable"]) == [
+        ["age"],
+        ["dx", "age"],
+        ["sex", "age"],
+    ]
+    assert u["queries_not_answerable"] == 4 + 8 + 16
+    assert u["mean_absolute_error"] == 0.0 and u["queries"] == 2 + 4 + 8
+    # with noise the same release has error
+    noisy = table.assign(count=table["count"] + np.where(np.arange(len(table)) % 2, 3, -3))
+    u2 = release_utility(Release("h", doc["kind"], noisy, doc), truth)
+    assert u2["mean_absolute_error"] > 0
+
+
+def test_dp_levels_long_form_and_local_dp() -> None:
+    df = _people()
+    truth = true_answers(df, build_workload(["sex", "age"]))
+    # age published at level 1 of AGE, in long form next to a sex-only query
+    by_level = df.assign(age=AGE.generalize(AGE.encode(df["age"]), 1))
+    h1 = by_level.groupby(["age"]).size().rename("count").reset_index()
+    h2 = df.groupby(["sex"]).size().rename("count").reset_index()
+    data = pd.concat([h1.assign(query="a"), h2.assign(query="s")], ignore_index=True).fillna("")
+    doc = {
+        "parameters": {
+            "partition_by": [],
+            "queries": {
+                "a": {"group_by": ["age"], "levels": {"age": 1}},
+                "s": {"group_by": ["sex"]},
+            },
+        }
+    }
+    est = release_estimates(Release("d", "dp_count", data.astype(str), doc), truth, {"age": AGE})
+    age, sex = est[("age",)], est[("sex",)]
+    assert age is not None and sex is not None and est[("sex", "age")] is None
+    young = int(df["age"].isin(["20", "25"]).sum())
+    assert age["20"] == pytest.approx(young / 2) and age["25"] == pytest.approx(young / 2)
+    assert sex.to_dict() == df["sex"].value_counts().astype(float).to_dict()
+    ldp = pd.DataFrame({"value": ["F", "M"], "estimate": [310.5, -4.0]})
+    rel = Release("l", "local_dp", ldp, {"parameters": {"attribute": "sex"}})
+    est = release_estimates(rel, truth)
+    assert est[("sex",)] is not None and est[("sex",)].to_dict() == {"F": 310.5, "M": 0.0}
+    assert release_utility(Release("t", "dp_top_k", ldp, {}), truth)["queries"] == 0
+
+
+# --------------------------------------------------------------------------- Adult
+
+
+@pytest.fixture(scope="module")
+def adult() -> tuple[pd.DataFrame, dict[str, Hierarchy]]:
+    if not (ARX / "adult.csv").exists():
+        pytest.skip(f"Adult data not found in {ARX}")
+    df = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str, keep_default_na=False)
+    names = [*ADULT_QIS, ADULT_SA]
+    return df, {n: load_arx_csv(ARX / f"adult_hierarchy_{n}.csv", n) for n in names}
+
+
+def test_adult_k_anonymous_release_costs_utility(
+    adult: tuple[pd.DataFrame, dict[str, Hierarchy]],
+) -> None:
+    df, hierarchies = adult
+    spec = AnonymizationSpec(
+        kind="k_anonymity", qis=ADULT_QIS, sensitive=ADULT_SA, k=5, suppression_limit=0.05
+    )
+    release = anonymize(df, spec, hierarchies)
+    workload = build_workload([*ADULT_QIS, ADULT_SA])
+    truth = true_answers(df, workload)
+    assert sum(truth.cells(m) for m in workload.marginals[:9]) == sum(
+        df[c].nunique() for c in [*ADULT_QIS, ADULT_SA]
+    )
+    timings = {}
+    results = {}
+    star = release.table.copy()
+    star[list(ADULT_QIS)] = "*"
+    candidates = {
+        "raw": raw_release(df, workload.columns),
+        "k5": Release("k5", "k_anonymity", release.table, release.document),
+        "star": Release("star", "k_anonymity", star, {}),
+    }
+    for name, rel in candidates.items():
+        t0 = time.perf_counter()
+        results[name] = release_utility(rel, truth, hierarchies)
+        timings[name] = time.perf_counter() - t0
+    print(f"\nAdult utility timings (s): {timings}")
+    raw, k5, st = results["raw"], results["k5"], results["star"]
+    assert raw["mean_absolute_error"] == 0 and raw["queries"] == k5["queries"] == st["queries"]
+    assert raw["marginals_answered"] == 45
+    assert 0 < k5["mean_relative_error"] < st["mean_relative_error"]
+    assert k5["within_10pct"] > st["within_10pct"]
+    assert k5["unresolved_labels"] == 0
+    # occupation (SA) is published as is: its 1-way marginal is exact except for mass
+    # dropped with suppressed rows (none here: suppressed rows keep their SA)
+    occupation = next(m for m in k5["per_marginal"] if m["columns"] == [ADULT_SA])
+    assert occupation["mean_absolute_error"] == 0
+    assert max(timings.values()) < 10.0
+
+
+def test_dp_fraction_epsilon_is_plain_json() -> None:
+    # guarantees may carry Fractions in pure-core documents; the audit stores floats
+    from reports.audit import guarantee_text
+
+    assert guarantee_text("dp_count", {"epsilon": Fraction(1, 2), "delta": 0}) == "ε=0.5"
+    assert guarantee_text("l_diversity", {"k": 5, "l": 3, "variant": "recursive", "c": 4.0}) == (
+        "k=5, l=3 (recursive, c=4)"
+    )
+    assert guarantee_text("raw", {}) == "no protection"
