@@ -20,7 +20,6 @@ Targets are records (rows), as in the literature's attacker model.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,6 @@ from attacks import (
 from dp.noise import SeededTestSampler
 from pipelines.config import ANONYMITY_KINDS, DP_KINDS, TABLE_ATTACK_NAMES, AttacksConfig
 from pipelines.plan import Plan
-from transforms.sink import write_json
 
 RAW_TABLE = "attack_targets"
 BASELINE = "raw"
@@ -171,26 +169,20 @@ def _reference(raw: pd.DataFrame, sa: str) -> dict[str, float]:
 
 
 def run_attacks(
-    plan: Plan, staging: Path, work: Path, hierarchies: Mapping[str, Hierarchy]
-) -> dict[str, Any]:
-    """Every configured attack on the baseline and every staged release → audit.json."""
-    cfg = plan.config.attacks
-    assert cfg is not None
-    t0 = time.perf_counter()
+    plan: Plan, staging: Path, raw: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
+) -> dict[str, dict[str, AttackResult]]:
+    """Every configured attack on the baseline (``raw``) and every staged release."""
     s = plan.config.schema_
     qis, sa = list(s.quasi_identifiers), str(s.sensitive)
-    raw = pd.read_parquet(work / f"{RAW_TABLE}.parquet")
     reference = _reference(raw, sa)
-    results: dict[str, dict[str, AttackResult]] = {}
-    guarantees: dict[str, Any] = {}
-    results[BASELINE] = _table_attacks(
-        baseline_table(raw, qis, sa), raw, plan, hierarchies, None, reference
-    )
-    guarantees[BASELINE] = None
+    results: dict[str, dict[str, AttackResult]] = {
+        BASELINE: _table_attacks(
+            baseline_table(raw, qis, sa), raw, plan, hierarchies, None, reference
+        )
+    }
     for r in plan.config.releases:
         folder = staging / "releases" / r.name
         doc = json.loads((folder / "release.json").read_text())
-        guarantees[r.name] = doc.get("guarantee")
         if r.kind in ANONYMITY_KINDS:
             published = pd.read_csv(
                 folder / "data.csv", dtype=str, keep_default_na=False, usecols=[*qis, sa]
@@ -200,28 +192,75 @@ def run_attacks(
             )
         elif r.kind in DP_KINDS:
             results[r.name] = _dp_attacks(folder, doc, raw, plan)
+    return results
+
+
+def attacker_summary(plan: Plan, records: int) -> dict[str, Any]:
+    """The attacker model of the run, for audit.json."""
+    cfg = plan.config.attacks
+    assert cfg is not None
     knowledge = knowledge_of(cfg)
-    audit = {
-        "attacker": {
-            "targets": cfg.targets,
-            "records": len(raw),
-            "known": list(knowledge.known_qis(qis)),
-            "background_knowledge": knowledge.background,
-            "background_mode": knowledge.background_mode,
-            "tau": knowledge.tau,
-            "seed": knowledge.seed,
-        },
-        "releases": {
-            name: {
-                "guarantee": guarantees[name],
-                "attacks": {a: publishable(res.as_dict()) for a, res in attacks.items()},
-            }
-            for name, attacks in results.items()
-        },
-        "seconds": round(time.perf_counter() - t0, 3),
+    return {
+        "targets": cfg.targets,
+        "records": records,
+        "known": list(knowledge.known_qis(plan.config.schema_.quasi_identifiers)),
+        "background_knowledge": knowledge.background,
+        "background_mode": knowledge.background_mode,
+        "tau": knowledge.tau,
+        "seed": knowledge.seed,
+        "attacks": list(cfg.attacks()),
     }
-    write_json(str(staging / "audit.json"), audit)
-    return audit
+
+
+def audit_columns(plan: Plan) -> list[str]:
+    """The columns the audit needs from the accepted rows: QIs and the sensitive attribute."""
+    s = plan.config.schema_
+    return [*s.quasi_identifiers, *([s.sensitive] if s.sensitive else [])]
+
+
+def wants_audit(plan: Plan) -> bool:
+    """A report needs releases and quasi-identifiers (its workload), unless switched off."""
+    rc = plan.config.report
+    enabled = rc is None or rc.enabled
+    return enabled and bool(plan.config.releases) and bool(plan.config.schema_.quasi_identifiers)
+
+
+def write_audit(
+    plan: Plan,
+    staging: Path,
+    raw: pd.DataFrame,
+    hierarchies: Mapping[str, Hierarchy],
+    attacks: Mapping[str, Mapping[str, AttackResult]] | None,
+) -> dict[str, Path]:
+    """audit.json, report.md and report.html of the staged run (manifest already written)."""
+    from reports import audit_run, load_run, write_reports
+
+    rc = plan.config.report
+    s = plan.config.schema_
+    run = load_run(staging)
+    per_release = None
+    baseline = None
+    if attacks is not None:
+        per_release = {
+            name: {a: publishable(res.as_dict()) for a, res in found.items()}
+            for name, found in attacks.items()
+            if name != BASELINE
+        }
+        baseline = {a: publishable(res.as_dict()) for a, res in attacks[BASELINE].items()}
+    audit = audit_run(
+        run,
+        raw,
+        hierarchies=hierarchies,
+        attacks=per_release,
+        baseline_attacks=baseline,
+        columns=list(rc.columns) if rc and rc.columns else audit_columns(plan),
+        sensitive=s.sensitive,
+        queries=[q.model_dump() for q in rc.queries] if rc else (),
+        sweeps=plan.sweeps or None,
+    )
+    if attacks is not None:
+        audit["attacker"] = attacker_summary(plan, len(raw))
+    return write_reports(staging, audit)
 
 
 # details keyed by raw sensitive values (the whole table's distribution p of the skewness
@@ -229,15 +268,113 @@ def run_attacks(
 _RAW_VALUE_DETAILS = ("p",)
 
 
-def publishable(result: dict[str, Any]) -> dict[str, Any]:
+def publishable(result: Mapping[str, Any]) -> dict[str, Any]:
     """An attack result without details that name raw values."""
     details = {k: v for k, v in result.get("details", {}).items() if k not in _RAW_VALUE_DETAILS}
     return {**result, "details": details}
 
 
-def headline(audit: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+def headline(results: Mapping[str, Mapping[str, AttackResult]]) -> dict[str, dict[str, float]]:
     """Per release: each attack's headline rate (for the manifest and the console)."""
     return {
-        name: {a: float(r["rate"]) for a, r in entry["attacks"].items()}
-        for name, entry in audit["releases"].items()
+        name: {a: float(r.rates["rate"]) for a, r in found.items()}
+        for name, found in results.items()
     }
+
+
+def read_columns(plan: Plan, columns: list[str]) -> pd.DataFrame:
+    """The input's ``columns`` read directly (``privpipe report`` rebuilding a finished run).
+
+    Rows the pipeline rejected (wrong field count) are skipped here too; values are strings,
+    which the audit canonicalises like the pipeline's typed values.
+    """
+    c = plan.config.input
+    frames = []
+    for path in plan.input_paths:
+        if plan.input_format == "parquet":
+            frames.append(pd.read_parquet(path, columns=columns).astype(str))
+        elif plan.input_format == "jsonl":
+            frames.append(pd.read_json(path, lines=True, dtype=False)[columns].astype(str))
+        else:
+            frames.append(
+                pd.read_csv(
+                    path,
+                    sep=c.delimiter,
+                    quotechar=c.quotechar,
+                    encoding=c.encoding,
+                    header=0 if c.header else None,
+                    names=None if c.header else c.columns,
+                    usecols=columns,
+                    dtype=str,
+                    keep_default_na=False,
+                    on_bad_lines="skip",
+                    encoding_errors="strict",
+                )
+            )
+    return pd.concat(frames, ignore_index=True)
+
+
+def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
+    """``privpipe report``: the audit of finished runs rebuilt from their outputs and input.
+
+    Attack results are taken from each run's audit.json (attacks are not re-run); utility
+    is recomputed against the input named in the manifest. One run: its report files are
+    replaced; several: a comparison (runs as series) is written to ``output``.
+    """
+    from pipelines.hierarchies import HierarchyResolver
+    from pipelines.plan import load_plan
+    from privpipe.errors import ConfigError, InputDataError
+    from reports import audit_run, compare_runs, load_run, write_reports
+
+    if len(run_dirs) > 1 and output is None:
+        raise ConfigError("several runs are compared into a new folder: give --output DIR")
+    audits = []
+    labels = []
+    for d in run_dirs:
+        manifest_path = d / "manifest.json"
+        if not manifest_path.is_file():
+            raise InputDataError(f"{d}: not a privpipe run folder (no manifest.json)")
+        manifest = json.loads(manifest_path.read_text())
+        config = Path(manifest["config"])
+        if not config.is_file():
+            raise InputDataError(f"{d}: the run's config {config} is gone; cannot rebuild")
+        inputs = manifest["input"]
+        plan = load_plan(
+            config, output_dir=d, input_override=inputs[0] if len(inputs) == 1 else None
+        )
+        cols = audit_columns(plan)
+        raw = read_columns(plan, cols)
+        counts = {c: raw[c].value_counts() for c in cols}
+        hierarchies = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)(counts)
+        previous = {}
+        if (d / "audit.json").is_file():
+            previous = json.loads((d / "audit.json").read_text())
+        attacks = {
+            name: entry["attacks"]
+            for name, entry in previous.get("releases", {}).items()
+            if entry.get("attacks")
+        }
+        baseline = (previous.get("baseline") or {}).get("attacks")
+        rc = plan.config.report
+        audit = audit_run(
+            load_run(d),
+            raw,
+            hierarchies=hierarchies,
+            attacks=attacks or None,
+            baseline_attacks=baseline,
+            columns=list(rc.columns) if rc and rc.columns else cols,
+            sensitive=plan.config.schema_.sensitive,
+            queries=[q.model_dump() for q in rc.queries] if rc else (),
+            sweeps=plan.sweeps or None,
+        )
+        if "attacker" in previous:
+            audit["attacker"] = previous["attacker"]
+        audits.append(audit)
+        labels.append(str(manifest.get("run_id", d.name)))
+    if len(audits) == 1:
+        target = output or run_dirs[0]
+        target.mkdir(parents=True, exist_ok=True)
+        return write_reports(target, audits[0])["report.html"]
+    assert output is not None
+    output.mkdir(parents=True, exist_ok=True)
+    return write_reports(output, compare_runs(audits, labels))["report.html"]

@@ -5,6 +5,7 @@
     privpipe demo [--output DIR] [--rows N] [--seed S] [beam options...]
     privpipe schema
     privpipe budget show LEDGER
+    privpipe report RUN_DIR [RUN_DIR ...] [--output DIR]
 
 Exit codes (DESIGN.md): 0 ok; 2 invalid config or arguments; 3 invalid input data;
 4 privacy refusal; 1 anything else. Errors go to stderr as `privpipe: error: ...`.
@@ -67,6 +68,12 @@ def _parser() -> _Parser:
     d.add_argument("--seed", type=int, default=20261122, help="generator seed")
     d.add_argument("--runner", help="Beam runner (default DirectRunner)")
     d.add_argument("--insecure-seed", type=int, metavar="N", help="as for run (tests only)")
+
+    rep = sub.add_parser(
+        "report", help="rebuild the audit report of finished runs (compare several)"
+    )
+    rep.add_argument("runs", nargs="+", help="run output folders (with manifest.json)")
+    rep.add_argument("--output", help="where to write (required for several runs)")
 
     b = sub.add_parser("budget", help="the privacy-budget ledger of a dataset")
     bsub = b.add_subparsers(dest="budget_command", required=True, parser_class=_Parser)
@@ -138,6 +145,14 @@ def _dispatch(argv: list[str]) -> int:
         return _run(args.config, args.output, args.runner, beam_args, seed=args.insecure_seed)
     if args.command == "demo":
         return _demo(args.output, args.rows, args.seed, args.runner, beam_args, args.insecure_seed)
+    if args.command == "report":
+        from pipelines.audit import rebuild
+
+        if beam_args:
+            raise ConfigError(f"report takes no other options, got {' '.join(beam_args)}")
+        out = rebuild([Path(r) for r in args.runs], Path(args.output) if args.output else None)
+        print(f"privpipe: report: {out}")
+        return 0
     if args.command == "budget":
         if beam_args:
             raise ConfigError(f"budget show takes no other options, got {' '.join(beam_args)}")
@@ -210,7 +225,6 @@ def _run(
                 for a, v in rates.items()
             )
             print(f"privpipe:   attacks on {name}: {shown or 'none applicable'}")
-        print(f"privpipe: attack results in {result.output_dir / 'audit.json'}")
     if m.get("budget"):
         b = m["budget"]
         print(
@@ -218,6 +232,8 @@ def _run(
             f"{b['lifetime']['epsilon']:g}, {b['remaining']['epsilon']:g} left ({b['ledger']})"
         )
     print(f"privpipe: published to {result.output_dir} (manifest.json) in {m['seconds']:.1f}s")
+    if m.get("report"):
+        print(f"privpipe: report: {result.output_dir / m['report']} (audit.json, report.md)")
     return 0
 
 

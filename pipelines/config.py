@@ -481,6 +481,97 @@ class AttacksConfig(_Model):
         return out
 
 
+# ----------------------------------------------------------------- report, sweeps
+
+
+class CountQueryConfig(_Model):
+    """A user count query added to the audit's workload: rows matching every condition."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    where: dict[str, str | list[str]] = Field(min_length=1)
+
+
+class ReportConfig(_Model):
+    """The comparative audit (audit.json, report.md, report.html)."""
+
+    enabled: bool = True
+    columns: list[str] | None = Field(
+        default=None, description="Workload columns (default: QIs and the sensitive attribute)."
+    )
+    queries: list[CountQueryConfig] = Field(default_factory=list)
+
+
+class SweepConfig(BaseModel):
+    """One release expanded into a grid of parameter values (one release per point)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+
+    release: str = Field(description="Name of the release to expand.")
+
+    def grid(self) -> dict[str, list[Any]]:
+        return dict(self.model_extra or {})
+
+
+def expand_sweeps(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The raw config with each ``sweep`` entry's release replaced by its grid points.
+
+    ``{release: k5, k: [2, 5, 10]}`` turns release ``k5`` into ``k5-k2``, ``k5-k5``,
+    ``k5-k10`` (several parameters: their cartesian product). Each point is then validated
+    like any release, so a bad value names its expanded release.
+    """
+    sweeps = data.get("sweep")
+    releases = data.get("releases")
+    if not isinstance(sweeps, list) or not isinstance(releases, list):
+        return dict(data)
+    out = list(releases)
+    for i, sw in enumerate(sweeps):
+        if not isinstance(sw, Mapping) or "release" not in sw:
+            continue  # the model reports it
+        grid = {k: v for k, v in sw.items() if k != "release"}
+        bad = [k for k, v in grid.items() if not isinstance(v, list) or not v]
+        if bad or not grid:
+            raise ValueError(
+                f"sweep[{i}]: give each swept parameter as a non-empty list, e.g. "
+                "{release: k5, k: [2, 5, 10, 25]}"
+            )
+        pos = next(
+            (
+                j
+                for j, r in enumerate(out)
+                if isinstance(r, Mapping) and r.get("name") == sw["release"]
+            ),
+            None,
+        )
+        if pos is None:
+            raise ValueError(f"sweep[{i}].release: no release named {sw['release']!r}")
+        base = out[pos]
+        points = []
+        for combo in itertools.product(*grid.values()):
+            point = dict(base)
+            suffix = []
+            for key, value in zip(grid, combo, strict=True):
+                point[key] = value
+                suffix.append(f"{key}{value}")
+            point["name"] = f"{base['name']}-{'-'.join(suffix)}"
+            points.append(point)
+        out[pos : pos + 1] = points
+    return {**data, "releases": out}
+
+
+def sweep_groups(data: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Sweep name → the names of its expanded releases, in grid order (for the report)."""
+    groups: dict[str, list[str]] = {}
+    for sw in data.get("sweep") or []:
+        if isinstance(sw, Mapping) and "release" in sw:
+            grid = {k: v for k, v in sw.items() if k != "release"}
+            names = [
+                f"{sw['release']}-" + "-".join(f"{k}{v}" for k, v in zip(grid, combo, strict=True))
+                for combo in itertools.product(*grid.values())
+            ]
+            groups[f"{sw['release']}: {', '.join(grid)}"] = names
+    return groups
+
+
 # -------------------------------------------------------------------------- budget
 
 
@@ -514,10 +605,19 @@ class PrivpipeConfig(_Model):
     hierarchies: dict[str, HierarchyConfig] = Field(default_factory=dict)
     releases: list[Release] = Field(default_factory=list)
     attacks: AttacksConfig | None = None
+    report: ReportConfig | None = None
+    sweep: list[SweepConfig] = Field(
+        default_factory=list, description="Releases expanded into grids of parameter values."
+    )
     budget: BudgetConfig | None = None
     output: OutputConfig
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_sweeps(cls, data: Any) -> Any:
+        return expand_sweeps(data) if isinstance(data, Mapping) else data
 
     @field_validator("attacks", mode="before")
     @classmethod
@@ -631,6 +731,12 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
     for i, r in enumerate(cfg.releases):
         if isinstance(r, _DPRelease):
             out += dp_problems(cfg, i, r)
+    if cfg.report is not None and cfg.report.columns:
+        for c in cfg.report.columns:
+            if c not in roles:
+                out.append(
+                    f"report.columns: {c!r} is not a quasi-identifier or the sensitive attribute"
+                )
     if cfg.attacks is not None:
         if not qis or not s.sensitive:
             out.append(

@@ -21,6 +21,7 @@ from pipelines.config import (
     HierarchyConfig,
     PrivpipeConfig,
     read_config,
+    sweep_groups,
     validate_config,
 )
 from privpipe.errors import ConfigError, InputDataError
@@ -51,6 +52,9 @@ class Plan:
         default_factory=lambda: MappingProxyType({})
     )
     ledger_override: Path | None = None
+    sweeps: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     @property
     def ledger_path(self) -> Path | None:
@@ -164,8 +168,10 @@ def load_plan(
         fmt = exts.pop()
     out = Path(output_dir) if output_dir else Path(os.path.expanduser(cfg.output.dir))
     out = out if out.is_absolute() else (Path.cwd() / out if output_dir else base / out)
+    groups = {k: tuple(v) for k, v in sweep_groups(data).items()}
     plan = Plan(
         config=cfg,
+        sweeps=MappingProxyType(groups),
         config_path=p,
         config_sha256=digest,
         input_paths=tuple(paths),

@@ -23,7 +23,14 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 import privpipe
 from anonymity.spec import AnonymizationSpec
 from dp.ledger import Ledger
-from pipelines.audit import RAW_TABLE, headline, run_attacks
+from pipelines.audit import (
+    RAW_TABLE,
+    audit_columns,
+    headline,
+    run_attacks,
+    wants_audit,
+    write_audit,
+)
 from pipelines.config import ANONYMITY_KINDS
 from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
@@ -111,12 +118,13 @@ def build_graph(
                 str(out.staging / "releases" / r.name),
                 plan.config.output.format,
             )
-    if plan.config.attacks is not None:  # the attacker's targets: accepted rows, QIs + SA
-        cols = [*s.quasi_identifiers, str(s.sensitive)]
+    if plan.config.attacks is not None or wants_audit(plan):
+        # the truth for the audit and the attacker's targets: accepted rows, QIs + SA
+        cols = audit_columns(plan)
         _ = (
             read["batches"]
-            | "AttackTargetColumns" >> beam.Map(lambda df, c: df[c], cols)
-            | "WriteAttackTargets" >> WriteTable(str(out.work), RAW_TABLE, cols, "parquet")
+            | "AuditColumns" >> beam.Map(lambda df, c: df[c], cols)
+            | "WriteAuditRows" >> WriteTable(str(out.work), RAW_TABLE, cols, "parquet")
         )
     labeler = HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)
     for job in jobs:
@@ -202,10 +210,13 @@ def _run(
                 coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
             )  # fmt: skip
         summaries = release_summaries(plan, out)
-        attack_rates = None
+        raw = attack_results = attack_rates = None
+        if plan.config.attacks is not None or wants_audit(plan):
+            raw = pd.read_parquet(out.work / f"{RAW_TABLE}.parquet")
         if plan.config.attacks is not None:
             log("privpipe: attacking every release (and the raw table as the baseline)")
-            attack_rates = headline(run_attacks(plan, out.staging, out.work, hierarchies))
+            attack_results = run_attacks(plan, out.staging, raw, hierarchies)
+            attack_rates = headline(attack_results)
         finished = datetime.now(UTC)
         manifest = {
             "run_id": run_id,
@@ -236,6 +247,11 @@ def _run(
             "status": "succeeded",
         }
         write_json(str(out.staging / "manifest.json"), manifest)
+        if wants_audit(plan):
+            assert raw is not None
+            write_audit(plan, out.staging, raw, hierarchies, attack_results)
+            manifest["report"] = "report.html"
+            write_json(str(out.staging / "manifest.json"), manifest)
         out.commit()
     except BaseException:
         out.abort()

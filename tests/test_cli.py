@@ -225,3 +225,10 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert m["profile"]["columns"]["person_id"]["distinct"] < 3000  # several visits per person
     assert 0 < m["profile"]["qi_combinations"]["unique_share_of_rows"] < 1
     assert "published to" in out
+    # every release attacked, the comparative report written, its path printed last
+    assert set(m["attacks"]) == {"raw", *m["releases"]}
+    report = tmp_path / "d" / "report.html"
+    assert out.strip().splitlines()[-1] == f"privpipe: report: {report} (audit.json, report.md)"
+    audit = json.loads((tmp_path / "d" / "audit.json").read_text())
+    assert set(audit["releases"]) == set(m["releases"])
+    assert m["budget"]["spent"]["epsilon"] == 2.0

@@ -1,0 +1,154 @@
+"""The comparative audit through `privpipe run` / `privpipe report`: files, sweeps, privacy."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipelines.cli import main
+from pipelines.demo_data import write_csv
+
+UNIQUE = "Zebrafish poisoning"
+
+
+class _Svg(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+
+
+def demo_project(tmp: Path, rows: int = 3000) -> Path:
+    """The demo config on a small demo input with one planted unique diagnosis."""
+    data = write_csv(tmp / "input" / "demo.csv", rows, seed=7)
+    lines = data.read_text().splitlines()
+    head = lines[0].split(",")
+    fields = lines[1].split(",")
+    fields[head.index("diagnosis")] = UNIQUE
+    lines[1] = ",".join(fields)
+    data.write_text("\n".join(lines) + "\n")
+    cfg = yaml.safe_load((Path(__file__).parent.parent / "configs" / "demo.yaml").read_text())
+    demo = Path(__file__).parent.parent / "configs" / "demo"
+    cfg["input"]["path"] = str(data)
+    for h in cfg["hierarchies"].values():
+        if "file" in h:
+            h["file"] = str(demo.parent / h["file"])
+    # the planted diagnosis needs a place in the diagnosis hierarchy
+    dx = tmp / "diagnosis.csv"
+    dx.write_text((demo / "hierarchies" / "diagnosis.csv").read_text() + f"{UNIQUE};other;*\n")
+    cfg["hierarchies"]["diagnosis"]["file"] = str(dx)
+    cfg["budget"]["ledger"] = str(tmp / "ledger.sqlite")
+    cfg["output"]["dir"] = str(tmp / "out")
+    cfg["attacks"]["targets"] = 1000
+    path = tmp / "demo.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("report")
+    config = demo_project(tmp)
+    assert main(["run", str(config)]) == 0
+    return config, tmp / "out"
+
+
+def test_report_files_and_structure(demo_run: tuple[Path, Path]) -> None:
+    _, out = demo_run
+    audit = json.loads((out / "audit.json").read_text())
+    html = (out / "report.html").read_text()
+    parser = _Svg()
+    parser.feed(html)
+    assert parser.tags.count("svg") >= 2 and "script" not in parser.tags
+    assert "http://" not in html.replace('xmlns="http://www.w3.org', "") or 'src="http' not in html
+    for name in ("k5", "dp_diagnosis"):
+        assert name in audit["releases"] and name in html
+    k5 = audit["releases"]["k5"]
+    assert (
+        k5["attacks"]["homogeneity"]["rate"] < audit["baseline"]["attacks"]["homogeneity"]["rate"]
+    )
+    assert 0 < k5["utility"]["mean_relative_error"]
+    assert audit["attacker"]["targets"] == 1000
+
+
+def test_the_report_never_shows_a_planted_unique_value(demo_run: tuple[Path, Path]) -> None:
+    _, out = demo_run
+    published = (out / "releases" / "k5" / "data.csv").read_text()
+    assert UNIQUE in published  # the k-anonymous table does publish sensitive values...
+    for name in ("audit.json", "report.md", "report.html", "manifest.json"):
+        assert UNIQUE not in (out / name).read_text(), name  # ...the audit never does
+
+
+def test_report_command_rebuilds_the_same_report(demo_run: tuple[Path, Path]) -> None:
+    _, out = demo_run
+    before = (out / "report.html").read_bytes()
+    audit_before = json.loads((out / "audit.json").read_text())
+    assert main(["report", str(out)]) == 0
+    audit_after = json.loads((out / "audit.json").read_text())
+    for name, entry in audit_before["releases"].items():
+        assert audit_after["releases"][name]["utility"] == entry["utility"], name
+    assert (out / "report.html").read_bytes() == before
+
+
+def test_report_command_compares_runs_and_needs_an_output(
+    demo_run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, out = demo_run
+    second = tmp_path / "second"
+    assert main(["run", str(config), "--output", str(second), "--insecure-seed", "1"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), str(second)]) == 2
+    assert "give --output DIR" in capsys.readouterr().err
+    assert main(["report", str(out), str(second), "--output", str(tmp_path / "cmp")]) == 0
+    audit = json.loads((tmp_path / "cmp" / "audit.json").read_text())
+    assert len(audit["releases"]) > len(json.loads((out / "audit.json").read_text())["releases"])
+    assert (tmp_path / "cmp" / "report.html").is_file()
+
+
+def test_sweep_expands_a_release_into_a_curve(tmp_path: Path) -> None:
+    config = demo_project(tmp_path, rows=2000)
+    cfg: dict[str, Any] = yaml.safe_load(config.read_text())
+    cfg["releases"] = [
+        {"name": "k", "kind": "k_anonymity", "k": 5, "suppression_limit": 0.05},
+        {"name": "dp", "kind": "dp_histogram", "epsilon": 1.0, "group_by": ["diagnosis"],
+         "partition_by": "sex", "max_partitions": 2},
+    ]  # fmt: skip
+    cfg["sweep"] = [{"release": "k", "k": [2, 10]}, {"release": "dp", "epsilon": [0.5, 2]}]
+    cfg["attacks"] = {"targets": 500, "run": ["homogeneity", "membership"]}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert main(["run", str(config)]) == 0
+    out = tmp_path / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["releases"] == ["k-k2", "k-k10", "dp-epsilon0.5", "dp-epsilon2"]
+    audit = json.loads((out / "audit.json").read_text())
+    assert audit["sweeps"] == {
+        "k: k": ["k-k2", "k-k10"],
+        "dp: epsilon": ["dp-epsilon0.5", "dp-epsilon2"],
+    }
+    ledger = json.loads((out / "manifest.json").read_text())["budget"]
+    assert ledger["spent"]["epsilon"] == 2.5  # swept epsilons are charged like any release
+    k2, k10 = (audit["releases"][n]["utility"]["mean_relative_error"] for n in ("k-k2", "k-k10"))
+    assert k2 < k10  # a larger k loses more utility
+
+
+def test_bad_sweep_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = demo_project(tmp_path, rows=200)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["sweep"] = [{"release": "nope", "k": [2]}]
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["validate", str(config)]) == 2
+    assert "sweep[0].release: no release named 'nope'" in capsys.readouterr().err
+    cfg["sweep"] = [{"release": "k5", "k": [1]}]
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["validate", str(config)]) == 2
+    assert (
+        "k5-k1" in capsys.readouterr().err
+        or "k: must be an integer >= 2" in capsys.readouterr().err
+    )
