@@ -74,7 +74,7 @@ def test_report_files_and_structure(demo_run: tuple[Path, Path]) -> None:
     assert (
         k5["attacks"]["homogeneity"]["rate"] < audit["baseline"]["attacks"]["homogeneity"]["rate"]
     )
-    assert 0 < k5["utility"]["mean_relative_error"]
+    assert k5["utility"]["mean_relative_error"] > 0
     assert audit["attacker"]["targets"] == 1000
 
 
@@ -148,7 +148,4 @@ def test_bad_sweep_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     cfg["sweep"] = [{"release": "k5", "k": [1]}]
     config.write_text(yaml.safe_dump(cfg))
     assert main(["validate", str(config)]) == 2
-    assert (
-        "k5-k1" in capsys.readouterr().err
-        or "k: must be an integer >= 2" in capsys.readouterr().err
-    )
+    assert "releases[0].k: must be an integer >= 2, got 1" in capsys.readouterr().err
