@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 DEVSTAMP := $(VENV)/.installed-dev-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 OUT    ?= demo-out
 
-.PHONY: run test lint bench venv dev clean
+.PHONY: run test lint bench e2e venv dev clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; privpipe needs Python 3.11 (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -41,6 +41,11 @@ lint: $(DEVSTAMP)
 ## make bench: run the benchmarks (prints JSON; record results in benchmarks/RESULTS.md)
 bench: $(DEVSTAMP)
 	$(PY) benchmarks/run_all.py
+
+## make e2e: render the demo's report.html in headless Chromium (installs Debian's chromium
+## if missing), fail on browser console errors, save demo-out/report.png
+e2e: $(STAMP)
+	$(PY) tests/e2e/render_report.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .mypy_cache .ruff_cache
