@@ -175,7 +175,6 @@ def run(
                 + [(j.name, j.budget()) for j in ljobs]
                 + [(j.name, j.budget()) for j in new_streams],
             )
-            charge_local(ledger, run_id, ljobs, log)  # local noise is drawn while reading
         except BaseException:
             ledger.close()
             raise
@@ -217,6 +216,8 @@ def _run(
     new_streams: Sequence[ContinualJob] = (),
 ) -> RunResult:
     columns = inspect_input(spec)
+    if ljobs and ledger is not None:  # local noise is drawn while reading: charge first
+        charge_local(ledger, run_id, ljobs, log)
     options = pipeline_options(beam_args, runner)
     runner_name = str(options.view_as(StandardOptions).runner)
     out = RunOutput(plan.output_dir, run_id)
