@@ -182,15 +182,20 @@ def publish_local(
                 "variance_per_value": mp.variance,
                 "ci_halfwidth": mp.halfwidth,
             }
-            models = compare_models(max(partial.n, 1), r.epsilon, d, (1, mp.m), oracle.protocol)
-            metrics["error_by_model"] = [
-                {
-                    "model": str(row.model),
-                    "parties": int(row.parties),
-                    "std_error": float(row.std_error),
-                }
-                for row in models.itertuples()
-            ]
+        # the same histogram's error per trust model (formulas at this n, ε, d): central
+        # (m = 1), multiparty (m parties, with `parties`) and this local protocol
+        m = multiparty_doc["parties"] if multiparty_doc is not None else None
+        models = compare_models(
+            max(partial.n, 1), r.epsilon, d, (1,) if m is None else (1, m), oracle.protocol
+        )
+        metrics["error_by_model"] = [
+            {
+                "model": str(row.model),
+                "parties": int(row.parties),
+                "std_error": float(row.std_error),
+            }
+            for row in models.itertuples()
+        ]
         check = verify_local_release(
             par, r.epsilon, job.values, partial.n, partial.support, table, multiparty_doc
         )

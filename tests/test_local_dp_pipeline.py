@@ -141,6 +141,8 @@ def test_every_protocol_runs_reports_round_trip_and_parties_compare_models(
         assert np.all(np.abs(table["estimate"].to_numpy() - counts) <= 4.5 * sd + 1e-9), name
         par = doc["parameters"]["oracle"]
         assert par["implied_epsilon"] == pytest.approx(eps)
+        models = [e["model"] for e in doc["metrics"]["error_by_model"]]
+        assert models[0] == "central" and models[-1] == f"local ({chosen[name]})"
         if r.get("write_reports"):
             reports = pd.read_csv(p.out / "releases" / name / "reports.csv", dtype={"bits": str})
             assert set(reports.columns) <= {"key", "report", "bits"}  # never id or true value
