@@ -185,7 +185,7 @@ def _exact_counts(job: ContinualJob, cells: dict[str, Any]) -> tuple[pd.DataFram
     """The public cells (sorted) and this period's bounded exact count of each."""
     plan = job.plans[0]
     cols = list(job.config.group_by)
-    partial, dictionary = cells["partials"][0], cells["dictionaries"][0]
+    partial = cells["partials"][0]  # cells keyed by the hash of their labels
     observed = partial.cells.rename_axis("_cell").reset_index()
     domain = public_domain(job.spec, plan, cols)
     if cols:
@@ -196,7 +196,6 @@ def _exact_counts(job: ContinualJob, cells: dict[str, Any]) -> tuple[pd.DataFram
         observed["_cell"] = np.uint64(0)
     merged = domain.merge(observed[["_cell", "count"]], on="_cell", how="left")
     counts = merged["count"].fillna(0).to_numpy(dtype=np.int64)
-    del dictionary
     return domain[cols], counts
 
 
