@@ -143,8 +143,28 @@ def multiparty_histogram(
         labels = labels.astype(np.int64)
     if not 0.0 < beta < 1.0:
         raise ConfigError(f"beta must lie strictly between 0 and 1, got {beta!r}")
+    return noisy_party_sum(party_histograms(c, d, labels, m), epsilon, sampler, sensitivity, beta)
+
+
+def noisy_party_sum(
+    exact: npt.ArrayLike,
+    epsilon: float | npt.ArrayLike,
+    sampler: NoiseSampler,
+    sensitivity: int = 1,
+    beta: float = 0.05,
+) -> MultipartyEstimates:
+    """Each party's exact m × d partial histogram noised with its own ε, then summed.
+
+    The step of :func:`multiparty_histogram` after counting, for partial histograms
+    computed elsewhere (e.g. summed across the batches of a pipeline).
+    """
+    exact = np.asarray(exact, dtype=np.int64)
+    if exact.ndim != 2 or exact.shape[0] < 1:
+        raise ConfigError(f"party histograms must be an m x d array, got shape {exact.shape}")
+    m = int(exact.shape[0])
+    if not 0.0 < beta < 1.0:
+        raise ConfigError(f"beta must lie strictly between 0 and 1, got {beta!r}")
     eps = _epsilons(epsilon, m)
-    exact = party_histograms(c, d, labels, m)
     noisy = np.empty_like(exact)
     for j in range(m):  # one vectorised noise call per party (loop over parties, not persons)
         noisy[j] = sampler.discrete_laplace(exact[j], laplace_scale(sensitivity, float(eps[j])))

@@ -6,6 +6,7 @@
     privpipe schema
     privpipe budget show LEDGER
     privpipe report RUN_DIR [RUN_DIR ...] [--output DIR]
+    privpipe ldp aggregate REPORTS --protocol P --epsilon E --domain-size D [--domain ...]
 
 Exit codes (DESIGN.md): 0 ok; 2 invalid config or arguments; 3 invalid input data;
 4 privacy refusal; 1 anything else. Errors go to stderr as `privpipe: error: ...`.
@@ -57,6 +58,15 @@ def _parser() -> _Parser:
         help="reproducible DP noise and bounding from seed N: NOT private, for tests only; "
         "recorded in the manifest and every DP release.json",
     )
+    r.add_argument(
+        "--period",
+        type=int,
+        metavar="N",
+        help="the period this run publishes for every dp_continual_count (overrides period:)",
+    )
+    r.add_argument(
+        "--input", help="input file(s) of this run (overrides input.path), e.g. one period's"
+    )
     r.epilog = "Other options (e.g. --direct_num_workers=2) are passed to Beam."
 
     v = sub.add_parser("validate", help="check a config (schema and semantics); reads no data")
@@ -79,6 +89,21 @@ def _parser() -> _Parser:
     bsub = b.add_subparsers(dest="budget_command", required=True, parser_class=_Parser)
     show = bsub.add_parser("show", help="print a ledger's lifetime, spend and history")
     show.add_argument("ledger", help="the ledger file (budget.ledger of the config)")
+
+    ldp = sub.add_parser("ldp", help="local DP: aggregate collected reports")
+    lsub = ldp.add_subparsers(dest="ldp_command", required=True, parser_class=_Parser)
+    agg = lsub.add_parser(
+        "aggregate", help="turn perturbed reports (reports.csv) into frequency estimates"
+    )
+    agg.add_argument("reports", help="reports.csv or .parquet, as written by write_reports")
+    agg.add_argument("--protocol", required=True, help="rr, grr, sue, oue, blh or olh")
+    agg.add_argument("--epsilon", required=True, type=float, help="the reports' local epsilon")
+    agg.add_argument("--domain-size", required=True, type=int, help="d: number of values")
+    agg.add_argument(
+        "--domain", help="the values in code order: a file (one per line) or a comma list"
+    )
+    agg.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
+    agg.add_argument("--output", help="write the estimates CSV here (default: print)")
 
     sub.add_parser("schema", help="print the JSON Schema of the config")
     return p
@@ -142,7 +167,14 @@ def _dispatch(argv: list[str]) -> int:
             raise ConfigError(f"validate takes no other options, got {' '.join(beam_args)}")
         return _validate(args.config)
     if args.command == "run":
-        return _run(args.config, args.output, args.runner, beam_args, seed=args.insecure_seed)
+        return _run(
+            args.config, args.output, args.runner, beam_args, input_override=args.input,
+            seed=args.insecure_seed, period=args.period,
+        )  # fmt: skip
+    if args.command == "ldp":
+        if beam_args:
+            raise ConfigError(f"ldp aggregate takes no other options, got {' '.join(beam_args)}")
+        return _ldp_aggregate(args)
     if args.command == "demo":
         return _demo(args.output, args.rows, args.seed, args.runner, beam_args, args.insecure_seed)
     if args.command == "report":
@@ -184,12 +216,19 @@ def _run(
     input_override: str | None = None,
     seed: int | None = None,
     ledger_override: str | None = None,
+    period: int | None = None,
 ) -> int:
     from pipelines.plan import load_plan
     from pipelines.run import run
 
+    if period is not None and period < 1:
+        raise ConfigError(f"--period: periods are numbered from 1, got {period}")
     plan = load_plan(
-        config, output_dir=output, input_override=input_override, ledger_override=ledger_override
+        config,
+        output_dir=output,
+        input_override=input_override,
+        ledger_override=ledger_override,
+        period_override=period,
     )
     if seed is not None:
         print(
@@ -261,6 +300,25 @@ def _budget_show(path: str) -> int:
     return 0
 
 
+def _ldp_aggregate(args: argparse.Namespace) -> int:
+    from pipelines.ldp_aggregate import aggregate_reports
+
+    table = aggregate_reports(
+        args.reports, args.protocol, args.epsilon, args.domain_size, args.domain, args.confidence
+    )
+    if args.output:
+        out = Path(args.output)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            table.to_csv(out, index=False)
+        except OSError as e:
+            raise ConfigError(f"--output {out}: cannot write ({e.strerror})") from None
+        print(f"privpipe: {len(table)} estimates written to {out}", file=sys.stderr)
+    else:
+        sys.stdout.write(table.to_csv(index=False))
+    return 0
+
+
 def _demo(
     output: str,
     rows: int,
@@ -285,6 +343,8 @@ def _demo(
     # freshly generated data is a new dataset version, so it starts a fresh ledger
     ledger = out / "ledger.sqlite"
     ledger.unlink(missing_ok=True)
+    for state in out.glob("demo.*.continual.sqlite"):  # the demo's streams start over too
+        state.unlink()
     return _run(
         str(DEMO_CONFIG),
         str(out),

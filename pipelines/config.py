@@ -377,6 +377,94 @@ class DPTopKRelease(_DPRelease):
     k: int = Field(default=1, ge=1, description="How many values per group (dp_mode: 1).")
 
 
+LOCAL_PROTOCOLS = ("auto", "rr", "grr", "sue", "oue", "blh", "olh")
+LocalProtocol = Literal["auto", "rr", "grr", "sue", "oue", "blh", "olh"]
+MAX_LOCAL_EPSILON = 30.0  # dp.local.MAX_EPSILON (the pure core refuses more)
+MAX_HORIZON = 1 << 40  # dp.continual.MAX_HORIZON
+
+
+class LocalDPParties(_Model):
+    """Multiparty noise beside a local DP release: parties by a column, or m even parties."""
+
+    column: str | None = Field(default=None, description="Column naming each row's party.")
+    count: int | None = Field(default=None, ge=1, description="m parties, persons split evenly.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> LocalDPParties:
+        if (self.column is None) == (self.count is None):
+            raise ValueError("give exactly one of column or count, e.g. {count: 10}")
+        return self
+
+
+class LocalDPRelease(_Release):
+    """Local DP frequency estimates of one attribute (each person randomises their value)."""
+
+    kind: Literal["local_dp"]
+    epsilon: float = Field(
+        gt=0, allow_inf_nan=False, description="Local epsilon of each person's report."
+    )
+    attribute: str = Field(description="Column whose value each person reports.")
+    protocol: LocalProtocol = Field(
+        default="auto",
+        description="rr (2 values), grr, sue, oue, blh, olh; auto: lowest variance for (eps, d).",
+    )
+    domain: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="The attribute's public values (default: its file/groups hierarchy).",
+    )
+    other: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Report values outside the domain as this extra value (default: refuse).",
+    )
+    write_reports: bool = Field(
+        default=False, description="Also write reports.csv: the perturbed reports only."
+    )
+    parties: LocalDPParties | None = Field(
+        default=None,
+        description="Also publish a multiparty histogram (each party noises its own counts).",
+    )
+    confidence: float = Field(default=0.95, gt=0, lt=1, allow_inf_nan=False)
+
+    def key_columns(self) -> list[str]:
+        """Columns the release reads."""
+        party = [self.parties.column] if self.parties and self.parties.column else []
+        return [self.attribute, *[c for c in party if c != self.attribute]]
+
+
+class ContinualCountRelease(_Release):
+    """A count (total or per public cell) published every period with the tree mechanism."""
+
+    kind: Literal["dp_continual_count"]
+    epsilon: float = Field(
+        gt=0, allow_inf_nan=False, description="Epsilon of the whole stream (charged once)."
+    )
+    horizon: int = Field(ge=1, le=MAX_HORIZON, description="T: periods the stream covers.")
+    period: int | None = Field(
+        default=None, ge=1, description="The period this run publishes (or run --period N)."
+    )
+    group_by: list[str] = Field(default_factory=list)
+    domain: dict[str, list[str]] = Field(
+        default_factory=dict, description="Public domain of group_by columns."
+    )
+    pan_private: bool = Field(
+        default=False, description="The stored state never holds a raw count (pan-privacy)."
+    )
+    state: str | None = Field(
+        default=None,
+        description="SQLite state file; default <ledger folder>/<name>.<release>.continual.sqlite.",
+    )
+    max_partitions: int = Field(default=1, ge=1, description="L0: cells per person per period.")
+    max_contributions_per_partition: int = Field(
+        default=1, ge=1, description="Linf: rows per person, cell and period."
+    )
+    confidence: float = Field(default=0.95, gt=0, lt=1, allow_inf_nan=False)
+
+    def key_columns(self) -> list[str]:
+        return list(self.group_by)
+
+
 Release = Annotated[
     KAnonymityRelease
     | LDiversityRelease
@@ -385,12 +473,17 @@ Release = Annotated[
     | DPHistogramRelease
     | DPSumRelease
     | DPMeanRelease
-    | DPTopKRelease,
+    | DPTopKRelease
+    | LocalDPRelease
+    | ContinualCountRelease,
     Field(discriminator="kind"),
 ]
 ANONYMITY_KINDS = ("k_anonymity", "l_diversity", "t_closeness")
 DP_KINDS = ("dp_count", "dp_histogram", "dp_sum", "dp_mean", "dp_top_k", "dp_mode")
-RELEASE_KINDS = ANONYMITY_KINDS + DP_KINDS
+LOCAL_KINDS = ("local_dp",)
+CONTINUAL_KINDS = ("dp_continual_count",)
+RELEASE_KINDS = ANONYMITY_KINDS + DP_KINDS + LOCAL_KINDS + CONTINUAL_KINDS
+BUDGETED = (_DPRelease, LocalDPRelease, ContinualCountRelease)  # charged to the ledger
 DPRelease = DPCountRelease | DPHistogramRelease | DPSumRelease | DPMeanRelease | DPTopKRelease
 STATIC_HIERARCHY_KINDS = ("file", "groups")  # known without reading data
 
@@ -398,7 +491,7 @@ STATIC_HIERARCHY_KINDS = ("file", "groups")  # known without reading data
 # ------------------------------------------------------------------------- attacks
 
 TABLE_ATTACK_NAMES = ("homogeneity", "background_knowledge", "skewness", "similarity", "linkage")
-DP_ATTACK_NAMES = ("attribute_inference", "membership", "differencing")
+DP_ATTACK_NAMES = ("attribute_inference", "membership", "differencing", "ldp_report")
 ATTACK_NAMES = TABLE_ATTACK_NAMES + DP_ATTACK_NAMES
 ATTACK_PARAMETERS: dict[str, dict[str, type]] = {
     "homogeneity": {},
@@ -409,6 +502,7 @@ ATTACK_PARAMETERS: dict[str, dict[str, type]] = {
     "attribute_inference": {},
     "membership": {"trials": int},
     "differencing": {"trials": int},
+    "ldp_report": {},
 }
 
 
@@ -681,6 +775,8 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
     for r in cfg.releases:
         if isinstance(r, _DPRelease):
             roles |= set(r.key_columns()) | ({r.value} if isinstance(r, DPTopKRelease) else set())
+        if isinstance(r, LocalDPRelease | ContinualCountRelease):
+            roles |= set(r.key_columns())
     for col in cfg.hierarchies:
         if col not in roles:
             out.append(
@@ -731,6 +827,10 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
     for i, r in enumerate(cfg.releases):
         if isinstance(r, _DPRelease):
             out += dp_problems(cfg, i, r)
+        elif isinstance(r, LocalDPRelease):
+            out += local_problems(cfg, i, r)
+        elif isinstance(r, ContinualCountRelease):
+            out += continual_problems(cfg, i, r)
     if cfg.report is not None and cfg.report.columns:
         for c in cfg.report.columns:
             if c not in roles:
@@ -752,8 +852,8 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
                 f"attacks.run: similarity needs a hierarchy of {s.sensitive!r} (its categories); "
                 f"add hierarchies.{s.sensitive} or drop similarity"
             )
-    if cfg.budget is None and any(isinstance(r, _DPRelease) for r in cfg.releases):
-        first = next(i for i, r in enumerate(cfg.releases) if isinstance(r, _DPRelease))
+    if cfg.budget is None and any(isinstance(r, BUDGETED) for r in cfg.releases):
+        first = next(i for i, r in enumerate(cfg.releases) if isinstance(r, BUDGETED))
         out.append(
             f"budget: missing; releases[{first}] is differentially private and every DP "
             "release is charged to the dataset's ledger, e.g. "
@@ -872,6 +972,97 @@ def dp_problems(cfg: PrivpipeConfig, i: int, r: _DPRelease) -> list[str]:
             "public, so they are chosen by private partition selection, which needs delta > 0 "
             "(e.g. delta: 1.0e-6); or give a public domain (domain: or a file/groups hierarchy)"
         )
+    return out
+
+
+def local_problems(cfg: PrivpipeConfig, i: int, r: LocalDPRelease) -> list[str]:
+    """Cross-key rules of one local DP release (the domain size when it is known here)."""
+    key = f"releases[{i}]"
+    out: list[str] = []
+    s = cfg.schema_
+    if r.epsilon > MAX_LOCAL_EPSILON:
+        out.append(
+            f"{key}.epsilon: local DP epsilon must be <= {MAX_LOCAL_EPSILON:g} (beyond it the "
+            f"randomiser is practically the identity), got {r.epsilon:g}"
+        )
+    if r.attribute == s.privacy_unit:
+        out.append(f"{key}.attribute: {r.attribute!r} is the privacy unit")
+    party = r.parties.column if r.parties is not None else None
+    if party is not None and party == s.privacy_unit:
+        out.append(
+            f"{key}.parties.column: {party!r} is the privacy unit; a party holds many "
+            "persons (use parties: {count: m} to split them evenly)"
+        )
+    if r.domain is not None:
+        dupes = sorted({v for v in r.domain if r.domain.count(v) > 1})
+        if dupes:
+            out.append(f"{key}.domain: {dupes[0]!r} is listed twice")
+    elif public_local_domain_source(cfg, r) is None:
+        out.append(
+            f"{key}.domain: the values of {r.attribute!r} must be public (local DP estimates "
+            f"every value of the domain): give domain: [...] or a file/groups hierarchy for "
+            f"{r.attribute!r} (a domain read from the data is not public)"
+        )
+    if r.other is not None and r.domain is not None and r.other in r.domain:
+        out.append(f"{key}.other: {r.other!r} is already a value of the domain")
+    if r.domain is not None:
+        d = len(set(r.domain)) + (1 if r.other is not None else 0)
+        if d < 2:
+            out.append(f"{key}.domain: local DP needs at least 2 values, got {d}")
+        elif r.protocol == "rr" and d != 2:
+            out.append(
+                f"{key}.protocol: rr (randomised response) is for yes/no attributes with 2 "
+                f"values, but the domain has {d}; use grr, oue, olh or auto"
+            )
+    return out
+
+
+def public_local_domain_source(cfg: PrivpipeConfig, r: LocalDPRelease) -> str | None:
+    """Where a local DP release's domain comes from: 'domain', 'hierarchy' or None."""
+    if r.domain is not None:
+        return "domain"
+    h = cfg.hierarchies.get(r.attribute)
+    if h is not None and h.kind in STATIC_HIERARCHY_KINDS:
+        return "hierarchy"
+    return None
+
+
+def continual_domain_source(cfg: PrivpipeConfig, r: ContinualCountRelease, col: str) -> str | None:
+    """Where a continual count's group_by column gets its public domain."""
+    if col in r.domain:
+        return "domain"
+    h = cfg.hierarchies.get(col)
+    if h is not None and h.kind in STATIC_HIERARCHY_KINDS:
+        return "hierarchy"
+    return None
+
+
+def continual_problems(cfg: PrivpipeConfig, i: int, r: ContinualCountRelease) -> list[str]:
+    """Cross-key rules of one continual count."""
+    key = f"releases[{i}]"
+    out: list[str] = []
+    s = cfg.schema_
+    if r.period is not None and r.period > r.horizon:
+        out.append(
+            f"{key}.period: {r.period} is beyond the horizon {r.horizon}; the stream's budget "
+            "covers periods 1..horizon only"
+        )
+    dupes = sorted({c for c in r.group_by if r.group_by.count(c) > 1})
+    if dupes:
+        out.append(f"{key}.group_by: {dupes[0]!r} is listed twice")
+    if s.privacy_unit is not None and s.privacy_unit in r.group_by:
+        out.append(f"{key}.group_by: {s.privacy_unit!r} is the privacy unit")
+    for col in r.domain:
+        if col not in r.group_by:
+            out.append(f"{key}.domain.{col}: {col!r} is not in group_by")
+        elif not r.domain[col]:
+            out.append(f"{key}.domain.{col}: the domain is empty")
+    for col in r.group_by:
+        if continual_domain_source(cfg, r, col) is None:
+            out.append(
+                f"{key}.domain.{col}: a continual count publishes every cell of a public "
+                f"domain; give domain: {{{col}: [...]}} or a file/groups hierarchy for {col!r}"
+            )
     return out
 
 

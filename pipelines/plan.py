@@ -55,6 +55,7 @@ class Plan:
     sweeps: MappingProxyType[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    period_override: int | None = None  # `privpipe run --period N` (continual counts)
 
     @property
     def ledger_path(self) -> Path | None:
@@ -131,6 +132,7 @@ def load_plan(
     output_dir: str | Path | None = None,
     input_override: str | Path | None = None,
     ledger_override: str | Path | None = None,
+    period_override: int | None = None,
 ) -> Plan:
     """Read, validate and resolve a config file into a Plan (no data is read)."""
     p = Path(path).resolve()
@@ -178,6 +180,7 @@ def load_plan(
         input_format=str(fmt),
         output_dir=out,
         ledger_override=Path(ledger_override).resolve() if ledger_override else None,
+        period_override=period_override,
     )
     return _with_static_hierarchies(plan)
 

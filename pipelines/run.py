@@ -32,8 +32,15 @@ from pipelines.audit import (
     write_audit,
 )
 from pipelines.config import ANONYMITY_KINDS
+from pipelines.continual_release import (
+    ContinualJob,
+    continual_jobs,
+    precheck,
+    publish_continual,
+)
 from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
+from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
 from pipelines.output import RunOutput, new_run_id
 from pipelines.plan import Plan
 from privpipe import errors
@@ -41,6 +48,7 @@ from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from transforms.anonymize import AnonymizeRelease, load_document
 from transforms.dp_aggregate import AggregateDPCells
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
+from transforms.local_dp import PerturbLocalDP
 from transforms.profile import ProfileMicrodata, load_json, split_internal
 from transforms.sink import WriteTable, write_json
 
@@ -100,8 +108,10 @@ def build_graph(
     out: RunOutput,
     jobs: Sequence[DPJob] = (),
     seed: int | None = None,
+    ljobs: Sequence[LocalJob] = (),
+    cjobs: Sequence[ContinualJob] = (),
 ) -> None:
-    """Read batches once; profile them, publish anonymised releases, aggregate DP cells."""
+    """Read batches once; profile, anonymise, aggregate DP cells, perturb local DP reports."""
     s = plan.config.schema_
     counted = list(s.quasi_identifiers) + ([s.sensitive] if s.sensitive else [])
     read = p | "Read" >> ReadMicrodata(spec)
@@ -131,6 +141,18 @@ def build_graph(
         _ = read["batches"] | f"DP[{job.name}]" >> AggregateDPCells(
             job.spec, job.plans, labeler, str(out.work / f"dp-{job.name}.pickle"), seed
         )
+    for cjob in cjobs:  # bounded per-cell counts of this period (noise comes in the driver)
+        _ = read["batches"] | f"Continual[{cjob.name}]" >> AggregateDPCells(
+            cjob.spec, cjob.plans, labeler, str(out.work / f"dp-{cjob.name}.pickle"), seed
+        )
+    for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
+        _ = read["batches"] | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
+            ljob.spec,
+            str(out.work / f"ldp-{ljob.name}.pickle"),
+            str(out.staging / "releases" / ljob.name),
+            plan.config.output.format,
+            None if seed is None else seed + 31 * (ljob.index + 1),
+        )
     _ = (
         read["rejected"]
         | "RejectedColumns" >> beam.Map(lambda df: df[list(REJECTED_COLUMNS)])
@@ -154,22 +176,43 @@ def run(
     t0 = time.perf_counter()
     spec = plan.input_spec()
     jobs = dp_jobs(plan)
+    ljobs = local_jobs(plan)
+    cjobs = continual_jobs(plan)
     run_id = new_run_id()
     ledger: Ledger | None = None
-    if jobs:  # refuse an unaffordable run before any data is read
+    new_streams: list[ContinualJob] = []
+    if jobs or ljobs or cjobs:  # refuse an unaffordable run before any data is read
         ledger = open_ledger(plan)
         try:
-            ledger.check_affordable(run_id, [(j.name, j.budget()) for j in jobs])
+            new_streams = precheck(cjobs, insecure_seed)
+            ledger.check_affordable(
+                run_id,
+                [(j.name, j.budget()) for j in jobs]
+                + [(j.name, j.budget()) for j in ljobs]
+                + [(j.name, j.budget()) for j in new_streams],
+            )
         except BaseException:
             ledger.close()
             raise
     try:
         return _run(
-            plan, beam_args, runner, log, insecure_seed, spec, jobs, run_id, ledger, started, t0
-        )
+            plan, beam_args, runner, log, insecure_seed, spec, jobs, run_id, ledger, started, t0,
+            ljobs, cjobs, new_streams,
+        )  # fmt: skip
+    except BaseException as exc:
+        if ledger is not None:
+            mark_failed(ledger, run_id, exc)
+        raise
     finally:
         if ledger is not None:
             ledger.close()
+
+
+def mark_failed(ledger: Ledger, run_id: str, exc: BaseException) -> None:
+    """Keep a failed run's charges, marked failed with the reason (no-op without charges)."""
+    mine = [e for e in ledger.history() if e.run_id == run_id and e.status != "failed"]
+    if mine:
+        ledger.mark_failed(run_id, f"{type(exc).__name__}: {exc}"[:500])
 
 
 def _run(
@@ -184,8 +227,13 @@ def _run(
     ledger: Ledger | None,
     started: datetime,
     t0: float,
+    ljobs: Sequence[LocalJob] = (),
+    cjobs: Sequence[ContinualJob] = (),
+    new_streams: Sequence[ContinualJob] = (),
 ) -> RunResult:
     columns = inspect_input(spec)
+    if ljobs and ledger is not None:  # local noise is drawn while reading: charge first
+        charge_local(ledger, run_id, ljobs, log)
     options = pipeline_options(beam_args, runner)
     runner_name = str(options.view_as(StandardOptions).runner)
     out = RunOutput(plan.output_dir, run_id)
@@ -193,7 +241,7 @@ def _run(
         log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
         try:
             with beam.Pipeline(options=options) as p:
-                build_graph(p, spec, columns, plan, out, jobs, insecure_seed)
+                build_graph(p, spec, columns, plan, out, jobs, insecure_seed, ljobs, cjobs)
         except PrivpipeError as e:
             raise strip_step(e) from None
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
@@ -209,7 +257,9 @@ def _run(
                 plan.config.output.format, insecure_seed, log,
                 coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
             )  # fmt: skip
-        summaries = release_summaries(plan, out)
+        local_summary: dict[str, Any] = {}
+        if ljobs:
+            local_summary = publish_local(ljobs, plan, out.work, out.staging, insecure_seed, log)
         raw = attack_results = attack_rates = None
         if plan.config.attacks is not None or wants_audit(plan):
             raw = pd.read_parquet(out.work / f"{RAW_TABLE}.parquet")
@@ -217,6 +267,13 @@ def _run(
             log("privpipe: attacking every release (and the raw table as the baseline)")
             attack_results = run_attacks(plan, out.staging, raw, hierarchies)
             attack_rates = headline(attack_results)
+        continual_summary: dict[str, Any] = {}
+        if cjobs and ledger is not None:  # last: the stream's state advances durably here
+            continual_summary = publish_continual(
+                cjobs, new_streams, ledger, run_id, plan, out.work, out.staging,
+                insecure_seed, log,
+            )  # fmt: skip
+        summaries = release_summaries(plan, out)
         finished = datetime.now(UTC)
         manifest = {
             "run_id": run_id,
@@ -243,6 +300,8 @@ def _run(
             "profile": profile,
             "insecure_seed": insecure_seed,
             "dp_contribution_bounding": dp_bounding or None,
+            "local_dp": local_summary or None,
+            "continual": continual_summary or None,
             "budget": budget_summary(ledger, run_id),
             "status": "succeeded",
         }

@@ -94,7 +94,13 @@ def _run(out: Path, demo_input: Path, *extra: str) -> Path:
     from pipelines.plan import load_plan
     from pipelines.run import run
 
-    plan = load_plan(DEMO_CONFIG, output_dir=out, input_override=demo_input)
+    # a ledger (and continual state) per run: the demo's shared one would refuse re-runs
+    plan = load_plan(
+        DEMO_CONFIG,
+        output_dir=out,
+        input_override=demo_input,
+        ledger_override=out / "ledger.sqlite",
+    )
     run(plan, beam_args=list(extra), log=lambda _m: None)
     return out
 
@@ -139,6 +145,7 @@ def test_runner_flag_passes_through_the_cli(
 
     text = DEMO_CONFIG.read_text().replace("../demo-out/input/demo.csv", str(demo_input))
     text = text.replace("demo/hierarchies/", str(DEMO_CONFIG.parent / "demo" / "hierarchies") + "/")
+    text = text.replace("../demo-out/ledger.sqlite", str(tmp_path / "ledger.sqlite"))
     cfg.write_text(text)
     out = tmp_path / "cli"
     code = main(

@@ -1,0 +1,247 @@
+"""Local DP releases (``kind: local_dp``) of a run: jobs from the config, ledger, publishing.
+
+Order of a run with local DP releases — it differs from central DP (pipelines/dp_release.py):
+
+1. before any data is read: the ledger refuses (exit 4) a run that does not fit, then
+   CHARGES the local releases at once. In the local model the noise is each person's own
+   randomisation, and it is drawn inside the pipeline, batch by batch, while the data is
+   read; so the spend is recorded before the pipeline starts, not after it. A run that
+   fails afterwards (even on bad input data) keeps the charge, marked failed with the reason;
+2. the pipeline encodes each value in the public domain (a value outside it: exit 3, or the
+   ``other`` value), keeps one row per person (privacy unit), perturbs with the release's
+   frequency oracle (OS CSPRNG; seeded only with --insecure-seed), and sums support counts;
+   with ``write_reports`` the reports themselves go to ``releases/<name>/reports.csv``;
+3. the driver de-biases the support counts into estimates with 95% intervals, adds the
+   multiparty histogram when ``parties`` is set, re-checks everything
+   (:func:`dp.local_release.verify_local_release`) and writes data.csv and release.json.
+
+The ledger charge of a local release is ε, or 2ε with ``parties`` (the multiparty histogram
+is a second ε-DP output about the same persons).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from anonymity.hierarchy import SUPPRESSED
+from dp.budget import ApproxBudget, to_fraction
+from dp.ledger import Ledger
+from dp.local import FrequencyOracle
+from dp.local_release import full_domain, verify_local_release
+from dp.multiparty import compare_models, noisy_party_sum
+from dp.noise import laplace_scale
+from pipelines.config import LocalDPRelease, public_local_domain_source
+from pipelines.dp_release import sampler
+from pipelines.plan import Plan
+from privpipe.errors import ConfigError, PrivacyRefusal
+from transforms.local_dp import LocalDPSpec, load_partial
+from transforms.sink import write_json, write_table
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """One local DP release of the run."""
+
+    index: int
+    config: LocalDPRelease
+    spec: LocalDPSpec
+    values: tuple[str, ...]  # the released values: the domain, then ``other``
+    protocol_requested: str
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def budget(self) -> ApproxBudget:
+        eps = to_fraction(self.config.epsilon, "epsilon")
+        return ApproxBudget(eps * (2 if self.config.parties is not None else 1), 0)
+
+
+def _domain(plan: Plan, r: LocalDPRelease) -> list[str]:
+    source = public_local_domain_source(plan.config, r)
+    if source == "domain":
+        assert r.domain is not None
+        return [str(v) for v in r.domain]
+    h = plan.hierarchies[r.attribute]
+    labels = list(dict.fromkeys(str(x) for x in h.labels(0).tolist()))
+    return [x for x in labels if h.height == 0 or x != SUPPRESSED]
+
+
+def local_jobs(plan: Plan) -> list[LocalJob]:
+    """Every local DP release of the plan, its domain and oracle fixed (no data read)."""
+    jobs = []
+    where = plan.config_path.name
+    for i, r in enumerate(plan.config.releases):
+        if not isinstance(r, LocalDPRelease):
+            continue
+        domain = _domain(plan, r)
+        values = full_domain(domain, r.other)
+        if r.other is not None and r.other in domain:
+            raise ConfigError(f"{where}: releases[{i}].other: {r.other!r} is already in the domain")
+        try:
+            oracle = FrequencyOracle.create(r.protocol, r.epsilon, len(values))
+        except ConfigError as e:
+            key = "protocol" if r.protocol == "rr" else "domain"
+            raise ConfigError(f"{where}: releases[{i}].{key}: {e}") from None
+        parties = r.parties
+        spec = LocalDPSpec(
+            name=r.name,
+            oracle=oracle,
+            attribute=r.attribute,
+            domain=tuple(domain),
+            other=r.other,
+            unit=plan.config.schema_.privacy_unit,
+            party_column=parties.column if parties else None,
+            party_count=parties.count if parties else None,
+            write_reports=r.write_reports,
+        )
+        jobs.append(LocalJob(i, r, spec, values, r.protocol))
+    return jobs
+
+
+def charge_local(
+    ledger: Ledger, run_id: str, jobs: Sequence[LocalJob], log: Callable[[str], None]
+) -> None:
+    """Step 1: record the local releases' spend before their noise is drawn."""
+    if not jobs:
+        return
+    entries = ledger.charge_many(run_id, [(j.name, j.budget()) for j in jobs])
+    spent = sum((e.epsilon for e in entries), Fraction(0))
+    log(
+        f"privpipe: charged epsilon {float(spent):g} to the ledger {ledger.path} for local DP "
+        "(before reading: each person's randomisation is drawn while reading)"
+    )
+
+
+def _table(values: Sequence[str], est: np.ndarray, half: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "value": list(values),
+            "estimate": est.astype(np.float64),
+            "ci_low": (est - half).astype(np.float64),
+            "ci_high": (est + half).astype(np.float64),
+        }
+    )
+
+
+def publish_local(
+    jobs: Sequence[LocalJob],
+    plan: Plan,
+    work: Path,
+    staging: Path,
+    seed: int | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Step 3 for every local DP release; returns operator figures for the manifest."""
+    fmt = plan.config.output.format
+    summary: dict[str, Any] = {}
+    for job in jobs:
+        t0 = time.perf_counter()
+        r, oracle = job.config, job.spec.oracle
+        partial = load_partial(work / f"ldp-{job.name}.pickle")
+        beta = 1.0 - r.confidence
+        est = oracle.estimate(partial.n, partial.support, beta=beta)
+        table = _table(job.values, est.counts, est.halfwidth)
+        par = oracle.parameters.as_dict()
+        d = oracle.d
+        metrics: dict[str, Any] = {
+            "reports": partial.n,
+            "std_error_per_value": float(np.sqrt(est.table_variance)),
+            "ci_halfwidth_mean": float(np.mean(est.halfwidth)),
+        }
+        multiparty_doc: dict[str, Any] | None = None
+        folder = staging / "releases" / job.name
+        folder.mkdir(parents=True, exist_ok=True)
+        if r.parties is not None:
+            names = sorted(partial.parties)
+            exact = (
+                np.stack([partial.parties[k] for k in names])
+                if names
+                else np.zeros((r.parties.count or 1, d), dtype=np.int64)
+            )
+            noise = sampler(None if seed is None else seed + 7919 * (job.index + 1))
+            mp = noisy_party_sum(exact, r.epsilon, noise, sensitivity=1, beta=beta)
+            half = np.full(d, mp.halfwidth)
+            mp_table = _table(job.values, mp.counts.astype(np.float64), half)
+            write_table(mp_table, str(folder / f"multiparty.{fmt}"), fmt)
+            multiparty_doc = {
+                "epsilon": r.epsilon,
+                "parties": mp.m,
+                "split": f"column {r.parties.column}" if r.parties.column else "even, at random",
+                "mechanism": "discrete_laplace",
+                "sensitivity": 1,
+                "scale": laplace_scale(1, r.epsilon),
+                "variance_per_value": mp.variance,
+                "ci_halfwidth": mp.halfwidth,
+            }
+        # the same histogram's error per trust model (formulas at this n, ε, d): central
+        # (m = 1), multiparty (m parties, with `parties`) and this local protocol
+        m = multiparty_doc["parties"] if multiparty_doc is not None else None
+        models = compare_models(
+            max(partial.n, 1), r.epsilon, d, (1,) if m is None else (1, m), oracle.protocol
+        )
+        metrics["error_by_model"] = [
+            {
+                "model": str(row.model),
+                "parties": int(row.parties),
+                "std_error": float(row.std_error),
+            }
+            for row in models.itertuples()
+        ]
+        check = verify_local_release(
+            par, r.epsilon, job.values, partial.n, partial.support, table, multiparty_doc
+        )
+        if not check["ok"]:
+            raise PrivacyRefusal(
+                f"release {job.name!r} failed its verification: {'; '.join(check['problems'])}; "
+                "nothing was published"
+            )
+        write_table(table, str(folder / f"data.{fmt}"), fmt)
+        guarantee: dict[str, Any] = {
+            "epsilon": r.epsilon,
+            "delta": 0.0,
+            "model": "local",
+            "unit": plan.config.schema_.privacy_unit or "row",
+        }
+        if multiparty_doc is not None:
+            guarantee["multiparty"] = {
+                "epsilon": r.epsilon,
+                "delta": 0.0,
+                "model": "multiparty",
+                "parties": multiparty_doc["parties"],
+            }
+            guarantee["ledger_epsilon"] = 2 * r.epsilon
+        doc = {
+            "name": job.name,
+            "kind": "local_dp",
+            "parameters": {
+                "attribute": r.attribute,
+                "domain": list(job.values),
+                "other": r.other,
+                "protocol": oracle.protocol,
+                "protocol_requested": job.protocol_requested,
+                "oracle": par,
+                "confidence": r.confidence,
+                "write_reports": r.write_reports,
+                "one_report_per": plan.config.schema_.privacy_unit or "row",
+                "multiparty": multiparty_doc,
+            },
+            "guarantee": guarantee,
+            "metrics": metrics,
+            "verification": check,
+            "verified": bool(check["ok"]),
+            "insecure_seed": seed,
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+        write_json(str(folder / "release.json"), doc)
+        summary[job.name] = {"rows_in": partial.rows_in, "reports": partial.n}
+        log(f"privpipe: local DP {job.name}: {partial.n:,} reports ({oracle.protocol})")
+    return summary

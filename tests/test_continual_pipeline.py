@@ -1,0 +1,212 @@
+"""Continual counts (`kind: dp_continual_count`) through `privpipe run --period N`."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from dp.continual import node_scale
+from pipelines.cli import main
+from tests.test_cli import assert_nothing_published, snapshot
+
+DX = ["Flu", "Cancer", "Asthma", "Gastritis"]
+PERIODS = 3
+
+
+class StreamProject:
+    """One input file per period: persons with 1-3 visits, a diagnosis per visit."""
+
+    def __init__(self, root: Path, pan_private: bool, epsilon: float = 0.1) -> None:
+        self.root, self.config, self.out = root, root / "config.yaml", root / "out"
+        self.ledger = root / "ledger.sqlite"
+        self.state = root / "visits.weekly.continual.sqlite"
+        rng = np.random.default_rng(3)
+        for t in range(1, PERIODS + 1):
+            persons = 150 + 40 * t
+            pid = np.repeat(np.arange(persons), rng.integers(1, 4, persons))
+            frame = pd.DataFrame({"id": [f"P{i:04d}" for i in pid], "dx": rng.choice(DX, pid.size)})
+            frame.to_csv(root / f"week{t}.csv", index=False)
+        # bounded to one cell and one row per person and period, the exact total of a
+        # period is its number of persons (which cell each person counts in is random)
+        self.persons = [150 + 40 * t for t in range(1, PERIODS + 1)]
+        self.cfg: dict[str, Any] = {
+            "name": "visits",
+            "input": {"path": "week1.csv"},
+            "schema": {"privacy_unit": "id"},
+            "releases": [
+                {
+                    "name": "weekly",
+                    "kind": "dp_continual_count",
+                    "epsilon": epsilon,
+                    "horizon": 8,
+                    "group_by": ["dx"],
+                    "domain": {"dx": DX},
+                    "pan_private": pan_private,
+                }
+            ],
+            "budget": {"ledger": "ledger.sqlite", "lifetime_epsilon": 5},
+            "output": {"dir": "out"},
+        }
+        self.save()
+
+    def save(self) -> Path:
+        self.config.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
+        return self.config
+
+    def run(self, period: int, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+        week = self.root / f"week{min(period, PERIODS)}.csv"
+        args = ["run", str(self.config), "--period", str(period), "--input", str(week)]
+        code = main([*args, "--insecure-seed", str(100 + period), *extra])
+        return code, capsys.readouterr().err
+
+    def entries(self) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(self.ledger) as conn:
+            return conn.execute("SELECT release, epsilon, status FROM entries").fetchall()
+
+    def nodes(self) -> dict[tuple[str, int], np.ndarray]:
+        """The state as an intruder reads it, at the SQL level."""
+        with sqlite3.connect(self.state) as conn:
+            rows = conn.execute("SELECT kind, level, value FROM nodes").fetchall()
+        return {(k, lvl): np.frombuffer(v, "<i8").astype(np.int64) for k, lvl, v in rows}
+
+
+def test_periods_release_cumulative_counts_and_charge_the_stream_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = StreamProject(tmp_path, pan_private=False, epsilon=1.0)
+    totals = []
+    for t in range(1, PERIODS + 1):
+        code, err = p.run(t, capsys)
+        assert code == 0, err
+        table = pd.read_csv(p.out / "releases" / "weekly" / "data.csv")
+        assert table.columns.tolist() == ["period", "dx", "count", "ci_low", "ci_high"]
+        assert table["period"].tolist() == [t] * 4 and sorted(table["dx"]) == sorted(DX)
+        doc = json.loads((p.out / "releases" / "weekly" / "release.json").read_text())
+        assert doc["verified"] is True
+        assert doc["guarantee"]["epsilon"] == 1.0 and doc["guarantee"]["model"] == "continual"
+        assert doc["guarantee"]["unit"] == "id per period"
+        assert doc["parameters"]["stream"]["last_period"] == t
+        assert doc["parameters"]["node_noise"]["scale"] == node_scale(8, 1.0)
+        totals.append(int(table["count"].sum()))
+        # the cumulative number of persons (one row each after bounding) is within the CI
+        persons = sum(p.persons[:t])
+        assert abs(totals[-1] - persons) <= 4 * int(doc["metrics"]["ci_halfwidth"])
+        # the ledger holds ONE entry for the whole stream
+        assert p.entries() == [("weekly", "1", "committed")]
+    assert totals[0] < totals[1] < totals[2]  # cumulative
+    m = json.loads((p.out / "manifest.json").read_text())
+    assert m["continual"]["weekly"]["period"] == PERIODS
+    assert m["budget"]["charged_this_run"] == {}  # later periods charge nothing
+
+    before = snapshot(p.out)
+    refusals = [
+        (2, "was already released"),  # re-run of an earlier period
+        (3, "was already released"),  # re-run of the last period
+        (5, "cannot be released before period 4"),  # a skipped period
+        (9, "exceeds its horizon T = 8"),
+    ]
+    for period, message in refusals:
+        code, err = p.run(period, capsys)
+        assert code == 4, err
+        assert message in err, err
+        assert_nothing_published(p.out, before)
+    # a changed epsilon or horizon of the running stream
+    for key, value, message in (("epsilon", 2.0, "epsilon=1 (asked 2)"), ("horizon", 16, "T=8")):
+        p.cfg["releases"][0][key] = value
+        p.save()
+        code, err = p.run(4, capsys)
+        assert code == 4, err
+        assert "was started with" in err and message in err, err
+        p.cfg["releases"][0][key] = {"epsilon": 1.0, "horizon": 8}[key]
+        p.save()
+    assert_nothing_published(p.out, before)
+    assert p.entries() == [("weekly", "1", "committed")]
+    # a tampered state is refused (checksum), nothing read, nothing published
+    with sqlite3.connect(p.state) as conn:
+        conn.execute("UPDATE streams SET period = 2")
+    code, err = p.run(3, capsys)
+    assert code == 4, err
+    assert "failed its checksum" in err
+    assert_nothing_published(p.out, before)
+
+
+def test_a_new_stream_must_start_at_period_1_and_missing_period_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = StreamProject(tmp_path, pan_private=False)
+    code, err = p.run(2, capsys)
+    assert code == 4 and "cannot be released before period 1" in err, err
+    assert not p.ledger.exists() or p.entries() == []
+    code = main(["run", str(p.config)])
+    err = capsys.readouterr().err
+    assert code == 2 and "releases[0].period: missing" in err, err
+    assert_nothing_published(p.out)
+
+
+def test_state_file_that_is_not_a_state_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = StreamProject(tmp_path, pan_private=True)
+    p.state.write_bytes(b"not a database at all" * 200)
+    code, err = p.run(1, capsys)
+    assert code == 4 and "unreadable" in err, err
+    assert_nothing_published(p.out)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"horizon": 0}, "releases[0].horizon: must be an integer >= 1, got 0"),
+        ({"period": 9}, "releases[0].period: 9 is beyond the horizon 8"),
+        ({"epsilon": 0}, "releases[0].epsilon: must be a number > 0.0, got 0"),
+        ({"group_by": ["dx", "dx"]}, "releases[0].group_by: 'dx' is listed twice"),
+        ({"domain": {}}, "releases[0].domain.dx: a continual count publishes every cell"),
+        ({"max_contributions_per_partition": 0}, "max_contributions_per_partition: must be"),
+        ({"pan_privat": True}, "releases[0].pan_privat: unknown key; did you mean 'pan_private'"),
+    ],
+)
+def test_bad_continual_config_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict[str, Any], message: str
+) -> None:
+    p = StreamProject(tmp_path, pan_private=False)
+    p.cfg["releases"][0].update(change)
+    p.save()
+    code = main(["validate", str(p.config)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize("pan_private", [True, False])
+def test_pan_private_state_holds_no_raw_partial_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pan_private: bool
+) -> None:
+    p = StreamProject(tmp_path, pan_private=pan_private, epsilon=0.1)
+    equal = compared = 0
+    for t in range(1, PERIODS + 1):
+        code, err = p.run(t, capsys)
+        assert code == 0, err
+        nodes = p.nodes()
+        levels = 4  # horizon 8 -> 4 levels
+        opened = {lvl: v for (k, lvl), v in nodes.items() if k == "open"}
+        assert sorted(opened) == list(range(levels))
+        for lvl, value in opened.items():
+            start = (t // 2**lvl) * 2**lvl  # the open node holds periods start+1..t
+            exact_total = sum(p.persons[start:t])
+            compared += 1
+            equal += int(value.sum()) == exact_total
+    if pan_private:
+        b = node_scale(8, 0.1)
+        # each open node is X = N + sum x with N ~ DLap(b) per cell; the cell sum can hit the
+        # raw total only by chance
+        assert b == 40.0
+        assert equal <= 1, (equal, compared)
+    else:
+        assert equal == compared  # the standard state holds the raw partial sums
+    assert compared == PERIODS * 4
