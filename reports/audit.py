@@ -253,6 +253,9 @@ def release_entry(
         "information_loss": _information_loss(release),
         "attacks": acc,
     }
+    models = (release.document.get("metrics") or {}).get("error_by_model")
+    if models:  # local DP: the same histogram's error under central, multiparty, local noise
+        entry["error_by_model"] = plain(list(models))
     entry["summary"] = plain(_summary(utility, acc, headline))
     return entry
 
@@ -395,6 +398,13 @@ def _release_finding(name: str, e: Mapping[str, Any], sensitive: str | None) -> 
         parts.append(text)
     elif "queries" in u:
         parts.append("answers none of the workload's queries")
+    models = e.get("error_by_model") or []
+    if models:
+        parts.append(
+            "standard error per count "
+            + ", ".join(f"{m['model']} {float(m['std_error']):.3g}" for m in models)
+            + " (the same histogram under each trust model)"
+        )
     if parts:
         out.append(f"{label}: " + "; ".join(parts) + ".")
     return out

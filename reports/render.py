@@ -463,6 +463,18 @@ def _release_html(name: str, e: Mapping[str, Any]) -> str:
         out.append(
             "<h4>Information loss</h4>" + _kv_table(e["information_loss"], "information-loss")
         )
+    if e.get("error_by_model"):
+        out.append(
+            "<h4>Central, multiparty and local error</h4>"
+            '<table class="models"><thead><tr><th>model</th><th>parties</th>'
+            "<th>standard error per count</th></tr></thead><tbody>"
+        )
+        for m in e["error_by_model"]:
+            out.append(
+                f"<tr><td>{_e(m.get('model'))}</td>{_num_td(m.get('parties'), fmt_count)}"
+                f"{_num_td(m.get('std_error'), fmt_error)}</tr>"
+            )
+        out.append("</tbody></table>")
     if e.get("attacks"):
         out.append("<h4>Attacks</h4>" + _attacks_table(e["attacks"]))
     out.append("</section>")
@@ -630,6 +642,11 @@ def render_markdown(audit: Mapping[str, Any]) -> str:
                 lines.append(f"- {k.replace('_', ' ')}: {_fmt_value(k, u[k])}")
         if e.get("information_loss"):
             lines.append("- information loss: " + _fmt_any(e["information_loss"]))
+        for m in e.get("error_by_model") or []:
+            lines.append(
+                f"- standard error per count, {m.get('model')} ({fmt_count(m.get('parties'))} "
+                f"parties): {fmt_error(m.get('std_error'))}"
+            )
         for a, r in (e.get("attacks") or {}).items():
             lo, hi = (r.get("interval") or [None, None])[:2]
             bound = f", bound {fmt_rate(r.get('bound'))}" if r.get("bound") is not None else ""

@@ -76,6 +76,14 @@ def test_report_files_and_structure(demo_run: tuple[Path, Path]) -> None:
     )
     assert k5["utility"]["mean_relative_error"] > 0
     assert audit["attacker"]["targets"] == 1000
+    # local DP beside central and multiparty noise on the same histogram (the sqrt(n) gap)
+    models = audit["releases"]["ldp_diagnosis"]["error_by_model"]
+    errors = [m["std_error"] for m in models]
+    assert [m["parties"] for m in models][:2] == [1, 10] and errors == sorted(errors)
+    assert errors[-1] > 10 * errors[0]
+    assert "Central, multiparty and local error" in html
+    ldp = audit["releases"]["ldp_diagnosis"]["attacks"]["ldp_report"]
+    assert ldp["interval"][0] <= ldp["bound"] and ldp["rate"] > ldp["prior_success"]
 
 
 def test_the_report_never_shows_a_planted_unique_value(demo_run: tuple[Path, Path]) -> None:
