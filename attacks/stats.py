@@ -1,4 +1,4 @@
-"""Interval arithmetic for measured attack rates (pure core, standard library + scipy).
+"""Interval arithmetic for measured attack rates (pure core, standard library only).
 
 Attack success is measured on a finite set of targets or trials, so every rate is
 reported with a binomial confidence interval. Wilson's score interval is used because it
@@ -9,8 +9,7 @@ releases live (a plain normal interval collapses to a point there).
 from __future__ import annotations
 
 import math
-
-from scipy.stats import norm
+from statistics import NormalDist
 
 __all__ = ["wilson_interval"]
 
@@ -27,7 +26,7 @@ def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple
         raise ValueError(f"need 0 <= successes <= n, got successes={successes!r}, n={n!r}")
     if n == 0:
         return 0.0, 1.0
-    z = float(norm.ppf(0.5 + confidence / 2.0))
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
     phat = successes / n
     z2n = z * z / n
     centre = (phat + z2n / 2.0) / (1.0 + z2n)

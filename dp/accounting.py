@@ -301,6 +301,13 @@ class Accountant:
     def pld(self) -> Guarantee:
         if self.delta == 0:
             return Guarantee("pld", None, None, "needs delta > 0 (at delta = 0 it is the pure sum)")
+        gaussian = any(isinstance(m, DiscreteGaussian) for s in self.steps for m in _worst(s))
+        if not gaussian and self.delta - self.fixed_delta <= 0:
+            # every delta is the steps' own: no slack to trade for epsilon, so the sum of
+            # the epsilons (basic composition) is already optimal; skip the scipy import
+            return Guarantee(
+                "pld", None, None, "no delta beyond the steps' own: basic composition is optimal"
+            )
         # imported here: dp_accounting pulls in scipy (~1.5 s), needed only when delta > 0
         from dp_accounting.pld import common as pld_common
         from dp_accounting.pld import privacy_loss_distribution as pld_lib
