@@ -311,6 +311,17 @@ def write_audit(
     )
     if attacks is not None:
         audit["attacker"] = attacker_summary(plan, len(raw))
+    b = plan.config.budget
+    if b is not None and b.sweep_ledger and plan.sweeps:
+        where = str(plan.resolve(b.sweep_ledger))
+        note = (
+            f"The differentially private points of the sweeps were charged to the separate "
+            f"audit ledger {where}, not to the dataset's ledger {plan.ledger_path}: they are an "
+            "analysis of how to publish, and their spend is accounted apart."
+        )
+        audit["budget"] = {"ledger": str(plan.ledger_path), "sweep_ledger": where, "note": note}
+        audit.setdefault("findings", []).append(note)
+        audit.setdefault("methodology", {})["sweep_ledger"] = note
     return write_reports(staging, audit)
 
 

@@ -677,6 +677,11 @@ class BudgetConfig(_Model):
     )
     lifetime_epsilon: float = Field(gt=0, allow_inf_nan=False)
     lifetime_delta: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
+    sweep_ledger: str | None = Field(
+        default=None,
+        description="A separate audit ledger for the central-DP points of sweeps (same "
+        "lifetime); the report says so. Default: sweeps spend from the dataset's ledger.",
+    )
 
 
 # -------------------------------------------------------------------------- output

@@ -38,7 +38,7 @@ from pipelines.continual_release import (
     precheck,
     publish_continual,
 )
-from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
+from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish, swept
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
 from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
 from pipelines.output import RunOutput, new_run_id
@@ -175,12 +175,23 @@ def run(
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     spec = plan.input_spec()
-    jobs = dp_jobs(plan)
+    all_jobs = dp_jobs(plan)
+    to_audit_ledger = swept(plan)
+    jobs = [j for j in all_jobs if j.name not in to_audit_ledger]
+    sweep_jobs = [j for j in all_jobs if j.name in to_audit_ledger]
     ljobs = local_jobs(plan)
     cjobs = continual_jobs(plan)
     run_id = new_run_id()
     ledger: Ledger | None = None
+    sweep_ledger: Ledger | None = None
     new_streams: list[ContinualJob] = []
+    if sweep_jobs:  # sweep points spend from the separate audit ledger
+        sweep_ledger = open_ledger(plan, sweep=True)
+        try:
+            sweep_ledger.check_affordable(run_id, [(j.name, j.budget()) for j in sweep_jobs])
+        except BaseException:
+            sweep_ledger.close()
+            raise
     if jobs or ljobs or cjobs:  # refuse an unaffordable run before any data is read
         ledger = open_ledger(plan)
         try:
@@ -193,19 +204,23 @@ def run(
             )
         except BaseException:
             ledger.close()
+            if sweep_ledger is not None:
+                sweep_ledger.close()
             raise
     try:
         return _run(
             plan, beam_args, runner, log, insecure_seed, spec, jobs, run_id, ledger, started, t0,
-            ljobs, cjobs, new_streams,
+            ljobs, cjobs, new_streams, sweep_jobs, sweep_ledger,
         )  # fmt: skip
     except BaseException as exc:
-        if ledger is not None:
-            mark_failed(ledger, run_id, exc)
+        for book in (ledger, sweep_ledger):
+            if book is not None:
+                mark_failed(book, run_id, exc)
         raise
     finally:
-        if ledger is not None:
-            ledger.close()
+        for book in (ledger, sweep_ledger):
+            if book is not None:
+                book.close()
 
 
 def mark_failed(ledger: Ledger, run_id: str, exc: BaseException) -> None:
@@ -230,6 +245,8 @@ def _run(
     ljobs: Sequence[LocalJob] = (),
     cjobs: Sequence[ContinualJob] = (),
     new_streams: Sequence[ContinualJob] = (),
+    sweep_jobs: Sequence[DPJob] = (),
+    sweep_ledger: Ledger | None = None,
 ) -> RunResult:
     columns = inspect_input(spec)
     if ljobs and ledger is not None:  # local noise is drawn while reading: charge first
@@ -241,7 +258,9 @@ def _run(
         log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
         try:
             with beam.Pipeline(options=options) as p:
-                build_graph(p, spec, columns, plan, out, jobs, insecure_seed, ljobs, cjobs)
+                build_graph(
+                    p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs, cjobs
+                )
         except PrivpipeError as e:
             raise strip_step(e) from None
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
@@ -254,6 +273,12 @@ def _run(
         if jobs and ledger is not None:
             dp_bounding = publish(
                 jobs, ledger, run_id, int(profile["rows"]), out.work, out.staging,
+                plan.config.output.format, insecure_seed, log,
+                coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
+            )  # fmt: skip
+        if sweep_jobs and sweep_ledger is not None:
+            dp_bounding |= publish(
+                sweep_jobs, sweep_ledger, run_id, int(profile["rows"]), out.work, out.staging,
                 plan.config.output.format, insecure_seed, log,
                 coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
             )  # fmt: skip
@@ -303,6 +328,7 @@ def _run(
             "local_dp": local_summary or None,
             "continual": continual_summary or None,
             "budget": budget_summary(ledger, run_id),
+            "sweep_budget": budget_summary(sweep_ledger, run_id),
             "status": "succeeded",
         }
         write_json(str(out.staging / "manifest.json"), manifest)

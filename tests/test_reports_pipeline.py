@@ -158,3 +158,24 @@ def test_bad_sweep_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     config.write_text(yaml.safe_dump(cfg))
     assert main(["validate", str(config)]) == 2
     assert "releases[0].k: must be an integer >= 2, got 1" in capsys.readouterr().err
+
+
+def test_sweeps_can_spend_from_a_separate_audit_ledger(tmp_path: Path) -> None:
+    config = demo_project(tmp_path, rows=1000)
+    cfg: dict[str, Any] = yaml.safe_load(config.read_text())
+    cfg["releases"] = [
+        {"name": "dp", "kind": "dp_histogram", "epsilon": 1.0, "group_by": ["diagnosis"],
+         "partition_by": "sex", "max_partitions": 2},
+        {"name": "dp_main", "kind": "dp_count", "epsilon": 0.5, "group_by": ["sex"]},
+    ]  # fmt: skip
+    cfg["sweep"] = [{"release": "dp", "epsilon": [0.5, 2]}]
+    cfg["budget"]["sweep_ledger"] = str(tmp_path / "audit-ledger.sqlite")
+    cfg["attacks"] = {"targets": 200, "run": ["membership"]}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert main(["run", str(config)]) == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["budget"]["spent"]["epsilon"] == 0.5  # only the production release
+    assert manifest["sweep_budget"]["spent"]["epsilon"] == 2.5  # the sweep's points
+    audit = json.loads((tmp_path / "out" / "audit.json").read_text())
+    assert audit["budget"]["sweep_ledger"].endswith("audit-ledger.sqlite")
+    assert "separate audit ledger" in (tmp_path / "out" / "report.html").read_text()
