@@ -40,6 +40,7 @@ __all__ = [
     "build_intervals",
     "build_mask",
     "canonical_factorize",
+    "canonical_scalar",
     "hierarchy_to_arx_csv",
     "load_arx_csv",
 ]
@@ -162,6 +163,11 @@ def _factorize(values: Any) -> tuple[IntArray, ObjArray]:
         np.asarray(codes, dtype=np.int64),
         _canonical_array(np.asarray(uniques)),
     )
+
+
+def canonical_scalar(value: object) -> str:
+    """One value as the canonical string hierarchies match (``39.0`` -> ``"39"``)."""
+    return _canonical_scalar(value)
 
 
 def canonical_factorize(values: Any) -> tuple[IntArray, ObjArray]:

@@ -21,7 +21,6 @@ Pure core: numpy, pandas, scipy and the standard library only (no Beam).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, cast
@@ -31,7 +30,7 @@ import numpy.typing as npt
 import pandas as pd
 from scipy import sparse
 
-from anonymity.hierarchy import Hierarchy
+from anonymity.hierarchy import Hierarchy, canonical_scalar
 
 __all__ = [
     "SUPPRESSED",
@@ -55,26 +54,6 @@ _RANGE: Final = r"^\[\s*([^,\]]+?)\s*,\s*([^,\]]+?)\s*\]$"
 # --------------------------------------------------------------------------- strings
 
 
-def _canonical(value: object) -> str:
-    """One value as the string a hierarchy or a published CSV would hold (39.0 -> "39")."""
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return ""
-    if isinstance(value, bool | np.bool_):
-        return str(bool(value))
-    if isinstance(value, int | np.integer):
-        return str(int(value))
-    if isinstance(value, float | np.floating):
-        number = float(value)
-        if math.isnan(number):
-            return ""
-        if math.isfinite(number) and number.is_integer():
-            return str(int(number))
-        return repr(number)
-    return str(value)
-
-
 def canonical_strings(values: Any) -> tuple[IntArray, ObjArray]:
     """Codes per element and the distinct canonical strings (missing cells -> ``""``).
 
@@ -85,7 +64,7 @@ def canonical_strings(values: Any) -> tuple[IntArray, ObjArray]:
         array[:] = list(values)
         values = array
     codes, uniques = pd.factorize(values)
-    texts = [_canonical(v) for v in np.asarray(uniques, dtype=object).tolist()]
+    texts = [canonical_scalar(v) for v in np.asarray(uniques, dtype=object).tolist()]
     codes = np.asarray(codes, dtype=np.int64)
     if (codes < 0).any():
         texts.append("")

@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dp.budget import ApproxBudget, Number, PureBudget, RhoBudget
+from dp.sqlite_tx import immediate
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 SCHEMA_VERSION = "1"
@@ -177,24 +178,9 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[None]:
-        """An IMMEDIATE transaction: takes the write lock up front (waits up to the timeout)."""
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
-                raise PrivacyRefusal(
-                    f"the privacy ledger {self.path} stayed locked by another run; retry "
-                    "when it finishes"
-                ) from exc
-            raise
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+    def _write(self) -> AbstractContextManager[None]:
+        """An IMMEDIATE transaction: the write lock up front, so runs serialise."""
+        return immediate(self._conn, f"the privacy ledger {self.path}")
 
     def _check_header(self, tables: set[str], fix: str) -> None:
         if not {"meta", "entries"} <= tables:

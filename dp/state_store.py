@@ -26,8 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -46,6 +45,7 @@ from dp.continual import (
     start,
 )
 from dp.noise import NoiseSampler
+from dp.sqlite_tx import immediate
 from privpipe.errors import ConfigError, PrivacyRefusal
 
 IntArray = npt.NDArray[np.int64]
@@ -244,24 +244,9 @@ class ContinualStore:
             "starts over and needs its own budget)"
         )
 
-    @contextmanager
-    def _write(self) -> Iterator[None]:
+    def _write(self) -> AbstractContextManager[None]:
         """An IMMEDIATE transaction: the write lock up front, so runs serialise."""
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
-                raise PrivacyRefusal(
-                    f"the continual state {self.path} stayed locked by another run; retry "
-                    "when it finishes"
-                ) from exc
-            raise
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+        return immediate(self._conn, f"the continual state {self.path}")
 
     # ------------------------------------------------------------------ reading
 
