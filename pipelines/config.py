@@ -876,14 +876,20 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
     return out
 
 
-def public_domain_source(cfg: PrivpipeConfig, r: _DPRelease, col: str) -> str | None:
-    """Where ``col``'s public domain comes from for release ``r`` (None: not public)."""
-    if col in r.domain:
+def domain_source(cfg: PrivpipeConfig, given: bool, col: str) -> str | None:
+    """Where ``col``'s public domain comes from: the release's own list ('domain'), a file
+    or groups hierarchy ('hierarchy'), or nowhere (None: a domain read from data is private)."""
+    if given:
         return "domain"
     h = cfg.hierarchies.get(col)
     if h is not None and h.kind in STATIC_HIERARCHY_KINDS:
         return "hierarchy"
     return None
+
+
+def public_domain_source(cfg: PrivpipeConfig, r: _DPRelease, col: str) -> str | None:
+    """Where ``col``'s public domain comes from for release ``r`` (None: not public)."""
+    return domain_source(cfg, col in r.domain, col)
 
 
 def resolved_partitions(cfg: PrivpipeConfig, r: _DPRelease) -> str:
@@ -1024,22 +1030,12 @@ def local_problems(cfg: PrivpipeConfig, i: int, r: LocalDPRelease) -> list[str]:
 
 def public_local_domain_source(cfg: PrivpipeConfig, r: LocalDPRelease) -> str | None:
     """Where a local DP release's domain comes from: 'domain', 'hierarchy' or None."""
-    if r.domain is not None:
-        return "domain"
-    h = cfg.hierarchies.get(r.attribute)
-    if h is not None and h.kind in STATIC_HIERARCHY_KINDS:
-        return "hierarchy"
-    return None
+    return domain_source(cfg, r.domain is not None, r.attribute)
 
 
 def continual_domain_source(cfg: PrivpipeConfig, r: ContinualCountRelease, col: str) -> str | None:
     """Where a continual count's group_by column gets its public domain."""
-    if col in r.domain:
-        return "domain"
-    h = cfg.hierarchies.get(col)
-    if h is not None and h.kind in STATIC_HIERARCHY_KINDS:
-        return "hierarchy"
-    return None
+    return domain_source(cfg, col in r.domain, col)
 
 
 def continual_problems(cfg: PrivpipeConfig, i: int, r: ContinualCountRelease) -> list[str]:
