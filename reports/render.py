@@ -50,6 +50,7 @@ max-width:1100px;margin:2em auto;padding:0 1em;background:#fff}
 h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:2px solid #d8dee8;padding-bottom:.2em;
 margin-top:2em}h3{margin-bottom:.3em}
 table{border-collapse:collapse;margin:.6em 0;font-size:.92em}
+.scroll{overflow-x:auto;max-width:100%}
 th,td{border:1px solid #d8dee8;padding:.25em .55em;text-align:left;vertical-align:top}
 th{background:#f2f5f9}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .meta{color:#5a6473}.warn{color:#a4000f;font-weight:600}
@@ -199,7 +200,7 @@ def tradeoff_svg(audit: Mapping[str, Any]) -> str | None:
         ax.set_ylim(-0.03, 1.05)
         ax.set_xlim(left=min(-0.02, min(p[0] for p in points.values()) - 0.02))
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize=8, frameon=False)
+        ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.9, title="legend")
         return _svg(fig)
 
 
@@ -297,7 +298,7 @@ def _summary_table(audit: Mapping[str, Any], attacks: Sequence[str]) -> str:
         "Mean abs. error",
     ]
     head += [f"{a} rate" for a in attacks]
-    out = ['<table class="summary" id="summary-table"><thead><tr>']
+    out = ['<div class="scroll"><table class="summary" id="summary-table"><thead><tr>']
     out += [f"<th>{_e(h)}</th>" for h in head]
     out.append("</tr></thead><tbody>")
     for name, e in _entries(audit):
@@ -312,7 +313,7 @@ def _summary_table(audit: Mapping[str, Any], attacks: Sequence[str]) -> str:
             rate = ((e.get("attacks") or {}).get(a) or {}).get("rate")
             out.append(_num_td(rate))
         out.append("</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
