@@ -26,6 +26,58 @@ ObjArray = npt.NDArray[np.object_]
 BoolArray = npt.NDArray[np.bool_]
 
 
+_KEY_LIMIT = 1 << 62
+
+
+@dataclass(frozen=True, eq=False)
+class _TupleIndex:
+    """Row of each distinct tuple of non-negative int codes: one packed int64 key per tuple
+    (mixed radix, ``radices`` bound each column) searched in sorted order; a MultiIndex
+    when the packed keys would overflow."""
+
+    radices: IntArray
+    keys: IntArray  # sorted packed keys
+    rows: IntArray  # row of each sorted key
+    multi: pd.MultiIndex | None
+    unique: bool
+
+    @classmethod
+    def build(cls, codes: IntArray) -> _TupleIndex:
+        radices = (codes.max(axis=0) + 1) if codes.shape[0] else np.ones(codes.shape[1], np.int64)
+        span = 1
+        for r in radices.tolist():
+            span *= max(int(r), 1)
+        if span >= _KEY_LIMIT:
+            multi = pd.MultiIndex.from_arrays([codes[:, j] for j in range(codes.shape[1])])
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(radices, empty, empty, multi, bool(multi.is_unique))
+        keys = _pack(codes, radices)
+        rows = np.argsort(keys, kind="stable")
+        keys = keys[rows]
+        unique = bool((keys[1:] != keys[:-1]).all())
+        return cls(radices, keys, rows.astype(np.int64), None, unique)
+
+    def locate(self, array: IntArray) -> IntArray:
+        """Row of each tuple of ``array`` (n, n_columns); -1 where absent."""
+        if self.multi is not None:
+            target = pd.MultiIndex.from_arrays([array[:, j] for j in range(array.shape[1])])
+            return np.asarray(self.multi.get_indexer(target), dtype=np.int64)
+        if self.keys.shape[0] == 0:
+            return np.full(array.shape[0], -1, dtype=np.int64)
+        inside: BoolArray = np.asarray(((array >= 0) & (array < self.radices)).all(axis=1))
+        keys = _pack(np.where(inside[:, None], array, 0), self.radices)
+        at = np.minimum(np.searchsorted(self.keys, keys), self.keys.shape[0] - 1)
+        found = inside & (self.keys[at] == keys)
+        return np.where(found, self.rows[at], -1).astype(np.int64)
+
+
+def _pack(codes: IntArray, radices: IntArray) -> IntArray:
+    key = np.zeros(codes.shape[0], dtype=np.int64)
+    for j in range(codes.shape[1]):
+        key = key * int(radices[j]) + codes[:, j]
+    return key
+
+
 @dataclass(frozen=True, eq=False)
 class Recoding:
     """Published labels per distinct raw QI tuple; suppressed tuples are all `*`.
@@ -53,8 +105,8 @@ class Recoding:
             raise ValueError("suppressed must have one entry per tuple")
         labels = labels.copy()
         labels[suppressed] = SUPPRESSED
-        index = pd.MultiIndex.from_arrays([codes[:, j] for j in range(q)]) if q else None
-        if index is not None and not index.is_unique:
+        index = _TupleIndex.build(codes) if q else None
+        if index is not None and not index.unique:
             raise ValueError("raw QI tuples of a recoding must be distinct")
         object.__setattr__(self, "qi_names", tuple(self.qi_names))
         object.__setattr__(self, "codes", codes)
@@ -70,9 +122,10 @@ class Recoding:
     def locate(self, raw_codes: npt.ArrayLike) -> IntArray:
         """Row of the recoding for each tuple of raw codes (n, n_qi); -1 where absent."""
         array = np.asarray(raw_codes, dtype=np.int64).reshape(-1, len(self.qi_names))
-        target = pd.MultiIndex.from_arrays([array[:, j] for j in range(array.shape[1])])
-        index: pd.MultiIndex = object.__getattribute__(self, "_index")
-        return np.asarray(index.get_indexer(target), dtype=np.int64)
+        index: _TupleIndex | None = object.__getattribute__(self, "_index")
+        if index is None:
+            return np.full(array.shape[0], -1 if self.n_tuples == 0 else 0, dtype=np.int64)
+        return index.locate(array)
 
     def encode(self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]) -> IntArray:
         """Raw codes (n, n_qi) of a batch's QI columns; unknown values are a data error."""
