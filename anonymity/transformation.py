@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from anonymity.arrays import unique_first_inverse
 from anonymity.hierarchy import Hierarchy
 from anonymity.lattice import Lattice, Node
 from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
@@ -420,7 +421,7 @@ class Evaluator:
                 rest //= radices[j]
             return self._from_cells(node, keys, counts)
         keys = self._row_keys(node)
-        cell_keys, inverse = np.unique(keys, return_inverse=True)
+        cell_keys, _, inverse = unique_first_inverse(keys)
         tally = np.bincount(inverse.ravel(), weights=self.summary.counts)
         return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64))
 

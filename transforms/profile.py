@@ -23,13 +23,30 @@ import apache_beam as beam
 import numpy as np
 import pandas as pd
 
+from anonymity.arrays import sorted_unique, unique_first_inverse
+
 
 def _hash(values: pd.Series | pd.DataFrame) -> np.ndarray:
     return pd.util.hash_pandas_object(values, index=False).to_numpy(dtype=np.uint64)
 
 
+def _combine(hashes: Sequence[np.ndarray]) -> np.ndarray:
+    """Row hashes of a frame from its columns' hashes: equal to ``_hash(frame)`` (the
+    combination ``hash_pandas_object`` applies to a DataFrame's column hashes), so each
+    column is hashed once per batch however many combinations it is part of."""
+    out = np.zeros_like(hashes[0]) + np.uint64(0x345678)
+    mult = np.uint64(1000003)
+    for i, h in enumerate(hashes):
+        inverse_i = len(hashes) - i
+        out ^= h
+        out *= mult
+        mult += np.uint64(82520 + inverse_i + inverse_i)
+    out += np.uint64(97531)
+    return out
+
+
 def _compact_unique(parts: list[np.ndarray]) -> list[np.ndarray]:
-    return [np.unique(np.concatenate(parts))] if len(parts) > 1 else parts
+    return [sorted_unique(np.concatenate(parts))] if len(parts) > 1 else parts
 
 
 def _compact_counts(
@@ -39,7 +56,7 @@ def _compact_counts(
         return parts
     keys = np.concatenate([k for k, _ in parts])
     counts = np.concatenate([c for _, c in parts])
-    uniq, inverse = np.unique(keys, return_inverse=True)
+    uniq, _, inverse = unique_first_inverse(keys)
     return [(uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64))]
 
 
@@ -50,7 +67,7 @@ def _compact_pairs(
         return parts
     keys = np.concatenate([k for k, _ in parts])
     values = np.concatenate([v for _, v in parts])
-    uniq, first = np.unique(keys, return_index=True)
+    uniq, first, _ = unique_first_inverse(keys)
     return [(uniq, values[first])]
 
 
@@ -115,17 +132,24 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
 
     def add_input(self, acc: ProfileAccumulator, batch: pd.DataFrame) -> ProfileAccumulator:
         acc.rows += len(batch)
+        hashes: dict[str, np.ndarray] = {}
+
+        def hashed(col: str) -> np.ndarray:
+            if col not in hashes:
+                hashes[col] = _hash(batch[col])
+            return hashes[col]
+
         for col in self.columns:
             series = batch[col]
             acc.missing[col] = acc.missing.get(col, 0) + int(series.isna().sum())
-            acc.hashes.setdefault(col, []).append(np.unique(_hash(series)))
+            acc.hashes.setdefault(col, []).append(sorted_unique(hashed(col)))
         if self.qis:
-            qi_hash = _hash(batch[self.qis])
+            qi_hash = _combine([hashed(q) for q in self.qis])
             keys, counts = np.unique(qi_hash, return_counts=True)
             acc.combos.append((keys, counts.astype(np.int64)))
             if self.unit is not None:
-                pair = _hash(batch[[*self.qis, self.unit]])
-                uniq, first = np.unique(pair, return_index=True)
+                pair = _combine([hashed(c) for c in [*self.qis, self.unit]])
+                uniq, first, _ = unique_first_inverse(pair)
                 acc.pairs.append((uniq, qi_hash[first]))
         for col in self.counted:
             acc.add_counts(col, batch[col].value_counts(dropna=True))

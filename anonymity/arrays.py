@@ -1,0 +1,53 @@
+"""Sort-based distinct values of 1-D integer arrays (the hot paths of summaries and profiles).
+
+Same results as ``np.unique`` (sorted distinct values, first occurrence, inverse), but
+with one ``np.sort`` / ``np.argsort``: on numpy 2.4 ``np.unique`` of a few million
+int64 keys takes seconds (≈ 7.7 s plain, 1.2–1.5 s with ``return_index`` /
+``return_inverse`` on 7.6M keys) against ≈ 0.1–0.4 s for these.
+
+Pure core: numpy only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["sorted_unique", "unique_first_inverse"]
+
+IntArray = npt.NDArray[np.int64]
+ArrayT = TypeVar("ArrayT", bound=npt.NDArray[Any])
+
+
+def _starts(sorted_values: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """True where a run of equal values starts in a sorted array."""
+    starts = np.empty(sorted_values.shape[0], dtype=bool)
+    if starts.shape[0]:
+        starts[0] = True
+        np.not_equal(sorted_values[1:], sorted_values[:-1], out=starts[1:])
+    return starts
+
+
+def sorted_unique(values: ArrayT) -> ArrayT:
+    """``np.unique(values)`` of a 1-D array."""
+    ordered = np.sort(values)
+    result: ArrayT = ordered[_starts(ordered)]
+    return result
+
+
+def unique_first_inverse(values: ArrayT) -> tuple[ArrayT, IntArray, IntArray]:
+    """``np.unique(values, return_index=True, return_inverse=True)`` of a 1-D array:
+    the sorted distinct values, the first position of each, and the index of each
+    element's value among them."""
+    order = np.argsort(values).astype(np.int64, copy=False)  # not stable: first = min below
+    ordered = values[order]
+    starts = _starts(ordered)
+    inverse = np.empty(order.shape[0], dtype=np.int64)
+    inverse[order] = np.cumsum(starts) - 1
+    uniq: ArrayT = ordered[starts]
+    if not order.shape[0]:
+        return uniq, order, inverse
+    first = np.minimum.reduceat(order, np.flatnonzero(starts))
+    return uniq, first.astype(np.int64, copy=False), inverse
