@@ -38,7 +38,7 @@ import pandas as pd
 
 from anonymity.hierarchy import Hierarchy
 from anonymity.mondrian import mondrian
-from anonymity.quality import class_sizes, recoding_metrics
+from anonymity.quality import measure_recoding
 from anonymity.recoding import Recoding, full_domain_labels
 from anonymity.risk import journalist, marketer, prosecutor
 from anonymity.search import SearchResult, search
@@ -241,12 +241,12 @@ def plan_recoding(
     info["total_seconds"] = time.perf_counter() - started
     identity = identity_recoding(summary, hierarchies)
     level_0 = dict.fromkeys(spec.qis, 0)
-    metrics_input = recoding_metrics(
+    metrics_input, input_sizes = measure_recoding(
         identity, summary, hierarchies, numeric=spec.numeric, levels=level_0
     )
-    metrics_output = recoding_metrics(recoding, summary, hierarchies, numeric=spec.numeric)
-    input_sizes = class_sizes(identity, summary)
-    output_sizes = class_sizes(recoding, summary)
+    metrics_output, output_sizes = measure_recoding(
+        recoding, summary, hierarchies, numeric=spec.numeric
+    )
     suppressed = summary.n_records - int(output_sizes.sum())
     if suppressed != info["suppressed_records"]:
         raise PrivacyRefusal(

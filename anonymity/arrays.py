@@ -10,7 +10,7 @@ Pure core: numpy only.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -33,8 +33,7 @@ def _starts(sorted_values: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
 def sorted_unique(values: ArrayT) -> ArrayT:
     """``np.unique(values)`` of a 1-D array."""
     ordered = np.sort(values)
-    result: ArrayT = ordered[_starts(ordered)]
-    return result
+    return cast(ArrayT, ordered[_starts(ordered)])
 
 
 def unique_first_inverse(values: ArrayT) -> tuple[ArrayT, IntArray, IntArray]:
@@ -46,7 +45,7 @@ def unique_first_inverse(values: ArrayT) -> tuple[ArrayT, IntArray, IntArray]:
     starts = _starts(ordered)
     inverse = np.empty(order.shape[0], dtype=np.int64)
     inverse[order] = np.cumsum(starts) - 1
-    uniq: ArrayT = ordered[starts]
+    uniq = cast(ArrayT, ordered[starts])
     if not order.shape[0]:
         return uniq, order, inverse
     first = np.minimum.reduceat(order, np.flatnonzero(starts))

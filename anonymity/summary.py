@@ -41,7 +41,9 @@ _KEY_LIMIT: Final = 1 << 62  # packed keys stay below this (int64 with room to s
 _EXAMPLES: Final = 5
 
 
-def group_rows(columns: Sequence[IntArray], radices: Sequence[int]) -> tuple[IntArray, IntArray]:
+def group_rows(
+    columns: Sequence[npt.NDArray[np.integer[Any]]], radices: Sequence[int]
+) -> tuple[IntArray, IntArray]:
     """Group rows of non-negative integer columns: (group id per row, first row per group).
 
     Group ids are dense (0..n_groups-1) and follow the lexicographic order of the columns

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,13 @@ from apache_beam.pvalue import AsSingleton
 
 from anonymity.api import RecodingPlan, plan_recoding, release_document
 from anonymity.hierarchy import Hierarchy
+from anonymity.recoding import Recoding
 from anonymity.spec import AnonymizationSpec
 from anonymity.summary import Summary, group_rows
 from anonymity.verify import verify_counts
 from privpipe.errors import PrivacyRefusal
 from transforms.io import InputSpec, ReadMicrodata
+from transforms.memory import release_free_memory
 from transforms.sink import WriteTable, write_json
 
 COUNT = "count"
@@ -89,8 +91,7 @@ def _distinct_rows(
     codes: npt.NDArray[np.int32], counts: npt.NDArray[np.int64], radices: Sequence[int]
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
     """Distinct rows of a code matrix and their summed counts (mixed-radix keys, np.unique)."""
-    columns = [codes[:, j].astype(np.int64) for j in range(codes.shape[1])]
-    group, first = group_rows(columns, radices)
+    group, first = group_rows([codes[:, j] for j in range(codes.shape[1])], radices)
     summed = np.bincount(group, weights=counts, minlength=len(first))
     return codes[first], np.rint(summed).astype(np.int64)
 
@@ -134,6 +135,7 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
 
     def merge_accumulators(self, accs: Iterable[_Partial]) -> _Partial:
         """Merge as the partials stream in (amortised), never holding all at once."""
+        release_free_memory()
         out = self.create_accumulator()
         for acc in accs:
             mappings = [out.encode(j, v) for j, v in enumerate(acc.values)]
@@ -178,9 +180,24 @@ class ReleaseContext:
     sa_hierarchy: Hierarchy | None
     input_records: int
 
+    def without_tuples(self) -> ReleaseContext:
+        """The context without the recoding's per-tuple arrays: all that verifying and
+        documenting the release need (a much smaller side input)."""
+        recoding = self.plan.recoding
+        q = len(recoding.qi_names)
+        empty = Recoding(
+            recoding.qi_names,
+            np.zeros((0, q), dtype=np.int64),
+            np.empty((0, q), dtype=object),
+            np.zeros(0, dtype=bool),
+            recoding.description,
+        )
+        return replace(self, plan=replace(self.plan, recoding=empty))
+
 
 def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver) -> ReleaseContext:
     """On one worker: complete the hierarchies, build the summary, search the recoding."""
+    release_free_memory()  # the search peaks on top of whatever the reads left behind
     value_counts = {c: _value_counts(freq[c], freq[COUNT]) for c in freq.columns if c != COUNT}
     hierarchies = resolver(value_counts)
     sa = spec.sensitive
@@ -283,10 +300,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         ] | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(ctx))
         _ = recoded | "Write" >> WriteTable(self.directory, "data", cols, format=self.output_format)  # type: ignore[arg-type]
         path = str(Path(self.directory) / "release.json")
+        figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)
         return (
             recoded
             | "CountClasses" >> beam.CombineGlobally(FrequencyTable(cols))
-            | "Verify" >> beam.Map(verify_and_document, AsSingleton(ctx))
+            | "Verify" >> beam.Map(verify_and_document, AsSingleton(figures))
             | "WriteRelease" >> beam.Map(_write_document, path)
         )
 

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from anonymity.arrays import sorted_unique, unique_first_inverse
+from transforms.memory import release_free_memory
 
 
 def _hash(values: pd.Series | pd.DataFrame) -> np.ndarray:
@@ -157,6 +158,7 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         return acc
 
     def merge_accumulators(self, accs: Iterable[ProfileAccumulator]) -> ProfileAccumulator:
+        release_free_memory()  # after the read: the merge peaks on top of what it left
         out = ProfileAccumulator()
         for a in accs:
             out.rows += a.rows
