@@ -154,9 +154,21 @@ class Recoding:
                 "summary the anonymisation was computed on; the input changed during the run"
             )
         out = frame.copy()
-        for j, name in enumerate(self.qi_names):
-            out[name] = pd.array(self.labels[rows, j], dtype="str")
+        for j, (ids, names) in enumerate(self._label_columns()):
+            out[self.qi_names[j]] = names.take(ids[rows])
         return out, self.suppressed[rows]
+
+    def _label_columns(self) -> list[tuple[IntArray, Any]]:
+        """Per QI: label id per tuple and the distinct labels as a ``str`` array, so a
+        batch's labels are one Arrow ``take`` (built on first use, e.g. on the worker)."""
+        cached: list[tuple[IntArray, Any]] | None = self.__dict__.get("_columns")
+        if cached is None:
+            cached = []
+            for j in range(len(self.qi_names)):
+                ids, names = pd.factorize(self.labels[:, j], use_na_sentinel=False)
+                cached.append((ids.astype(np.int64), pd.array(np.asarray(names), dtype="str")))
+            object.__setattr__(self, "_columns", cached)
+        return cached
 
 
 def full_domain_labels(

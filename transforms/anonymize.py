@@ -303,7 +303,7 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)
         return (
             recoded
-            | "CountClasses" >> beam.CombineGlobally(FrequencyTable(cols))
+            | "CountClasses" >> beam.CombineGlobally(FrequencyTable(cols, categorical=True))
             | "Verify" >> beam.Map(verify_and_document, AsSingleton(figures))
             | "WriteRelease" >> beam.Map(_write_document, path)
         )
