@@ -130,9 +130,12 @@ def recoding_from_search(
     return Recoding(summary.qi_names, codes, labels, suppressed, description)
 
 
-def identity_recoding(summary: Summary, hierarchies: Mapping[str, Hierarchy]) -> Recoding:
-    """The input as a recoding: every QI at level 0, nothing suppressed (input metrics)."""
-    codes = _distinct_tuples(summary)
+def identity_recoding(
+    summary: Summary, hierarchies: Mapping[str, Hierarchy], tuples: IntArray | None = None
+) -> Recoding:
+    """The input as a recoding: every QI at level 0, nothing suppressed (input metrics).
+    ``tuples`` are the summary's distinct raw QI tuples when already at hand (shared)."""
+    codes = _distinct_tuples(summary) if tuples is None else tuples
     labels = full_domain_labels(summary.qi_names, hierarchies, codes, [0] * summary.n_qi)
     nothing = np.zeros(codes.shape[0], dtype=bool)
     return Recoding(summary.qi_names, codes, labels, nothing, {"type": "identity"})
@@ -239,11 +242,14 @@ def plan_recoding(
             "suppressed_records": int(result.suppressed_records),
         }
     info["total_seconds"] = time.perf_counter() - started
-    identity = identity_recoding(summary, hierarchies)
+    # a full-domain recoding is keyed by exactly the summary's sorted distinct tuples
+    shared = recoding.codes if spec.algorithm != "mondrian" else None
+    identity = identity_recoding(summary, hierarchies, shared)
     level_0 = dict.fromkeys(spec.qis, 0)
     metrics_input, input_sizes = measure_recoding(
         identity, summary, hierarchies, numeric=spec.numeric, levels=level_0
     )
+    del identity  # measured: free it before the output is measured
     metrics_output, output_sizes = measure_recoding(
         recoding, summary, hierarchies, numeric=spec.numeric
     )
