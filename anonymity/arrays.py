@@ -15,7 +15,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["sorted_unique", "unique_first_inverse"]
+__all__ = ["sorted_unique", "sum_by_key", "unique_counts", "unique_first", "unique_first_inverse"]
 
 IntArray = npt.NDArray[np.int64]
 ArrayT = TypeVar("ArrayT", bound=npt.NDArray[Any])
@@ -50,3 +50,33 @@ def unique_first_inverse(values: ArrayT) -> tuple[ArrayT, IntArray, IntArray]:
         return uniq, order, inverse
     first = np.minimum.reduceat(order, np.flatnonzero(starts))
     return uniq, first.astype(np.int64, copy=False), inverse
+
+
+def unique_first(values: ArrayT) -> tuple[ArrayT, IntArray]:
+    """``np.unique(values, return_index=True)`` of a 1-D array (no inverse is built)."""
+    order = np.argsort(values).astype(np.int64, copy=False)
+    ordered = values[order]
+    at = np.flatnonzero(_starts(ordered))
+    uniq = cast(ArrayT, ordered[at])
+    if not at.shape[0]:
+        return uniq, order
+    return uniq, np.minimum.reduceat(order, at).astype(np.int64, copy=False)
+
+
+def unique_counts(values: ArrayT) -> tuple[ArrayT, IntArray]:
+    """``np.unique(values, return_counts=True)`` of a 1-D array."""
+    ordered = np.sort(values)
+    at = np.flatnonzero(_starts(ordered))
+    counts = np.diff(np.append(at, ordered.shape[0])).astype(np.int64)
+    return cast(ArrayT, ordered[at]), counts
+
+
+def sum_by_key(keys: ArrayT, weights: IntArray) -> tuple[ArrayT, IntArray]:
+    """Sorted distinct keys and the sum of ``weights`` per key (no inverse is built)."""
+    order = np.argsort(keys)
+    ordered = keys[order]
+    at = np.flatnonzero(_starts(ordered))
+    if not at.shape[0]:
+        return cast(ArrayT, ordered), weights[:0].astype(np.int64)
+    sums = np.add.reduceat(weights[order].astype(np.int64, copy=False), at)
+    return cast(ArrayT, ordered[at]), sums

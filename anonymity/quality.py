@@ -112,7 +112,7 @@ def _publish(recoding: Recoding, summary: Summary) -> _Published:
     tuple_class = np.full(codes.shape[0], -1, dtype=np.int64)
     sizes = np.zeros(0, dtype=np.int64)
     if kept.shape[0]:
-        ids = [pd.factorize(labels[kept, j])[0].astype(np.int64) for j in range(q)]
+        ids = [pd.factorize(labels[kept, j])[0].astype(np.int32) for j in range(q)]
         class_of_kept, _ = group_rows(ids, [int(i.max()) + 1 for i in ids])
         tuple_class[kept] = class_of_kept
         sizes = np.rint(np.bincount(class_of_kept, weights=weights[kept])).astype(np.int64)

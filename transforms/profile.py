@@ -23,7 +23,7 @@ import apache_beam as beam
 import numpy as np
 import pandas as pd
 
-from anonymity.arrays import sorted_unique, unique_first_inverse
+from anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
 from transforms.memory import release_free_memory
 
 
@@ -57,8 +57,7 @@ def _compact_counts(
         return parts
     keys = np.concatenate([k for k, _ in parts])
     counts = np.concatenate([c for _, c in parts])
-    uniq, _, inverse = unique_first_inverse(keys)
-    return [(uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64))]
+    return [sum_by_key(keys, counts)]
 
 
 def _compact_pairs(
@@ -68,7 +67,7 @@ def _compact_pairs(
         return parts
     keys = np.concatenate([k for k, _ in parts])
     values = np.concatenate([v for _, v in parts])
-    uniq, first, _ = unique_first_inverse(keys)
+    uniq, first = unique_first(keys)
     return [(uniq, values[first])]
 
 
@@ -150,7 +149,7 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
             acc.combos.append((keys, counts.astype(np.int64)))
             if self.unit is not None:
                 pair = _combine([hashed(c) for c in [*self.qis, self.unit]])
-                uniq, first, _ = unique_first_inverse(pair)
+                uniq, first = unique_first(pair)
                 acc.pairs.append((uniq, qi_hash[first]))
         for col in self.counted:
             acc.add_counts(col, batch[col].value_counts(dropna=True))
@@ -203,7 +202,7 @@ def profile_from(
         persons = cols[unit]["distinct"] if unit in cols else 0
         if pairs and persons:
             # persons per QI combination; a person alone in their combination is unique
-            _, per_combo = np.unique(pairs[0][1], return_counts=True)
+            _, per_combo = unique_counts(pairs[0][1])
             unique_persons = int((per_combo == 1).sum())
             combos_out["persons"] = persons
             combos_out["unique_persons"] = unique_persons
