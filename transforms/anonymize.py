@@ -133,6 +133,11 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
         acc.maybe_compact()
         return acc
 
+    def compact(self, acc: _Partial) -> _Partial:
+        """Before a partial table is encoded and shipped: merge its pending parts."""
+        acc.compact()
+        return acc
+
     def merge_accumulators(self, accs: Iterable[_Partial]) -> _Partial:
         """Merge as the partials stream in (amortised), never holding all at once."""
         release_free_memory()

@@ -98,16 +98,17 @@ class ProfileAccumulator:
         else:
             self.value_counts[col] = prev.add(counts, fill_value=0).astype("int64")
 
-    def maybe_compact(self) -> None:
-        """Deduplicate once the pending parts double the last compacted size (amortised)."""
+    def maybe_compact(self, force: bool = False) -> None:
+        """Deduplicate once the pending parts double the last compacted size (amortised),
+        or now with ``force``."""
         for col, parts in self.hashes.items():
-            if _size(parts) > 2 * max(self.compacted.get(col, 0), 65_536):
+            if force or _size(parts) > 2 * max(self.compacted.get(col, 0), 65_536):
                 self.hashes[col] = _compact_unique(parts)
                 self.compacted[col] = _size(self.hashes[col])
-        if _size(self.combos) > 2 * max(self.combos_compacted, 65_536):
+        if force or _size(self.combos) > 2 * max(self.combos_compacted, 65_536):
             self.combos = _compact_counts(self.combos)
             self.combos_compacted = _size(self.combos)
-        if _size(self.pairs) > 2 * max(self.pairs_compacted, 65_536):
+        if force or _size(self.pairs) > 2 * max(self.pairs_compacted, 65_536):
             self.pairs = _compact_pairs(self.pairs)
             self.pairs_compacted = _size(self.pairs)
 
@@ -154,6 +155,11 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         for col in self.counted:
             acc.add_counts(col, batch[col].value_counts(dropna=True))
         acc.maybe_compact()
+        return acc
+
+    def compact(self, acc: ProfileAccumulator) -> ProfileAccumulator:
+        """Before a partial profile is encoded and shipped: merge its pending parts."""
+        acc.maybe_compact(force=True)
         return acc
 
     def merge_accumulators(self, accs: Iterable[ProfileAccumulator]) -> ProfileAccumulator:
