@@ -158,15 +158,17 @@ class Recoding:
             out[self.qi_names[j]] = names.take(ids[rows])
         return out, self.suppressed[rows]
 
-    def _label_columns(self) -> list[tuple[IntArray, Any]]:
+    def _label_columns(self) -> list[tuple[npt.NDArray[np.unsignedinteger[Any]], Any]]:
         """Per QI: label id per tuple and the distinct labels as a ``str`` array, so a
         batch's labels are one Arrow ``take`` (built on first use, e.g. on the worker)."""
-        cached: list[tuple[IntArray, Any]] | None = self.__dict__.get("_columns")
+        cached: list[tuple[npt.NDArray[np.unsignedinteger[Any]], Any]] | None
+        cached = self.__dict__.get("_columns")
         if cached is None:
             cached = []
             for j in range(len(self.qi_names)):
                 ids, names = pd.factorize(self.labels[:, j], use_na_sentinel=False)
-                cached.append((ids.astype(np.int64), pd.array(np.asarray(names), dtype="str")))
+                small = ids.astype(np.min_scalar_type(max(len(names) - 1, 0)))
+                cached.append((small, pd.array(np.asarray(names), dtype="str")))
             object.__setattr__(self, "_columns", cached)
         return cached
 

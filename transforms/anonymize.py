@@ -239,6 +239,9 @@ class RecodeFn(beam.DoFn):  # type: ignore[misc]
     """A batch with its QIs replaced by their published labels; only QIs and the sensitive
     attribute are published (person ids and other columns never are)."""
 
+    def setup(self) -> None:
+        release_free_memory()  # what the search freed, before the second read
+
     def process(self, batch: pd.DataFrame, ctx: ReleaseContext) -> Iterable[pd.DataFrame]:
         cols = published_columns(ctx.spec)
         out, suppressed = ctx.plan.recoding.apply(batch[cols], ctx.hierarchies)
