@@ -129,17 +129,7 @@ class Recoding:
 
     def encode(self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]) -> IntArray:
         """Raw codes (n, n_qi) of a batch's QI columns; unknown values are a data error."""
-        columns = []
-        for name in self.qi_names:
-            codes = hierarchies[name].encode(frame[name])
-            if (codes < 0).any():
-                bad = frame[name][codes < 0]
-                raise InputDataError(
-                    f"column {name!r}: {len(bad)} row(s) with values missing from its "
-                    f"hierarchy, e.g. {bad.iloc[0]!r}; add them to the hierarchy or map them"
-                )
-            columns.append(codes)
-        return np.stack(columns, axis=1) if columns else np.empty((len(frame), 0), np.int64)
+        return _encode(self.qi_names, frame, hierarchies)
 
     def apply(
         self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
@@ -147,29 +137,81 @@ class Recoding:
         """The batch with each QI replaced by its published label, and which rows are
         suppressed. A tuple absent from the recoding means the batch was not part of the
         summary the recoding was made from: refused, never guessed."""
-        rows = self.locate(self.encode(frame, hierarchies))
+        recoder: BatchRecoder | None = self.__dict__.get("_recoder")
+        if recoder is None:
+            recoder = self.recoder()
+            object.__setattr__(self, "_recoder", recoder)
+        return recoder.apply(frame, hierarchies)
+
+    def recoder(self) -> BatchRecoder:
+        """What recoding batches needs, compactly (the recode step's side input)."""
+        ids, names = [], []
+        for j in range(len(self.qi_names)):
+            codes, uniques = pd.factorize(self.labels[:, j], use_na_sentinel=False)
+            ids.append(codes.astype(np.min_scalar_type(max(len(uniques) - 1, 0))))
+            names.append(np.asarray(uniques, dtype=object))
+        index: _TupleIndex | None = object.__getattribute__(self, "_index")
+        return BatchRecoder(
+            self.qi_names, index, tuple(ids), tuple(names), self.suppressed, self.n_tuples
+        )
+
+
+def _encode(
+    qi_names: Sequence[str], frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
+) -> IntArray:
+    columns = []
+    for name in qi_names:
+        codes = hierarchies[name].encode(frame[name])
+        if (codes < 0).any():
+            bad = frame[name][codes < 0]
+            raise InputDataError(
+                f"column {name!r}: {len(bad)} row(s) with values missing from its "
+                f"hierarchy, e.g. {bad.iloc[0]!r}; add them to the hierarchy or map them"
+            )
+        columns.append(codes)
+    return np.stack(columns, axis=1) if columns else np.empty((len(frame), 0), np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class BatchRecoder:
+    """A recoding reduced to what recoding batches needs: the index of the raw QI tuples,
+    per QI the label id of every tuple (smallest unsigned dtype) and the distinct labels,
+    and which tuples are suppressed. No raw codes and no per-tuple label objects, so it
+    is a small side input; ``apply`` is ``Recoding.apply``."""
+
+    qi_names: tuple[str, ...]
+    index: _TupleIndex | None
+    label_ids: tuple[npt.NDArray[np.unsignedinteger[Any]], ...]
+    label_names: tuple[ObjArray, ...]
+    suppressed: BoolArray
+    n_tuples: int
+
+    def apply(
+        self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
+    ) -> tuple[pd.DataFrame, BoolArray]:
+        """As ``Recoding.apply``: labels per QI and the suppressed rows of a batch."""
+        array = _encode(self.qi_names, frame, hierarchies)
+        if self.index is None:
+            rows = np.full(array.shape[0], -1 if self.n_tuples == 0 else 0, dtype=np.int64)
+        else:
+            rows = self.index.locate(array)
         if (rows < 0).any():
             raise InputDataError(
                 f"{int((rows < 0).sum())} row(s) have QI combinations that were not in the "
                 "summary the anonymisation was computed on; the input changed during the run"
             )
         out = frame.copy()
-        for j, (ids, names) in enumerate(self._label_columns()):
-            out[self.qi_names[j]] = names.take(ids[rows])
+        for name, ids, labels in zip(self.qi_names, self.label_ids, self._labels(), strict=True):
+            out[name] = labels.take(ids[rows])
         return out, self.suppressed[rows]
 
-    def _label_columns(self) -> list[tuple[npt.NDArray[np.unsignedinteger[Any]], Any]]:
-        """Per QI: label id per tuple and the distinct labels as a ``str`` array, so a
-        batch's labels are one Arrow ``take`` (built on first use, e.g. on the worker)."""
-        cached: list[tuple[npt.NDArray[np.unsignedinteger[Any]], Any]] | None
-        cached = self.__dict__.get("_columns")
+    def _labels(self) -> list[Any]:
+        """The distinct labels per QI as ``str`` arrays (a batch's labels are one Arrow
+        ``take``), built on first use, i.e. on the worker."""
+        cached: list[Any] | None = self.__dict__.get("_str_labels")
         if cached is None:
-            cached = []
-            for j in range(len(self.qi_names)):
-                ids, names = pd.factorize(self.labels[:, j], use_na_sentinel=False)
-                small = ids.astype(np.min_scalar_type(max(len(names) - 1, 0)))
-                cached.append((small, pd.array(np.asarray(names), dtype="str")))
-            object.__setattr__(self, "_columns", cached)
+            cached = [pd.array(names, dtype="str") for names in self.label_names]
+            object.__setattr__(self, "_str_labels", cached)
         return cached
 
 

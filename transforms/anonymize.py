@@ -29,7 +29,7 @@ from apache_beam.pvalue import AsSingleton
 
 from anonymity.api import RecodingPlan, plan_recoding, release_document
 from anonymity.hierarchy import Hierarchy
-from anonymity.recoding import Recoding
+from anonymity.recoding import BatchRecoder, Recoding
 from anonymity.spec import AnonymizationSpec
 from anonymity.summary import Summary, group_rows
 from anonymity.verify import verify_counts
@@ -185,6 +185,10 @@ class ReleaseContext:
     sa_hierarchy: Hierarchy | None
     input_records: int
 
+    def for_recoding(self) -> RecodeContext:
+        """What the recoding workers need: the spec, hierarchies and a compact recoder."""
+        return RecodeContext(self.spec, self.plan.recoding.recoder(), self.hierarchies)
+
     def without_tuples(self) -> ReleaseContext:
         """The context without the recoding's per-tuple arrays: all that verifying and
         documenting the release need (a much smaller side input)."""
@@ -198,6 +202,15 @@ class ReleaseContext:
             recoding.description,
         )
         return replace(self, plan=replace(self.plan, recoding=empty))
+
+
+@dataclass(frozen=True)
+class RecodeContext:
+    """The recode step's side input: no raw codes or per-tuple label objects."""
+
+    spec: AnonymizationSpec
+    recoder: BatchRecoder
+    hierarchies: Mapping[str, Hierarchy]
 
 
 def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver) -> ReleaseContext:
@@ -242,9 +255,9 @@ class RecodeFn(beam.DoFn):  # type: ignore[misc]
     def setup(self) -> None:
         release_free_memory()  # what the search freed, before the second read
 
-    def process(self, batch: pd.DataFrame, ctx: ReleaseContext) -> Iterable[pd.DataFrame]:
+    def process(self, batch: pd.DataFrame, ctx: RecodeContext) -> Iterable[pd.DataFrame]:
         cols = published_columns(ctx.spec)
-        out, suppressed = ctx.plan.recoding.apply(batch[cols], ctx.hierarchies)
+        out, suppressed = ctx.recoder.apply(batch[cols], ctx.hierarchies)
         if ctx.spec.suppressed == "drop":
             out = out[~suppressed]
         if len(out):
@@ -303,12 +316,14 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
             | "Summarise" >> beam.CombineGlobally(FrequencyTable(cols, categorical=True))
             | "Search" >> beam.Map(make_context, spec, self.resolver)
         )
+        # the side inputs are slim views of the context (the full one is never shipped)
+        recoder = ctx | "Recoder" >> beam.Map(ReleaseContext.for_recoding)
+        figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)
         recoded = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))[
             "batches"
-        ] | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(ctx))
+        ] | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(recoder))
         _ = recoded | "Write" >> WriteTable(self.directory, "data", cols, format=self.output_format)  # type: ignore[arg-type]
         path = str(Path(self.directory) / "release.json")
-        figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)
         return (
             recoded
             | "CountClasses" >> beam.CombineGlobally(FrequencyTable(cols, categorical=True))
