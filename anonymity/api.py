@@ -38,12 +38,12 @@ import pandas as pd
 
 from anonymity.hierarchy import Hierarchy
 from anonymity.mondrian import mondrian
-from anonymity.quality import class_sizes, recoding_metrics
+from anonymity.quality import measure_recoding
 from anonymity.recoding import Recoding, full_domain_labels
 from anonymity.risk import journalist, marketer, prosecutor
 from anonymity.search import SearchResult, search
 from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary, resolve_hierarchies
+from anonymity.summary import Summary, group_rows, resolve_hierarchies
 from anonymity.transformation import Evaluator
 from anonymity.verify import Verification, verify_table
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
@@ -104,9 +104,14 @@ class AnonymizedRelease:
 
 
 def _distinct_tuples(summary: Summary) -> IntArray:
+    """The distinct raw QI tuples of the summary, sorted (as ``np.unique(axis=0)``, but
+    with one packed int64 key per tuple instead of a sort of rows)."""
+    codes = summary.qi_codes
     if summary.n_distinct == 0:
         return np.zeros((0, summary.n_qi), dtype=np.int64)
-    return np.asarray(np.unique(summary.qi_codes, axis=0), dtype=np.int64)
+    columns = [codes[:, j] for j in range(summary.n_qi)]
+    _, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
+    return np.asarray(codes[first], dtype=np.int64)
 
 
 def recoding_from_search(
@@ -125,9 +130,12 @@ def recoding_from_search(
     return Recoding(summary.qi_names, codes, labels, suppressed, description)
 
 
-def identity_recoding(summary: Summary, hierarchies: Mapping[str, Hierarchy]) -> Recoding:
-    """The input as a recoding: every QI at level 0, nothing suppressed (input metrics)."""
-    codes = _distinct_tuples(summary)
+def identity_recoding(
+    summary: Summary, hierarchies: Mapping[str, Hierarchy], tuples: IntArray | None = None
+) -> Recoding:
+    """The input as a recoding: every QI at level 0, nothing suppressed (input metrics).
+    ``tuples`` are the summary's distinct raw QI tuples when already at hand (shared)."""
+    codes = _distinct_tuples(summary) if tuples is None else tuples
     labels = full_domain_labels(summary.qi_names, hierarchies, codes, [0] * summary.n_qi)
     nothing = np.zeros(codes.shape[0], dtype=bool)
     return Recoding(summary.qi_names, codes, labels, nothing, {"type": "identity"})
@@ -233,15 +241,19 @@ def plan_recoding(
             "seconds": result.seconds,
             "suppressed_records": int(result.suppressed_records),
         }
+        del evaluator, result  # free the search's per-row caches before measuring
     info["total_seconds"] = time.perf_counter() - started
-    identity = identity_recoding(summary, hierarchies)
+    # a full-domain recoding is keyed by exactly the summary's sorted distinct tuples
+    shared = recoding.codes if spec.algorithm != "mondrian" else None
+    identity = identity_recoding(summary, hierarchies, shared)
     level_0 = dict.fromkeys(spec.qis, 0)
-    metrics_input = recoding_metrics(
+    metrics_input, input_sizes = measure_recoding(
         identity, summary, hierarchies, numeric=spec.numeric, levels=level_0
     )
-    metrics_output = recoding_metrics(recoding, summary, hierarchies, numeric=spec.numeric)
-    input_sizes = class_sizes(identity, summary)
-    output_sizes = class_sizes(recoding, summary)
+    del identity  # measured: free it before the output is measured
+    metrics_output, output_sizes = measure_recoding(
+        recoding, summary, hierarchies, numeric=spec.numeric
+    )
     suppressed = summary.n_records - int(output_sizes.sum())
     if suppressed != info["suppressed_records"]:
         raise PrivacyRefusal(

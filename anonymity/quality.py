@@ -60,7 +60,7 @@ from anonymity.mondrian import numeric_values, parse_range
 from anonymity.recoding import Recoding
 from anonymity.summary import Summary, group_rows, resolve_hierarchies
 
-__all__ = ["class_sizes", "recoding_metrics"]
+__all__ = ["class_sizes", "measure_recoding", "recoding_metrics"]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -112,7 +112,7 @@ def _publish(recoding: Recoding, summary: Summary) -> _Published:
     tuple_class = np.full(codes.shape[0], -1, dtype=np.int64)
     sizes = np.zeros(0, dtype=np.int64)
     if kept.shape[0]:
-        ids = [pd.factorize(labels[kept, j])[0].astype(np.int64) for j in range(q)]
+        ids = [pd.factorize(labels[kept, j])[0].astype(np.int32) for j in range(q)]
         class_of_kept, _ = group_rows(ids, [int(i.max()) + 1 for i in ids])
         tuple_class[kept] = class_of_kept
         sizes = np.rint(np.bincount(class_of_kept, weights=weights[kept])).astype(np.int64)
@@ -274,6 +274,19 @@ def recoding_metrics(
     suppressed_records) plus ``classes`` (published classes). ``numeric`` names the QIs
     whose labels may be ranges; ``levels`` is the level hint of a full-domain recoding.
     """
+    metrics, _ = measure_recoding(recoding, summary, hierarchies, numeric=numeric, levels=levels)
+    return metrics
+
+
+def measure_recoding(
+    recoding: Recoding,
+    summary: Summary,
+    hierarchies: Mapping[str, Hierarchy] | Sequence[Hierarchy],
+    *,
+    numeric: Collection[str] = (),
+    levels: Mapping[str, int] | Sequence[int] | None = None,
+) -> tuple[dict[str, Any], IntArray]:
+    """``recoding_metrics`` and ``class_sizes`` together, publishing the summary once."""
     names = recoding.qi_names
     resolved = resolve_hierarchies(names, hierarchies)
     numbers = {numeric} if isinstance(numeric, str) else set(numeric)
@@ -315,7 +328,7 @@ def recoding_metrics(
     log_q = np.full(w.shape[0], math.log2(supp / n) - log_all if supp else 0.0)
     log_q[kept] = np.log2(sizes[published.tuple_class[kept]] / n) - log_area[kept]
     kl = float(np.dot(p, np.log2(p) - log_q))
-    return {
+    metrics = {
         "loss": float(geometric),
         "loss_arithmetic": sum(values) / len(values),
         "loss_per_attribute": per,
@@ -327,3 +340,4 @@ def recoding_metrics(
         "suppressed_records": supp,
         "classes": int(sizes.shape[0]),
     }
+    return metrics, sizes

@@ -26,6 +26,58 @@ ObjArray = npt.NDArray[np.object_]
 BoolArray = npt.NDArray[np.bool_]
 
 
+_KEY_LIMIT = 1 << 62
+
+
+@dataclass(frozen=True, eq=False)
+class _TupleIndex:
+    """Row of each distinct tuple of non-negative int codes: one packed int64 key per tuple
+    (mixed radix, ``radices`` bound each column) searched in sorted order; a MultiIndex
+    when the packed keys would overflow."""
+
+    radices: IntArray
+    keys: IntArray  # sorted packed keys
+    rows: IntArray  # row of each sorted key
+    multi: pd.MultiIndex | None
+    unique: bool
+
+    @classmethod
+    def build(cls, codes: IntArray) -> _TupleIndex:
+        radices = (codes.max(axis=0) + 1) if codes.shape[0] else np.ones(codes.shape[1], np.int64)
+        span = 1
+        for r in radices.tolist():
+            span *= max(int(r), 1)
+        if span >= _KEY_LIMIT:
+            multi = pd.MultiIndex.from_arrays([codes[:, j] for j in range(codes.shape[1])])
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(radices, empty, empty, multi, bool(multi.is_unique))
+        keys = _pack(codes, radices)
+        rows = np.argsort(keys, kind="stable")
+        keys = keys[rows]
+        unique = bool((keys[1:] != keys[:-1]).all())
+        return cls(radices, keys, rows.astype(np.int64), None, unique)
+
+    def locate(self, array: IntArray) -> IntArray:
+        """Row of each tuple of ``array`` (n, n_columns); -1 where absent."""
+        if self.multi is not None:
+            target = pd.MultiIndex.from_arrays([array[:, j] for j in range(array.shape[1])])
+            return np.asarray(self.multi.get_indexer(target), dtype=np.int64)
+        if self.keys.shape[0] == 0:
+            return np.full(array.shape[0], -1, dtype=np.int64)
+        inside: BoolArray = np.asarray(((array >= 0) & (array < self.radices)).all(axis=1))
+        keys = _pack(np.where(inside[:, None], array, 0), self.radices)
+        at = np.minimum(np.searchsorted(self.keys, keys), self.keys.shape[0] - 1)
+        found = inside & (self.keys[at] == keys)
+        return np.where(found, self.rows[at], -1).astype(np.int64)
+
+
+def _pack(codes: IntArray, radices: IntArray) -> IntArray:
+    key = np.zeros(codes.shape[0], dtype=np.int64)
+    for j in range(codes.shape[1]):
+        key = key * int(radices[j]) + codes[:, j]
+    return key
+
+
 @dataclass(frozen=True, eq=False)
 class Recoding:
     """Published labels per distinct raw QI tuple; suppressed tuples are all `*`.
@@ -53,8 +105,8 @@ class Recoding:
             raise ValueError("suppressed must have one entry per tuple")
         labels = labels.copy()
         labels[suppressed] = SUPPRESSED
-        index = pd.MultiIndex.from_arrays([codes[:, j] for j in range(q)]) if q else None
-        if index is not None and not index.is_unique:
+        index = _TupleIndex.build(codes) if q else None
+        if index is not None and not index.unique:
             raise ValueError("raw QI tuples of a recoding must be distinct")
         object.__setattr__(self, "qi_names", tuple(self.qi_names))
         object.__setattr__(self, "codes", codes)
@@ -70,23 +122,14 @@ class Recoding:
     def locate(self, raw_codes: npt.ArrayLike) -> IntArray:
         """Row of the recoding for each tuple of raw codes (n, n_qi); -1 where absent."""
         array = np.asarray(raw_codes, dtype=np.int64).reshape(-1, len(self.qi_names))
-        target = pd.MultiIndex.from_arrays([array[:, j] for j in range(array.shape[1])])
-        index: pd.MultiIndex = object.__getattribute__(self, "_index")
-        return np.asarray(index.get_indexer(target), dtype=np.int64)
+        index: _TupleIndex | None = object.__getattribute__(self, "_index")
+        if index is None:
+            return np.full(array.shape[0], -1 if self.n_tuples == 0 else 0, dtype=np.int64)
+        return index.locate(array)
 
     def encode(self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]) -> IntArray:
         """Raw codes (n, n_qi) of a batch's QI columns; unknown values are a data error."""
-        columns = []
-        for name in self.qi_names:
-            codes = hierarchies[name].encode(frame[name])
-            if (codes < 0).any():
-                bad = frame[name][codes < 0]
-                raise InputDataError(
-                    f"column {name!r}: {len(bad)} row(s) with values missing from its "
-                    f"hierarchy, e.g. {bad.iloc[0]!r}; add them to the hierarchy or map them"
-                )
-            columns.append(codes)
-        return np.stack(columns, axis=1) if columns else np.empty((len(frame), 0), np.int64)
+        return _encode(self.qi_names, frame, hierarchies)
 
     def apply(
         self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
@@ -94,16 +137,82 @@ class Recoding:
         """The batch with each QI replaced by its published label, and which rows are
         suppressed. A tuple absent from the recoding means the batch was not part of the
         summary the recoding was made from: refused, never guessed."""
-        rows = self.locate(self.encode(frame, hierarchies))
+        recoder: BatchRecoder | None = self.__dict__.get("_recoder")
+        if recoder is None:
+            recoder = self.recoder()
+            object.__setattr__(self, "_recoder", recoder)
+        return recoder.apply(frame, hierarchies)
+
+    def recoder(self) -> BatchRecoder:
+        """What recoding batches needs, compactly (the recode step's side input)."""
+        ids, names = [], []
+        for j in range(len(self.qi_names)):
+            codes, uniques = pd.factorize(self.labels[:, j], use_na_sentinel=False)
+            ids.append(codes.astype(np.min_scalar_type(max(len(uniques) - 1, 0))))
+            names.append(np.asarray(uniques, dtype=object))
+        index: _TupleIndex | None = object.__getattribute__(self, "_index")
+        return BatchRecoder(
+            self.qi_names, index, tuple(ids), tuple(names), self.suppressed, self.n_tuples
+        )
+
+
+def _encode(
+    qi_names: Sequence[str], frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
+) -> IntArray:
+    columns = []
+    for name in qi_names:
+        codes = hierarchies[name].encode(frame[name])
+        if (codes < 0).any():
+            bad = frame[name][codes < 0]
+            raise InputDataError(
+                f"column {name!r}: {len(bad)} row(s) with values missing from its "
+                f"hierarchy, e.g. {bad.iloc[0]!r}; add them to the hierarchy or map them"
+            )
+        columns.append(codes)
+    return np.stack(columns, axis=1) if columns else np.empty((len(frame), 0), np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class BatchRecoder:
+    """A recoding reduced to what recoding batches needs: the index of the raw QI tuples,
+    per QI the label id of every tuple (smallest unsigned dtype) and the distinct labels,
+    and which tuples are suppressed. No raw codes and no per-tuple label objects, so it
+    is a small side input; ``apply`` is ``Recoding.apply``."""
+
+    qi_names: tuple[str, ...]
+    index: _TupleIndex | None
+    label_ids: tuple[npt.NDArray[np.unsignedinteger[Any]], ...]
+    label_names: tuple[ObjArray, ...]
+    suppressed: BoolArray
+    n_tuples: int
+
+    def apply(
+        self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
+    ) -> tuple[pd.DataFrame, BoolArray]:
+        """As ``Recoding.apply``: labels per QI and the suppressed rows of a batch."""
+        array = _encode(self.qi_names, frame, hierarchies)
+        if self.index is None:
+            rows = np.full(array.shape[0], -1 if self.n_tuples == 0 else 0, dtype=np.int64)
+        else:
+            rows = self.index.locate(array)
         if (rows < 0).any():
             raise InputDataError(
                 f"{int((rows < 0).sum())} row(s) have QI combinations that were not in the "
                 "summary the anonymisation was computed on; the input changed during the run"
             )
         out = frame.copy()
-        for j, name in enumerate(self.qi_names):
-            out[name] = pd.array(self.labels[rows, j], dtype="str")
+        for name, ids, labels in zip(self.qi_names, self.label_ids, self._labels(), strict=True):
+            out[name] = labels.take(ids[rows])
         return out, self.suppressed[rows]
+
+    def _labels(self) -> list[Any]:
+        """The distinct labels per QI as ``str`` arrays (a batch's labels are one Arrow
+        ``take``), built on first use, i.e. on the worker."""
+        cached: list[Any] | None = self.__dict__.get("_str_labels")
+        if cached is None:
+            cached = [pd.array(names, dtype="str") for names in self.label_names]
+            object.__setattr__(self, "_str_labels", cached)
+        return cached
 
 
 def full_domain_labels(

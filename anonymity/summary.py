@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from anonymity.arrays import unique_first_inverse
 from anonymity.hierarchy import Hierarchy
 from privpipe.errors import ConfigError, InputDataError
 
@@ -40,7 +41,9 @@ _KEY_LIMIT: Final = 1 << 62  # packed keys stay below this (int64 with room to s
 _EXAMPLES: Final = 5
 
 
-def group_rows(columns: Sequence[IntArray], radices: Sequence[int]) -> tuple[IntArray, IntArray]:
+def group_rows(
+    columns: Sequence[npt.NDArray[np.integer[Any]]], radices: Sequence[int]
+) -> tuple[IntArray, IntArray]:
     """Group rows of non-negative integer columns: (group id per row, first row per group).
 
     Group ids are dense (0..n_groups-1) and follow the lexicographic order of the columns
@@ -55,12 +58,12 @@ def group_rows(columns: Sequence[IntArray], radices: Sequence[int]) -> tuple[Int
     for column, radix in zip(columns[1:], radices[1:], strict=True):
         radix = max(int(radix), 1)
         if span * radix >= _KEY_LIMIT:
-            distinct, key = np.unique(key, return_inverse=True)
+            distinct, _, key = unique_first_inverse(key)
             key = key.astype(np.int64, copy=False)
             span = max(int(distinct.shape[0]), 1)
         key = key * radix + np.asarray(column, dtype=np.int64)
         span *= radix
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    _, first, inverse = unique_first_inverse(key)
     return inverse.astype(np.int64, copy=False).ravel(), first.astype(np.int64, copy=False)
 
 

@@ -32,12 +32,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from anonymity.arrays import unique_first_inverse
 from anonymity.hierarchy import Hierarchy
 from anonymity.lattice import Lattice, Node
 from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
@@ -48,6 +49,10 @@ __all__ = ["EquivalenceClasses", "Evaluator", "QIArrays", "describe_node"]
 IntArray: TypeAlias = npt.NDArray[np.int64]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
+CodeArray: TypeAlias = npt.NDArray[np.unsignedinteger[Any]]
+"""Per-summary-row ids in the smallest unsigned dtype that holds them (one array per QI and
+level is cached; int64 would take 8 bytes per distinct tuple each). Promote to int64
+(``np.multiply(..., dtype=np.int64)``) before any arithmetic."""
 
 _KEY_LIMIT: Final = 1 << 62
 
@@ -62,7 +67,7 @@ class QIArrays:
 
     hierarchy: Hierarchy
     present: IntArray  # raw codes present in the summary, sorted
-    row_index: IntArray  # per summary row: index into ``present``
+    row_index: CodeArray  # per summary row: index into ``present``
     local: tuple[IntArray, ...]  # per level: local label id per present value
     to_global: tuple[IntArray, ...]  # per level: hierarchy label id per local label id
     up: tuple[IntArray, ...]  # per level < top: local id at level+1 per local id at level
@@ -79,9 +84,14 @@ class QIArrays:
         return int(self.to_global[level].shape[0])
 
 
+def _code_dtype(n: int) -> np.dtype[Any]:
+    """The smallest unsigned dtype holding 0..n-1."""
+    return np.min_scalar_type(max(n - 1, 0))
+
+
 def _build_qi(hierarchy: Hierarchy, codes: IntArray, counts: IntArray) -> QIArrays:
     present = np.unique(codes)
-    row_index = np.searchsorted(present, codes).astype(np.int64)
+    row_index = np.searchsorted(present, codes).astype(_code_dtype(present.shape[0]))
     ids = [hierarchy.label_ids(level)[present] for level in range(hierarchy.levels)]
     order = np.lexsort(tuple(ids))  # last key (the top level) is the primary one
     value_counts = np.bincount(row_index, weights=counts, minlength=present.shape[0])
@@ -341,7 +351,7 @@ class Evaluator:
             if self.use_sa and summary.sa_codes is not None
             else np.zeros(summary.n_distinct, dtype=np.int64)
         )
-        self._row_labels: dict[tuple[int, int], IntArray] = {}
+        self._row_labels: dict[tuple[int, int], CodeArray] = {}
         self._tuple_index: tuple[IntArray, IntArray] | None = None
         self.sa_distribution: FloatArray | None = None
         if self.use_sa:
@@ -408,7 +418,7 @@ class Evaluator:
             dense = self._row_sa.copy()
             stride = self.sa_radix
             for j in range(len(node) - 1, -1, -1):
-                dense += self._labels_of_rows(j, node[j]) * stride
+                dense += np.multiply(self._labels_of_rows(j, node[j]), stride, dtype=np.int64)
                 stride *= radices[j]
             tally = np.bincount(dense, weights=self.summary.counts, minlength=space)
             present = np.flatnonzero(tally)
@@ -420,7 +430,7 @@ class Evaluator:
                 rest //= radices[j]
             return self._from_cells(node, keys, counts)
         keys = self._row_keys(node)
-        cell_keys, inverse = np.unique(keys, return_inverse=True)
+        cell_keys, _, inverse = unique_first_inverse(keys)
         tally = np.bincount(inverse.ravel(), weights=self.summary.counts)
         return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64))
 
@@ -434,7 +444,7 @@ class Evaluator:
         radices = [self._qi[j].n_labels(level) for j, level in enumerate(node)]
         row_class, first = group_rows(columns, radices)
         n_classes = first.shape[0]
-        local = np.stack([column[first] for column in columns], axis=1)
+        local = np.stack([column[first] for column in columns], axis=1).astype(np.int64)
         sizes = np.rint(np.bincount(row_class, weights=self.summary.counts, minlength=n_classes))
         if self.use_sa:
             cell_of_row, cell_first = group_rows(
@@ -514,19 +524,21 @@ class Evaluator:
                 raise ValueError(f"level {level} of {name!r} is out of 0..{hierarchy.height}")
         return node
 
-    def _labels_of_rows(self, qi: int, level: int) -> IntArray:
+    def _labels_of_rows(self, qi: int, level: int) -> CodeArray:
+        """Local label id of every summary row for one QI and level (cached, compact)."""
         key = (qi, level)
         cached = self._row_labels.get(key)
         if cached is None:
             info = self._qi[qi]
-            cached = info.local[level][info.row_index]
+            table = info.local[level].astype(_code_dtype(info.n_labels(level)))
+            cached = table[info.row_index]
             self._row_labels[key] = cached
         return cached
 
     def _row_keys(self, node: Node, *, with_sa: bool = True) -> IntArray:
         keys = self._row_sa.copy() if with_sa else np.zeros(self.summary.n_distinct, np.int64)
         for j, level in enumerate(node):
-            keys += self._labels_of_rows(j, level) * self.strides[j]
+            keys += np.multiply(self._labels_of_rows(j, level), self.strides[j], dtype=np.int64)
         return keys if with_sa else keys // self.sa_radix
 
     def _from_cells(self, node: Node, cell_keys: IntArray, counts: IntArray) -> EquivalenceClasses:

@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.profile import ProfileFn, split_internal
+from transforms.profile import ProfileFn, _combine, _hash, split_internal
 
 
 def run_combine(fn: ProfileFn, batches: list[pd.DataFrame], split: int) -> dict:
@@ -99,3 +99,18 @@ def test_unique_persons_count_a_person_once() -> None:
     assert q["unique"] == 1  # only zip 2 has one row
     assert q["persons"] == 4 and q["unique_persons"] == 2  # a (zip 1) and b (zip 2)
     assert q["unique_share_of_persons"] == 0.5
+
+
+def test_row_hashes_combine_column_hashes_like_pandas() -> None:
+    """The profile hashes each column once and combines: same as hashing the frame."""
+    rng = np.random.default_rng(0)
+    n = 5000
+    df = pd.DataFrame(
+        {
+            "a": pd.array(rng.choice(["x", "y", None], n), dtype="str"),
+            "b": pd.array(rng.integers(0, 9, n), dtype="Int64"),
+            "c": rng.random(n),
+        }
+    )
+    for cols in (["a"], ["a", "b"], ["c", "a", "b"]):
+        assert (_combine([_hash(df[c]) for c in cols]) == _hash(df[cols])).all()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,13 @@ from apache_beam.pvalue import AsSingleton
 
 from anonymity.api import RecodingPlan, plan_recoding, release_document
 from anonymity.hierarchy import Hierarchy
+from anonymity.recoding import BatchRecoder, Recoding
 from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary
+from anonymity.summary import Summary, group_rows
 from anonymity.verify import verify_counts
 from privpipe.errors import PrivacyRefusal
 from transforms.io import InputSpec, ReadMicrodata
+from transforms.memory import release_free_memory
 from transforms.sink import WriteTable, write_json
 
 COUNT = "count"
@@ -42,28 +44,31 @@ Resolver = Callable[[Mapping[str, pd.Series]], dict[str, Hierarchy]]
 
 @dataclass
 class _Partial:
-    """A partial frequency table: per distinct row key (a 64-bit hash of the row's value
-    hashes) its count and the per-column value hashes of one row with that key, plus per
-    column the values behind the hashes (bounded by the column's distinct values)."""
+    """A partial frequency table: distinct rows as integer codes (one column per summarised
+    column, a code being a position in that column's dictionary of values) and their counts.
 
-    keys: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    ``values[j]`` holds the distinct values of column ``j`` as strings (missing as NaN), in
+    order of first appearance; it only grows, so codes stay valid as batches arrive.
+    """
+
+    values: list[pd.Index] = field(default_factory=list)
+    codes: list[npt.NDArray[np.int32]] = field(default_factory=list)
     counts: list[npt.NDArray[np.int64]] = field(default_factory=list)
-    rows: list[npt.NDArray[np.uint64]] = field(default_factory=list)
-    values: dict[str, pd.Series] = field(default_factory=dict)
     compacted: int = 0
 
     def size(self) -> int:
-        return sum(len(k) for k in self.keys)
+        return sum(len(c) for c in self.counts)
+
+    def radices(self) -> list[int]:
+        return [max(len(v), 1) for v in self.values]
 
     def compact(self) -> None:
-        """Merge the parts into one (keys sorted and distinct, counts summed)."""
-        if len(self.keys) > 1:
-            keys = np.concatenate(self.keys)
-            uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-            counts = np.bincount(inverse, weights=np.concatenate(self.counts), minlength=len(uniq))
-            self.keys = [uniq]
-            self.counts = [counts.astype(np.int64)]
-            self.rows = [np.concatenate(self.rows)[first]]
+        """Merge the parts into one (rows distinct, counts summed)."""
+        if len(self.codes) > 1:
+            codes, counts = _distinct_rows(
+                np.concatenate(self.codes), np.concatenate(self.counts), self.radices()
+            )
+            self.codes, self.counts = [codes], [counts]
         self.compacted = self.size()
 
     def maybe_compact(self) -> None:
@@ -71,78 +76,103 @@ class _Partial:
         if self.size() > 2 * max(self.compacted, 65_536):
             self.compact()
 
+    def encode(self, j: int, values: pd.Index) -> npt.NDArray[np.int32]:
+        """Codes of distinct ``values`` (strings) in dictionary ``j``; new ones are appended."""
+        known = self.values[j]
+        position = known.get_indexer(values)
+        fresh = position < 0
+        if fresh.any():
+            position[fresh] = len(known) + np.arange(int(fresh.sum()))
+            self.values[j] = known.append(values[fresh])
+        return position.astype(np.int32)
+
+
+def _distinct_rows(
+    codes: npt.NDArray[np.int32], counts: npt.NDArray[np.int64], radices: Sequence[int]
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    """Distinct rows of a code matrix and their summed counts (mixed-radix keys, np.unique)."""
+    group, first = group_rows([codes[:, j] for j in range(codes.shape[1])], radices)
+    summed = np.bincount(group, weights=counts, minlength=len(first))
+    return codes[first], np.rint(summed).astype(np.int64)
+
 
 class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
     """Batches → one DataFrame of the distinct value combinations of `columns` (as strings)
     and their counts, bounded by the distinct combinations, not by rows.
 
-    While partial tables are combined, a value is its 64-bit hash and a row is one 64-bit
-    hash of its value hashes (np.unique on one array, amortised merging), about 80 bytes
-    per distinct combination; values are mapped back at the end. With n distinct rows
-    two collide with probability about n²/2^65 (< 3·10^-7 at 3·10^6).
+    Values are compared as strings (``astype("str")``; missing stays missing). While
+    partial tables are combined, a row is a tuple of int32 codes into per-column
+    dictionaries of values (about 4 bytes per column and 8 for the count per distinct
+    row); equal rows are found exactly with mixed-radix int64 keys, never hashes. With
+    ``categorical`` the columns come out as pandas Categoricals over those dictionaries
+    (cheap to ship and to encode); otherwise as ``str`` columns.
     """
 
-    def __init__(self, columns: Sequence[str]) -> None:
+    def __init__(self, columns: Sequence[str], categorical: bool = False) -> None:
         self.columns = list(columns)
+        self.categorical = categorical
 
     def create_accumulator(self) -> _Partial:
-        return _Partial()
+        return _Partial(values=[pd.Index([], dtype=object) for _ in self.columns])
 
     def add_input(self, acc: _Partial, batch: pd.DataFrame) -> _Partial:
         if not len(batch):
             return acc
-        hashed = np.empty((len(batch), len(self.columns)), dtype=np.uint64)
+        codes = np.empty((len(batch), len(self.columns)), dtype=np.int32)
         for j, col in enumerate(self.columns):
-            series = batch[col].astype("str")
-            h = pd.util.hash_pandas_object(series, index=False).to_numpy(dtype=np.uint64)
-            uniq, first = np.unique(h, return_index=True)
-            known = acc.values.get(col)
-            if known is not None:  # only hashes not seen before (vectorised)
-                fresh = ~np.isin(uniq, known.index.to_numpy())
-                uniq, first = uniq[fresh], first[fresh]
-            if len(uniq):
-                seen = pd.Series(series.to_numpy()[first], index=uniq)
-                acc.values[col] = seen if known is None else pd.concat([known, seen])
-            hashed[:, j] = h
-        row_keys = pd.util.hash_pandas_object(pd.DataFrame(hashed), index=False).to_numpy(
-            dtype=np.uint64
-        )
-        uniq, first, counts = np.unique(row_keys, return_index=True, return_counts=True)
-        acc.keys.append(uniq)
-        acc.counts.append(counts.astype(np.int64))
-        acc.rows.append(hashed[first])
+            # distinct raw values first, then their strings (equal strings share a code)
+            raw_codes, raw_uniques = pd.factorize(batch[col], use_na_sentinel=False)
+            strings = pd.Series(raw_uniques).astype("str").to_numpy(dtype=object)
+            str_codes, str_uniques = pd.factorize(strings, use_na_sentinel=False)
+            global_codes = acc.encode(j, pd.Index(str_uniques, dtype=object))
+            codes[:, j] = global_codes[str_codes][raw_codes]
+        ones = np.ones(len(batch), dtype=np.int64)
+        rows, counts = _distinct_rows(codes, ones, acc.radices())
+        acc.codes.append(rows)
+        acc.counts.append(counts)
         acc.maybe_compact()
+        return acc
+
+    def compact(self, acc: _Partial) -> _Partial:
+        """Before a partial table is encoded and shipped: merge its pending parts."""
+        acc.compact()
         return acc
 
     def merge_accumulators(self, accs: Iterable[_Partial]) -> _Partial:
         """Merge as the partials stream in (amortised), never holding all at once."""
-        out = _Partial()
+        release_free_memory()
+        out = self.create_accumulator()
         for acc in accs:
-            out.keys.extend(acc.keys)
-            out.counts.extend(acc.counts)
-            out.rows.extend(acc.rows)
-            for col, known in acc.values.items():
-                both = known if col not in out.values else pd.concat([out.values[col], known])
-                out.values[col] = both[~both.index.duplicated()]
+            mappings = [out.encode(j, v) for j, v in enumerate(acc.values)]
+            for codes, counts in zip(acc.codes, acc.counts, strict=True):
+                remapped = np.empty_like(codes)
+                for j, mapping in enumerate(mappings):
+                    remapped[:, j] = mapping[codes[:, j]]
+                out.codes.append(remapped)
+                out.counts.append(counts)
             out.maybe_compact()
         out.compact()
         return out
 
     def extract_output(self, acc: _Partial) -> pd.DataFrame:
         acc.compact()
-        if not acc.keys:
-            return pd.DataFrame(
-                {
-                    **{c: pd.Series(dtype="str") for c in self.columns},
-                    COUNT: pd.Series(dtype="int64"),
-                }
-            )
-        rows = acc.rows[0]
-        out = {
-            c: pd.array(pd.Series(rows[:, j]).map(acc.values[c]).to_numpy(), dtype="str")
-            for j, c in enumerate(self.columns)
-        }
-        return pd.DataFrame({**out, COUNT: acc.counts[0]})
+        n = acc.size()
+        rows = acc.codes[0] if acc.codes else np.zeros((0, len(self.columns)), dtype=np.int32)
+        counts = acc.counts[0] if acc.counts else np.zeros(0, dtype=np.int64)
+        out: dict[str, Any] = {}
+        for j, col in enumerate(self.columns):
+            values = acc.values[j]
+            if self.categorical:
+                missing = values.isna()
+                present = np.flatnonzero(~missing)
+                recode = np.full(len(values), -1, dtype=np.int32)
+                recode[present] = np.arange(len(present), dtype=np.int32)
+                categories = pd.Index(values[present], dtype="str")
+                out[col] = pd.Categorical.from_codes(recode[rows[:, j]], categories=categories)
+            else:
+                out[col] = pd.array(values.to_numpy()[rows[:, j]], dtype="str")
+        assert len(counts) == n
+        return pd.DataFrame({**out, COUNT: counts})
 
 
 @dataclass(frozen=True)
@@ -155,12 +185,38 @@ class ReleaseContext:
     sa_hierarchy: Hierarchy | None
     input_records: int
 
+    def for_recoding(self) -> RecodeContext:
+        """What the recoding workers need: the spec, hierarchies and a compact recoder."""
+        return RecodeContext(self.spec, self.plan.recoding.recoder(), self.hierarchies)
+
+    def without_tuples(self) -> ReleaseContext:
+        """The context without the recoding's per-tuple arrays: all that verifying and
+        documenting the release need (a much smaller side input)."""
+        recoding = self.plan.recoding
+        q = len(recoding.qi_names)
+        empty = Recoding(
+            recoding.qi_names,
+            np.zeros((0, q), dtype=np.int64),
+            np.empty((0, q), dtype=object),
+            np.zeros(0, dtype=bool),
+            recoding.description,
+        )
+        return replace(self, plan=replace(self.plan, recoding=empty))
+
+
+@dataclass(frozen=True)
+class RecodeContext:
+    """The recode step's side input: no raw codes or per-tuple label objects."""
+
+    spec: AnonymizationSpec
+    recoder: BatchRecoder
+    hierarchies: Mapping[str, Hierarchy]
+
 
 def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver) -> ReleaseContext:
     """On one worker: complete the hierarchies, build the summary, search the recoding."""
-    value_counts = {
-        c: freq.groupby(c, dropna=False)[COUNT].sum() for c in freq.columns if c != COUNT
-    }
+    release_free_memory()  # the search peaks on top of whatever the reads left behind
+    value_counts = {c: _value_counts(freq[c], freq[COUNT]) for c in freq.columns if c != COUNT}
     hierarchies = resolver(value_counts)
     sa = spec.sensitive
     sa_hierarchy = hierarchies.get(sa) if sa and spec.distance == "hierarchical" else None
@@ -173,13 +229,35 @@ def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver
     return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
 
 
+def _value_counts(column: pd.Series, counts: pd.Series) -> pd.Series:
+    """Records per value of one column of the frequency table, exactly as
+    ``groupby(column, dropna=False)[count].sum()`` of a ``str`` column gives (values sorted,
+    missing last). A categorical column (``FrequencyTable(categorical=True)``) is summed
+    per code first, so only its distinct values are grouped as strings."""
+    name = str(column.name)
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes = column.cat.codes.to_numpy()
+        categories = column.cat.categories.to_numpy(dtype=object)
+        sums = np.bincount(codes + 1, weights=counts.to_numpy(), minlength=len(categories) + 1)
+        seen = np.flatnonzero(sums > 0)  # position 0: the missing value
+        values = np.concatenate([np.array([np.nan], dtype=object), categories])[seen]
+        column = pd.Series(pd.array(values, dtype="str"), name=name)
+        counts = pd.Series(np.rint(sums[seen]).astype(np.int64), name=COUNT)
+    frame = pd.DataFrame({name: column.to_numpy(), COUNT: counts.to_numpy()})
+    frame[name] = frame[name].astype(column.dtype)
+    return frame.groupby(name, dropna=False)[COUNT].sum()
+
+
 class RecodeFn(beam.DoFn):  # type: ignore[misc]
     """A batch with its QIs replaced by their published labels; only QIs and the sensitive
     attribute are published (person ids and other columns never are)."""
 
-    def process(self, batch: pd.DataFrame, ctx: ReleaseContext) -> Iterable[pd.DataFrame]:
+    def setup(self) -> None:
+        release_free_memory()  # what the search freed, before the second read
+
+    def process(self, batch: pd.DataFrame, ctx: RecodeContext) -> Iterable[pd.DataFrame]:
         cols = published_columns(ctx.spec)
-        out, suppressed = ctx.plan.recoding.apply(batch[cols], ctx.hierarchies)
+        out, suppressed = ctx.recoder.apply(batch[cols], ctx.hierarchies)
         if ctx.spec.suppressed == "drop":
             out = out[~suppressed]
         if len(out):
@@ -235,18 +313,21 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         spec, cols = self.spec, published_columns(self.spec)
         ctx = (
             batches
-            | "Summarise" >> beam.CombineGlobally(FrequencyTable(cols))
+            | "Summarise" >> beam.CombineGlobally(FrequencyTable(cols, categorical=True))
             | "Search" >> beam.Map(make_context, spec, self.resolver)
         )
+        # the side inputs are slim views of the context (the full one is never shipped)
+        recoder = ctx | "Recoder" >> beam.Map(ReleaseContext.for_recoding)
+        figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)
         recoded = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))[
             "batches"
-        ] | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(ctx))
+        ] | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(recoder))
         _ = recoded | "Write" >> WriteTable(self.directory, "data", cols, format=self.output_format)  # type: ignore[arg-type]
         path = str(Path(self.directory) / "release.json")
         return (
             recoded
-            | "CountClasses" >> beam.CombineGlobally(FrequencyTable(cols))
-            | "Verify" >> beam.Map(verify_and_document, AsSingleton(ctx))
+            | "CountClasses" >> beam.CombineGlobally(FrequencyTable(cols, categorical=True))
+            | "Verify" >> beam.Map(verify_and_document, AsSingleton(figures))
             | "WriteRelease" >> beam.Map(_write_document, path)
         )
 

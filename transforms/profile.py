@@ -23,13 +23,31 @@ import apache_beam as beam
 import numpy as np
 import pandas as pd
 
+from anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
+from transforms.memory import release_free_memory
+
 
 def _hash(values: pd.Series | pd.DataFrame) -> np.ndarray:
     return pd.util.hash_pandas_object(values, index=False).to_numpy(dtype=np.uint64)
 
 
+def _combine(hashes: Sequence[np.ndarray]) -> np.ndarray:
+    """Row hashes of a frame from its columns' hashes: equal to ``_hash(frame)`` (the
+    combination ``hash_pandas_object`` applies to a DataFrame's column hashes), so each
+    column is hashed once per batch however many combinations it is part of."""
+    out = np.zeros_like(hashes[0]) + np.uint64(0x345678)
+    mult = np.uint64(1000003)
+    for i, h in enumerate(hashes):
+        inverse_i = len(hashes) - i
+        out ^= h
+        out *= mult
+        mult += np.uint64(82520 + inverse_i + inverse_i)
+    out += np.uint64(97531)
+    return out
+
+
 def _compact_unique(parts: list[np.ndarray]) -> list[np.ndarray]:
-    return [np.unique(np.concatenate(parts))] if len(parts) > 1 else parts
+    return [sorted_unique(np.concatenate(parts))] if len(parts) > 1 else parts
 
 
 def _compact_counts(
@@ -39,8 +57,7 @@ def _compact_counts(
         return parts
     keys = np.concatenate([k for k, _ in parts])
     counts = np.concatenate([c for _, c in parts])
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    return [(uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64))]
+    return [sum_by_key(keys, counts)]
 
 
 def _compact_pairs(
@@ -50,7 +67,7 @@ def _compact_pairs(
         return parts
     keys = np.concatenate([k for k, _ in parts])
     values = np.concatenate([v for _, v in parts])
-    uniq, first = np.unique(keys, return_index=True)
+    uniq, first = unique_first(keys)
     return [(uniq, values[first])]
 
 
@@ -81,16 +98,17 @@ class ProfileAccumulator:
         else:
             self.value_counts[col] = prev.add(counts, fill_value=0).astype("int64")
 
-    def maybe_compact(self) -> None:
-        """Deduplicate once the pending parts double the last compacted size (amortised)."""
+    def maybe_compact(self, force: bool = False) -> None:
+        """Deduplicate once the pending parts double the last compacted size (amortised),
+        or now with ``force``."""
         for col, parts in self.hashes.items():
-            if _size(parts) > 2 * max(self.compacted.get(col, 0), 65_536):
+            if force or _size(parts) > 2 * max(self.compacted.get(col, 0), 65_536):
                 self.hashes[col] = _compact_unique(parts)
                 self.compacted[col] = _size(self.hashes[col])
-        if _size(self.combos) > 2 * max(self.combos_compacted, 65_536):
+        if force or _size(self.combos) > 2 * max(self.combos_compacted, 65_536):
             self.combos = _compact_counts(self.combos)
             self.combos_compacted = _size(self.combos)
-        if _size(self.pairs) > 2 * max(self.pairs_compacted, 65_536):
+        if force or _size(self.pairs) > 2 * max(self.pairs_compacted, 65_536):
             self.pairs = _compact_pairs(self.pairs)
             self.pairs_compacted = _size(self.pairs)
 
@@ -115,24 +133,37 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
 
     def add_input(self, acc: ProfileAccumulator, batch: pd.DataFrame) -> ProfileAccumulator:
         acc.rows += len(batch)
+        hashes: dict[str, np.ndarray] = {}
+
+        def hashed(col: str) -> np.ndarray:
+            if col not in hashes:
+                hashes[col] = _hash(batch[col])
+            return hashes[col]
+
         for col in self.columns:
             series = batch[col]
             acc.missing[col] = acc.missing.get(col, 0) + int(series.isna().sum())
-            acc.hashes.setdefault(col, []).append(np.unique(_hash(series)))
+            acc.hashes.setdefault(col, []).append(sorted_unique(hashed(col)))
         if self.qis:
-            qi_hash = _hash(batch[self.qis])
+            qi_hash = _combine([hashed(q) for q in self.qis])
             keys, counts = np.unique(qi_hash, return_counts=True)
             acc.combos.append((keys, counts.astype(np.int64)))
             if self.unit is not None:
-                pair = _hash(batch[[*self.qis, self.unit]])
-                uniq, first = np.unique(pair, return_index=True)
+                pair = _combine([hashed(c) for c in [*self.qis, self.unit]])
+                uniq, first = unique_first(pair)
                 acc.pairs.append((uniq, qi_hash[first]))
         for col in self.counted:
             acc.add_counts(col, batch[col].value_counts(dropna=True))
         acc.maybe_compact()
         return acc
 
+    def compact(self, acc: ProfileAccumulator) -> ProfileAccumulator:
+        """Before a partial profile is encoded and shipped: merge its pending parts."""
+        acc.maybe_compact(force=True)
+        return acc
+
     def merge_accumulators(self, accs: Iterable[ProfileAccumulator]) -> ProfileAccumulator:
+        release_free_memory()  # after the read: the merge peaks on top of what it left
         out = ProfileAccumulator()
         for a in accs:
             out.rows += a.rows
@@ -177,7 +208,7 @@ def profile_from(
         persons = cols[unit]["distinct"] if unit in cols else 0
         if pairs and persons:
             # persons per QI combination; a person alone in their combination is unique
-            _, per_combo = np.unique(pairs[0][1], return_counts=True)
+            _, per_combo = unique_counts(pairs[0][1])
             unique_persons = int((per_combo == 1).sum())
             combos_out["persons"] = persons
             combos_out["unique_persons"] = unique_persons

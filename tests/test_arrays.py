@@ -1,0 +1,38 @@
+"""Sort-based distinct values equal np.unique's."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from anonymity.arrays import (
+    sorted_unique,
+    sum_by_key,
+    unique_counts,
+    unique_first,
+    unique_first_inverse,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(values=st.lists(st.integers(-(2**62), 2**62), max_size=300), small=st.booleans())
+def test_matches_numpy_unique(values: list[int], small: bool) -> None:
+    array = np.array([v % 7 for v in values] if small else values, dtype=np.int64)
+    uniq, first, inverse = unique_first_inverse(array)
+    want = np.unique(array, return_index=True, return_inverse=True)
+    for got, expected in zip((uniq, first, inverse), want, strict=True):
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
+    assert np.array_equal(sorted_unique(array), np.unique(array))
+    hashes = array.astype(np.uint64)
+    assert np.array_equal(sorted_unique(hashes), np.unique(hashes))
+    uniq, first = unique_first(array)
+    assert np.array_equal(uniq, want[0]) and np.array_equal(first, want[1])
+    uniq, counts = unique_counts(array)
+    expected_uniq, expected_counts = np.unique(array, return_counts=True)
+    assert np.array_equal(uniq, expected_uniq) and np.array_equal(counts, expected_counts)
+    weights = np.arange(array.shape[0], dtype=np.int64)
+    keys, sums = sum_by_key(array, weights)
+    inverse = np.unique(array, return_inverse=True)[1]
+    assert np.array_equal(keys, expected_uniq)
+    assert np.array_equal(sums, np.bincount(inverse, weights=weights).astype(np.int64))
