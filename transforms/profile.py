@@ -63,12 +63,13 @@ def _compact_counts(
 def _compact_pairs(
     parts: list[tuple[np.ndarray, np.ndarray]],
 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Distinct (person hash, QI hash) pairs; the pair key is recomputed, never stored."""
     if len(parts) <= 1:
         return parts
-    keys = np.concatenate([k for k, _ in parts])
-    values = np.concatenate([v for _, v in parts])
-    uniq, first = unique_first(keys)
-    return [(uniq, values[first])]
+    persons = np.concatenate([p for p, _ in parts])
+    qis = np.concatenate([q for _, q in parts])
+    _, first = unique_first(_combine([qis, persons]))
+    return [(persons[first], qis[first])]
 
 
 def _size(parts: Sequence[Any]) -> int:
@@ -85,7 +86,8 @@ class ProfileAccumulator:
     compacted: dict[str, int] = field(default_factory=dict)
     combos: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     combos_compacted: int = 0
-    # distinct (QI combination, person) pairs as (pair hash -> QI hash), when a unit is given
+    # distinct (person hash, QI-combination hash) pairs when a unit is given; the unit
+    # column's distinct count comes from them (no second set of millions of person hashes)
     pairs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     pairs_compacted: int = 0
     value_counts: dict[str, pd.Series] = field(default_factory=dict)
@@ -143,15 +145,16 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         for col in self.columns:
             series = batch[col]
             acc.missing[col] = acc.missing.get(col, 0) + int(series.isna().sum())
-            acc.hashes.setdefault(col, []).append(sorted_unique(hashed(col)))
+            if col != self.unit or not self.qis:
+                acc.hashes.setdefault(col, []).append(sorted_unique(hashed(col)))
         if self.qis:
             qi_hash = _combine([hashed(q) for q in self.qis])
             keys, counts = np.unique(qi_hash, return_counts=True)
             acc.combos.append((keys, counts.astype(np.int64)))
             if self.unit is not None:
-                pair = _combine([hashed(c) for c in [*self.qis, self.unit]])
-                uniq, first = unique_first(pair)
-                acc.pairs.append((uniq, qi_hash[first]))
+                person = hashed(self.unit)
+                _, first = unique_first(_combine([qi_hash, person]))
+                acc.pairs.append((person[first], qi_hash[first]))
         for col in self.counted:
             acc.add_counts(col, batch[col].value_counts(dropna=True))
         acc.maybe_compact()
@@ -203,8 +206,11 @@ def profile_from(
         "unique_share_of_rows": (uniques / rows) if rows else 0.0,
         "unique_share_of_combinations": (uniques / n_combos) if n_combos else 0.0,
     }
+    pairs = _compact_pairs(acc.pairs) if unit is not None else []
+    if unit is not None and unit in columns and pairs and unit not in acc.hashes:
+        distinct = len(sorted_unique(pairs[0][0])) - (1 if acc.missing.get(unit, 0) else 0)
+        cols[unit] = {"distinct": int(max(distinct, 0)), "missing": int(acc.missing.get(unit, 0))}
     if unit is not None:
-        pairs = _compact_pairs(acc.pairs)
         persons = cols[unit]["distinct"] if unit in cols else 0
         if pairs and persons:
             # persons per QI combination; a person alone in their combination is unique
