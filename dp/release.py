@@ -109,6 +109,7 @@ def post_process(
         return list(releases)
     current = {r.name: r for r in releases}
     plan_of = {p.query.name: p for p in plans}
+    links: list[tuple[str, str, np.ndarray, pd.Series]] = []  # fine, coarse, parent keys
     for p in plans:
         coarse_q = spec.ancestor(p.query)
         if coarse_q is None:
@@ -143,13 +144,23 @@ def post_process(
         current[p.query.name] = dataclasses.replace(
             r, table=adjusted, consistent_with=coarse_q.name
         )
+        links.append((p.query.name, coarse_q.name, parent.to_numpy(), coarse_key))
         current[coarse_q.name] = dataclasses.replace(
             coarse, table=coarse_table, consistent_with=coarse.consistent_with or p.query.name
         )
-    out = [current[r.name] for r in releases]
-    if spec.clamp:
-        out = [dataclasses.replace(r, table=clamp_counts(r.table)) for r in out]
-    return out
+    if spec.clamp:  # clamp the fine cells, then let each coarse cell be their sum again
+        current = {
+            n: dataclasses.replace(r, table=clamp_counts(r.table)) for n, r in current.items()
+        }
+        for fine_name, coarse_name, parent, coarse_key in links:
+            sums = current[fine_name].table["count"].groupby(parent).sum()
+            table = current[coarse_name].table.copy()
+            hit = coarse_key.isin(sums.index).to_numpy()
+            counts = table["count"].to_numpy().copy()
+            counts[hit] = sums.reindex(coarse_key[hit].to_numpy()).to_numpy()
+            table["count"] = counts
+            current[coarse_name] = dataclasses.replace(current[coarse_name], table=table)
+    return [current[r.name] for r in releases]
 
 
 def noise_variance(noise: NoiseSpec) -> float:
