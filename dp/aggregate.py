@@ -183,6 +183,31 @@ def _int_column(cells: pd.DataFrame, col: str) -> IntArray:
     return arr
 
 
+def release_cells(
+    cells: pd.DataFrame,
+    col: str,
+    spec: NoiseSpec,
+    sampler: NoiseSampler,
+    *,
+    unit: float | None = None,
+    out_col: str | None = None,
+) -> pd.DataFrame:
+    """``cells`` with the integer ``col`` noised by ``spec`` (one sampler call) and its
+    (1−β) interval ``ci_low``/``ci_high``. With ``unit`` (fixed point), ``col`` keeps the
+    noisy integer units and ``out_col`` = units × ``unit`` is the released value."""
+    noisy = spec.add_noise(_int_column(cells, col), sampler)
+    out = cells.copy()
+    out[col] = noisy
+    scale = 1.0 if unit is None else float(unit)
+    if out_col is not None:
+        out[out_col] = noisy * scale
+    hw = spec.halfwidth
+    low, high = noisy - hw, noisy + hw
+    out["ci_low"] = low if unit is None else low * scale
+    out["ci_high"] = high if unit is None else high * scale
+    return out
+
+
 def noisy_counts(
     cells: pd.DataFrame,
     mechanism: str,
@@ -200,12 +225,7 @@ def noisy_counts(
     Discrete Laplace (ε, L1) or discrete Gaussian (ρ, L2); one sampler call for all cells.
     """
     spec = noise_spec(mechanism, epsilon=epsilon, rho=rho, l1=l1, l2=l2, beta=beta)
-    noisy = spec.add_noise(_int_column(cells, count_col), sampler)
-    out = cells.copy()
-    out[count_col] = noisy
-    out["ci_low"] = noisy - spec.halfwidth
-    out["ci_high"] = noisy + spec.halfwidth
-    return out
+    return release_cells(cells, count_col, spec, sampler)
 
 
 def noisy_sums(
@@ -237,13 +257,7 @@ def noisy_sums(
         l2=None if l2 is None else l2 / r,
         beta=beta,
     )
-    noisy = spec.add_noise(_int_column(cells, "sum_units"), sampler)
-    out = cells.copy()
-    out["sum_units"] = noisy
-    out["sum"] = noisy * r
-    out["ci_low"] = (noisy - spec.halfwidth) * r
-    out["ci_high"] = (noisy + spec.halfwidth) * r
-    return out
+    return release_cells(cells, "sum_units", spec, sampler, unit=r, out_col="sum")
 
 
 def noisy_means(

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from dp.accounting import Accountant, ApproxDP, DiscreteGaussian, DiscreteLaplace, Parallel, Step
-from dp.aggregate import NoiseSpec, make_consistent
+from dp.aggregate import NoiseSpec, clamp_nonnegative, make_consistent, release_cells
 from dp.bounding import RngLike
 from dp.cells import (
     CellPartial,
@@ -68,15 +68,6 @@ class QueryRelease:
     selected_cells: int
     partial: CellPartial
     consistent_with: str | None = None  # the coarser query this one was adjusted to
-
-
-def clamp_counts(table: pd.DataFrame) -> pd.DataFrame:
-    """Counts (and their interval ends, when present) below 0 set to 0: post-processing."""
-    out = table.copy()
-    for c in ("count", "ci_low", "ci_high"):
-        if c in out:
-            out[c] = out[c].clip(lower=0)
-    return out
 
 
 # labels of a column at one level -> its labels at a coarser level
@@ -150,7 +141,7 @@ def post_process(
         )
     if spec.clamp:  # clamp the fine cells, then let each coarse cell be their sum again
         current = {
-            n: dataclasses.replace(r, table=clamp_counts(r.table)) for n, r in current.items()
+            n: dataclasses.replace(r, table=clamp_nonnegative(r.table)) for n, r in current.items()
         }
         for fine_name, coarse_name, parent, coarse_key in links:
             sums = current[fine_name].table["count"].groupby(parent).sum()
@@ -202,10 +193,6 @@ def _with_labels(
     return cells.merge(dictionary, on="_cell", how="inner", validate="one_to_one")
 
 
-def _noisy(values: np.ndarray, spec_noise: Any, sampler: NoiseSampler) -> np.ndarray:
-    return np.asarray(spec_noise.add_noise(values.astype(np.int64), sampler), dtype=np.int64)
-
-
 def release_query(
     partial: CellPartial,
     dictionary: pd.DataFrame,
@@ -245,26 +232,29 @@ def release_query(
     out = cells[cols].copy() if cols else pd.DataFrame(index=range(len(cells)))
     if spec.kind in COUNT_KINDS:
         assert plan.count_noise is not None
-        noisy = _noisy(cells["count"].to_numpy(), plan.count_noise, sampler)
-        hw = plan.count_noise.halfwidth
-        out["count"], out["ci_low"], out["ci_high"] = noisy, noisy - hw, noisy + hw
+        noisy = release_cells(cells[["count"]], "count", plan.count_noise, sampler)
+        out[["count", "ci_low", "ci_high"]] = noisy[["count", "ci_low", "ci_high"]].to_numpy()
         if spec.clamp and not spec.consistent:  # else clamped after the adjustment
-            out = clamp_counts(out)
+            out = clamp_nonnegative(out)
     elif spec.kind == "dp_sum":
         assert plan.sum_noise is not None
         r = spec.resolution
-        noisy = _noisy(cells["sum_units"].to_numpy(), plan.sum_noise, sampler)
-        hw = plan.sum_noise.halfwidth
-        out["sum"] = noisy * r
-        out["ci_low"], out["ci_high"] = (noisy - hw) * r, (noisy + hw) * r
+        noisy = release_cells(
+            cells[["sum_units"]], "sum_units", plan.sum_noise, sampler, unit=r, out_col="sum"
+        )
+        out[["sum", "ci_low", "ci_high"]] = noisy[["sum", "ci_low", "ci_high"]].to_numpy()
     else:  # dp_mean: centre + noisy centred sum / max(noisy count, 1), clipped to bounds
         assert plan.count_noise is not None and plan.sum_noise is not None
         assert spec.bounds is not None
-        count = _noisy(cells["count"].to_numpy(), plan.count_noise, sampler)
-        total = _noisy(cells["sum_units"].to_numpy(), plan.sum_noise, sampler) * spec.resolution
+        count = release_cells(cells[["count"]], "count", plan.count_noise, sampler)["count"]
+        total = release_cells(
+            cells[["sum_units"]], "sum_units", plan.sum_noise, sampler,
+            unit=spec.resolution, out_col="sum",
+        )["sum"].to_numpy()  # fmt: skip
+        count_arr = count.to_numpy(dtype=np.int64)
         lo, hi = spec.bounds
-        out["mean"] = np.clip(plan.centre + total / np.maximum(count, 1), lo, hi)
-        out["count"] = np.maximum(count, 0) if spec.clamp else count
+        out["mean"] = np.clip(plan.centre + total / np.maximum(count_arr, 1), lo, hi)
+        out["count"] = np.maximum(count_arr, 0) if spec.clamp else count_arr
     if spec.decimals is not None:
         for c in ("sum", "mean", "ci_low", "ci_high"):
             if c in out and spec.kind in ("dp_sum", "dp_mean"):
