@@ -120,6 +120,34 @@ def _noise(sampler: NoiseSampler, mechanism: Mechanism, values: IntArray, scale:
     raise ValueError(f"mechanism must be discrete_laplace or discrete_gaussian, got {mechanism!r}")
 
 
+def _coin_flips(seed: int, trials: int) -> npt.NDArray[np.bool_]:
+    """The target's in/out bit per trial (the attacker's experiment, not released noise)."""
+    return np.random.default_rng(seed).integers(0, 2, size=trials).astype(bool)
+
+
+def _bound_and_details(
+    mechanism: Mechanism,
+    scale: float,
+    epsilon: float | None,
+    delta: float,
+    sensitivity: float,
+    count: int,
+    seed: int,
+) -> tuple[float | None, dict[str, Any]]:
+    """The success bound (e^ε+δ)/(1+e^ε) of a trial attack and its recorded parameters."""
+    eps, dlt = _epsilon_delta(mechanism, scale, epsilon, delta, sensitivity)
+    bound = dp_success_bound(eps, dlt) if eps is not None else None
+    details: dict[str, Any] = {
+        "mechanism": mechanism,
+        "scale": scale,
+        "epsilon": eps,
+        "delta": dlt,
+        "count": count,
+        "seed": seed,
+    }
+    return bound, details
+
+
 def _trial_result(
     name: str,
     guess: npt.NDArray[np.bool_],
@@ -168,20 +196,11 @@ def membership_inference(
     ``scale`` is b (Laplace) or σ (Gaussian). Bound (e^ε+δ)/(1+e^ε), ε from the
     arguments or b = sensitivity/ε; ``expected_success`` is the exact theoretical value.
     """
-    bits = np.random.default_rng(seed).integers(0, 2, size=trials).astype(bool)
+    bits = _coin_flips(seed, trials)
     noisy = _noise(sampler, mechanism, count + bits.astype(np.int64), scale)
     guess = noisy >= count + 1
-    eps, dlt = _epsilon_delta(mechanism, scale, epsilon, delta, sensitivity)
-    bound = dp_success_bound(eps, dlt) if eps is not None else None
-    details = {
-        "mechanism": mechanism,
-        "scale": scale,
-        "epsilon": eps,
-        "delta": dlt,
-        "count": count,
-        "expected_success": optimal_success(mechanism, scale),
-        "seed": seed,
-    }
+    bound, details = _bound_and_details(mechanism, scale, epsilon, delta, sensitivity, count, seed)
+    details["expected_success"] = optimal_success(mechanism, scale)
     return _trial_result("membership_inference", guess, bits, bound, details)
 
 
@@ -204,20 +223,11 @@ def differencing_attack(
     difference is >= 1. Exact with ``NoNoise``; with noise bounded by (e^ε+δ)/(1+e^ε),
     ε being the guarantee of the release that contains t.
     """
-    bits = np.random.default_rng(seed).integers(0, 2, size=trials).astype(bool)
+    bits = _coin_flips(seed, trials)
     values = np.concatenate([count + bits.astype(np.int64), np.full(trials, count, dtype=np.int64)])
     noisy = _noise(sampler, mechanism, values, scale)
     guess = (noisy[:trials] - noisy[trials:]) >= 1
-    eps, dlt = _epsilon_delta(mechanism, scale, epsilon, delta, sensitivity)
-    bound = dp_success_bound(eps, dlt) if eps is not None else None
-    details = {
-        "mechanism": mechanism,
-        "scale": scale,
-        "epsilon": eps,
-        "delta": dlt,
-        "count": count,
-        "seed": seed,
-    }
+    bound, details = _bound_and_details(mechanism, scale, epsilon, delta, sensitivity, count, seed)
     return _trial_result("differencing", guess, bits, bound, details)
 
 
