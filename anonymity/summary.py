@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.arrays import unique_first_inverse
-from anonymity.hierarchy import Hierarchy
+from anonymity.hierarchy import Hierarchy, canonical_scalar
 from privpipe.errors import ConfigError, InputDataError
 
 __all__ = ["Hierarchies", "Summary", "group_rows", "resolve_hierarchies"]
@@ -91,22 +91,6 @@ def _readonly(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return array
 
 
-def _canonical(value: object) -> str:
-    """A value as a string: numbers without a spurious ``.0`` (as hierarchies match them)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool | np.bool_):
-        return str(bool(value))
-    if isinstance(value, int | np.integer):
-        return str(int(value))
-    if isinstance(value, float | np.floating):
-        number = float(value)
-        if math.isfinite(number) and number.is_integer():
-            return str(int(number))
-        return repr(number)
-    return str(value)
-
-
 def _is_missing(value: object) -> bool:
     if value is None or (isinstance(value, str) and value == ""):
         return True
@@ -127,7 +111,7 @@ def _sorted_values(values: Iterable[str]) -> ObjArray:
 
 
 def _examples(values: Sequence[object], counts: Sequence[int]) -> str:
-    shown = [f"{_canonical(v)!r} ({c} rows)" for v, c in zip(values, counts, strict=False)]
+    shown = [f"{canonical_scalar(v)!r} ({c} rows)" for v, c in zip(values, counts, strict=False)]
     more = f" and {len(values) - _EXAMPLES} more" if len(values) > _EXAMPLES else ""
     return ", ".join(shown[:_EXAMPLES]) + more
 
@@ -484,7 +468,7 @@ def _encode_sa(
     factor, uniques = pd.factorize(column, use_na_sentinel=True)
     factor = np.asarray(factor, dtype=np.int64)
     distinct = list(np.asarray(uniques, dtype=object))
-    strings = [_canonical(v) for v in distinct]
+    strings = [canonical_scalar(v) for v in distinct]
     missing = [i for i, v in enumerate(distinct) if _is_missing(v)]
     n_missing = int((factor < 0).sum()) + sum(int((factor == i).sum()) for i in missing)
     if n_missing:
@@ -493,7 +477,7 @@ def _encode_sa(
             "them (the privacy models need a value for every record)"
         )
     if order is not None:
-        values = np.array([_canonical(v) for v in order], dtype=object)
+        values = np.array([canonical_scalar(v) for v in order], dtype=object)
         if len(set(values.tolist())) != values.shape[0]:
             raise ConfigError(f"the order of {name!r} lists a value twice")
         positions = pd.Index(values, dtype=object).get_indexer(np.array(strings, dtype=object))

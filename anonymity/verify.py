@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED, Hierarchy
+from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_scalar
 from anonymity.spec import AnonymizationSpec
 
 __all__ = ["MAX_FAILURES", "Verification", "verify_counts", "verify_table"]
@@ -89,26 +89,10 @@ class Verification:
 # --------------------------------------------------------------------------- helpers
 
 
-def _canonical(value: object) -> str:
-    """A value as a string: numbers without a spurious ``.0`` (as hierarchies match them)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool | np.bool_):
-        return str(bool(value))
-    if isinstance(value, int | np.integer):
-        return str(int(value))
-    if isinstance(value, float | np.floating):
-        number = float(value)
-        if math.isfinite(number) and number.is_integer():
-            return str(int(number))
-        return repr(number)
-    return str(value)
-
-
 def _strings(column: pd.Series) -> npt.NDArray[np.object_]:
     """Canonical strings of a column (missing cells as ``""``), per distinct value."""
     codes, uniques = pd.factorize(column, use_na_sentinel=True)
-    names = np.array([_canonical(v) for v in uniques] + [""], dtype=object)
+    names = np.array([canonical_scalar(v) for v in uniques] + [""], dtype=object)
     return np.asarray(names[np.asarray(codes)], dtype=object)
 
 
@@ -408,7 +392,7 @@ def _check_t(
     if distribution is None or not distribution:
         failures.append("t-closeness cannot be verified without the input SA distribution")
         return {}
-    keys = [_canonical(k) for k in distribution]
+    keys = [canonical_scalar(k) for k in distribution]
     shares = np.array([float(v) for v in distribution.values()], dtype=np.float64)
     if len(set(keys)) != len(keys) or not np.isfinite(shares).all() or (shares < 0).any():
         failures.append("the input SA distribution has repeated values or invalid shares")
