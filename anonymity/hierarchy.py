@@ -39,6 +39,7 @@ __all__ = [
     "build_grouping",
     "build_intervals",
     "build_mask",
+    "canonical_column",
     "canonical_factorize",
     "canonical_scalar",
     "hierarchy_to_arx_csv",
@@ -177,6 +178,14 @@ def canonical_factorize(values: Any) -> tuple[IntArray, ObjArray]:
     modules can key data by value without a hierarchy.
     """
     return _factorize(values)
+
+
+def canonical_column(values: Any) -> ObjArray:
+    """Canonical strings of a column, one per row (missing -> ``""``)."""
+    codes, uniques = _factorize(values)
+    table = np.append(uniques, "").astype(object)
+    out: ObjArray = table[codes]
+    return out
 
 
 def _distinct_strings(values: Any) -> ObjArray:

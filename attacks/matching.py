@@ -30,7 +30,7 @@ import numpy.typing as npt
 import pandas as pd
 from scipy import sparse
 
-from anonymity.hierarchy import Hierarchy, canonical_scalar
+from anonymity.hierarchy import Hierarchy, canonical_factorize
 
 __all__ = [
     "SUPPRESSED",
@@ -57,19 +57,14 @@ _RANGE: Final = r"^\[\s*([^,\]]+?)\s*,\s*([^,\]]+?)\s*\]$"
 def canonical_strings(values: Any) -> tuple[IntArray, ObjArray]:
     """Codes per element and the distinct canonical strings (missing cells -> ``""``).
 
-    The Python work is per distinct value; codes index the returned strings.
+    The hierarchy's vectorised canonical form; two raw values with one canonical string
+    (39 and 39.0) share a code.
     """
-    if not isinstance(values, pd.Series | pd.Index | np.ndarray):
-        array = np.empty(len(values), dtype=object)
-        array[:] = list(values)
-        values = array
-    codes, uniques = pd.factorize(values)
-    texts = [canonical_scalar(v) for v in np.asarray(uniques, dtype=object).tolist()]
-    codes = np.asarray(codes, dtype=np.int64)
+    codes, uniques = canonical_factorize(values)
+    texts = uniques.astype(object)
     if (codes < 0).any():
-        texts.append("")
+        texts = np.append(texts, "").astype(object)
         codes = np.where(codes < 0, len(texts) - 1, codes)
-    # two distinct raw values may share one canonical string (39 and 39.0): merge them
     merged, names = pd.factorize(pd.Series(texts, dtype=object))
     out = np.empty(len(names), dtype=object)
     out[:] = [str(v) for v in names]

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import canonical_factorize
+from anonymity.hierarchy import canonical_column, canonical_factorize
 from dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
 from dp.spec import TOP_KINDS, DPReleaseSpec, Query, QueryPlan
 from privpipe.errors import InputDataError
@@ -40,10 +40,7 @@ def canonical_labels(col: str, level: int, values: pd.Series) -> ObjArray:
     """The default labeler: raw canonical strings; refuses a level without hierarchies."""
     if level != 0:
         raise InputDataError(f"column {col!r}: level {level} needs a hierarchy")
-    codes, uniques = canonical_factorize(values)
-    table = np.append(uniques, "").astype(object)
-    out: ObjArray = table[codes]
-    return out
+    return canonical_column(values)
 
 
 def hash_keys(keys: pd.DataFrame) -> U64:

@@ -20,14 +20,14 @@ Targets are records (rows), as in the literature's attacker model.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy
+from anonymity.hierarchy import Hierarchy, canonical_column
 from attacks import (
     AttackerKnowledge,
     AttackResult,
@@ -45,6 +45,9 @@ from attacks import (
 from dp.noise import SeededTestSampler
 from pipelines.config import ANONYMITY_KINDS, DP_KINDS, TABLE_ATTACK_NAMES, AttacksConfig
 from pipelines.plan import Plan
+
+if TYPE_CHECKING:  # reports (matplotlib) is imported only when a report is written
+    from reports import Release
 
 RAW_TABLE = "attack_targets"
 BASELINE = "raw"
@@ -106,16 +109,15 @@ def _table_attacks(
     return out
 
 
-def _dp_attacks(
-    folder: Path, doc: Mapping[str, Any], raw: pd.DataFrame, plan: Plan
-) -> dict[str, AttackResult]:
+def _dp_attacks(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, AttackResult]:
     """Attacks on one DP release: attribute inference where the histogram allows it, and
-    membership/differencing simulated with the release's count noise."""
+    membership/differencing simulated with the noise of its (first) count query."""
     cfg = plan.config.attacks
     assert cfg is not None
     wanted = cfg.attacks()
     s = plan.config.schema_
     sa = str(s.sensitive)
+    doc = release.document
     params = doc["parameters"]
     eps, delta = float(doc["guarantee"]["epsilon"]), float(doc["guarantee"]["delta"])
     out: dict[str, AttackResult] = {}
@@ -133,31 +135,30 @@ def _dp_attacks(
         and qis_in
         and len(qis_in) == len(keys) - 1
     ):
-        histogram = pd.read_csv(
-            folder / "data.csv", dtype={k: str for k in keys}, keep_default_na=False
-        )
+        histogram = release.data.assign(count=pd.to_numeric(release.data["count"]))
         knowledge = knowledge_of(cfg)
-        targets = knowledge.select_targets(raw).astype({q: str for q in [*qis_in, sa]})
         out["attribute_inference"] = histogram_attribute_inference(
-            histogram, targets, qis_in, sa, epsilon=eps, delta=delta, knowledge=knowledge
-        )
-    noise = first.get("count_noise") or first.get("sum_noise")
+            histogram, knowledge.select_targets(raw), qis_in, sa,
+            epsilon=eps, delta=delta, knowledge=knowledge,
+        )  # fmt: skip
+    noise = first.get("count_noise")
     if noise and doc["kind"] in ("dp_count", "dp_histogram"):
-        table = pd.read_csv(folder / "data.csv")
-        count = int(np.median(table["count"])) if len(table) else 0
         for name, fn in (
             ("membership", membership_inference),
             ("differencing", differencing_attack),
         ):
             if name in wanted:
+                # the optimal test's success does not depend on the count: a simulation of
+                # this query's noise against the bound of the query's own epsilon
                 out[name] = fn(
-                    count,
+                    0,
                     scale=float(noise["scale"]),
                     mechanism=noise["mechanism"],
                     sampler=SeededTestSampler(cfg.seed),  # a simulation, not a release
                     trials=int(wanted[name].get("trials", 10_000)),
-                    epsilon=eps,
+                    epsilon=float(first.get("epsilon", eps)),
                     delta=delta,
+                    sensitivity=float(noise["sensitivity"]),
                     seed=cfg.seed,
                 )
     return out
@@ -185,7 +186,7 @@ def ml_guess(reports: Any, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(weights.argmax(axis=1), dtype=np.int64)
 
 
-def _local_attack(doc: Mapping[str, Any], raw: pd.DataFrame, plan: Plan) -> dict[str, AttackResult]:
+def _local_attack(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, AttackResult]:
     """The attacker reads a target's own local-DP report (simulated with the release's
     protocol and ε on the targets' true values) and guesses the value it supports."""
     from attacks import report_attack
@@ -194,11 +195,11 @@ def _local_attack(doc: Mapping[str, Any], raw: pd.DataFrame, plan: Plan) -> dict
 
     cfg = plan.config.attacks
     assert cfg is not None
-    params = doc["parameters"]
+    params = release.document["parameters"]
     attribute, domain = params["attribute"], [str(v) for v in params["domain"]]
     if attribute not in raw.columns:
         return {}
-    targets = knowledge_of(cfg).select_targets(raw)[attribute].astype(str)
+    targets = canonical_column(knowledge_of(cfg).select_targets(raw)[attribute])
     codes = pd.Categorical(targets, categories=domain).codes.astype(np.int64)
     codes = codes[codes >= 0]  # values outside the public domain are not reported
     oracle = params["oracle"]
@@ -210,14 +211,34 @@ def _local_attack(doc: Mapping[str, Any], raw: pd.DataFrame, plan: Plan) -> dict
 
 
 def _reference(raw: pd.DataFrame, sa: str) -> dict[str, float]:
-    shares = raw[sa].astype(str).value_counts(normalize=True)
+    """The whole table's share of each sensitive value (canonical strings, as published)."""
+    shares = pd.Series(canonical_column(raw[sa])).value_counts(normalize=True)
     return {str(k): float(v) for k, v in shares.items()}
 
 
+ATTACKED_KINDS = (*ANONYMITY_KINDS, *DP_KINDS, "local_dp")
+
+
+def load_releases(plan: Plan, staging: Path, kinds: Sequence[str]) -> dict[str, Release]:
+    """The staged releases of these kinds, each read once (data as published, release.json)."""
+    from reports import load_release
+
+    return {
+        r.name: load_release(staging / "releases" / r.name)
+        for r in plan.config.releases
+        if r.kind in kinds
+    }
+
+
 def run_attacks(
-    plan: Plan, staging: Path, raw: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
+    plan: Plan,
+    releases: Mapping[str, Release],
+    raw: pd.DataFrame,
+    hierarchies: Mapping[str, Hierarchy],
 ) -> dict[str, dict[str, AttackResult]]:
-    """Every configured attack on the baseline (``raw``) and every staged release."""
+    """Every configured attack on the baseline (``raw``) and on the ``releases`` (continual
+    counts are published after the attacks, their state advancing last; the attacks on
+    them are those of any DP count)."""
     s = plan.config.schema_
     qis, sa = list(s.quasi_identifiers), str(s.sensitive)
     reference = _reference(raw, sa)
@@ -226,23 +247,17 @@ def run_attacks(
             baseline_table(raw, qis, sa), raw, plan, hierarchies, None, reference
         )
     }
-    for r in plan.config.releases:
-        if r.kind not in ANONYMITY_KINDS and r.kind not in DP_KINDS and r.kind != "local_dp":
-            continue  # continual counts are published after the attacks (their state
-            # advances last); the attacks on them are those of their DP counts
-        folder = staging / "releases" / r.name
-        doc = json.loads((folder / "release.json").read_text())
-        if r.kind in ANONYMITY_KINDS:
-            published = pd.read_csv(
-                folder / "data.csv", dtype=str, keep_default_na=False, usecols=[*qis, sa]
-            )
-            results[r.name] = _table_attacks(
-                published, raw, plan, hierarchies, doc.get("guarantee"), reference
-            )
-        elif r.kind in DP_KINDS:
-            results[r.name] = _dp_attacks(folder, doc, raw, plan)
-        elif r.kind == "local_dp" and "ldp_report" in plan.config.attacks.attacks():  # type: ignore[union-attr]
-            results[r.name] = _local_attack(doc, raw, plan)
+    wanted = plan.config.attacks.attacks() if plan.config.attacks else {}
+    for name, release in releases.items():
+        if release.kind in ANONYMITY_KINDS:
+            results[name] = _table_attacks(
+                release.data[[*qis, sa]], raw, plan, hierarchies,
+                release.document.get("guarantee"), reference,
+            )  # fmt: skip
+        elif release.kind in DP_KINDS:
+            results[name] = _dp_attacks(release, raw, plan)
+        elif release.kind == "local_dp" and "ldp_report" in wanted:
+            results[name] = _local_attack(release, raw, plan)
     return results
 
 
@@ -282,22 +297,31 @@ def write_audit(
     raw: pd.DataFrame,
     hierarchies: Mapping[str, Hierarchy],
     attacks: Mapping[str, Mapping[str, AttackResult]] | None,
+    manifest: Mapping[str, Any],
+    loaded: Mapping[str, Release],
 ) -> dict[str, Path]:
-    """audit.json, report.md and report.html of the staged run (manifest already written)."""
-    from reports import audit_run, load_run, write_reports
+    """audit.json, report.md and report.html of the staged run; releases already read for
+    the attacks are not read again."""
+    from reports import Run, audit_run, load_release, write_reports
 
     rc = plan.config.report
     s = plan.config.schema_
-    run = load_run(staging)
+    releases = {
+        r.name: loaded.get(r.name) or load_release(staging / "releases" / r.name)
+        for r in plan.config.releases
+    }
+    run = Run(staging, manifest, releases)
     per_release = None
     baseline = None
     if attacks is not None:
+        # plain dicts; reports.normalise_attacks keeps only whitelisted details (never the
+        # raw values, e.g. the skewness attack's whole-table distribution)
         per_release = {
-            name: {a: publishable(res.as_dict()) for a, res in found.items()}
+            name: {a: res.as_dict() for a, res in found.items()}
             for name, found in attacks.items()
             if name != BASELINE
         }
-        baseline = {a: publishable(res.as_dict()) for a, res in attacks[BASELINE].items()}
+        baseline = {a: res.as_dict() for a, res in attacks[BASELINE].items()}
     audit = audit_run(
         run,
         raw,
@@ -323,17 +347,6 @@ def write_audit(
         audit.setdefault("findings", []).append(note)
         audit.setdefault("methodology", {})["sweep_ledger"] = note
     return write_reports(staging, audit)
-
-
-# details keyed by raw sensitive values (the whole table's distribution p of the skewness
-# attack): the audit is itself a publication, and a rare value's share would reveal it
-_RAW_VALUE_DETAILS = ("p",)
-
-
-def publishable(result: Mapping[str, Any]) -> dict[str, Any]:
-    """An attack result without details that name raw values."""
-    details = {k: v for k, v in result.get("details", {}).items() if k not in _RAW_VALUE_DETAILS}
-    return {**result, "details": details}
 
 
 def headline(results: Mapping[str, Mapping[str, AttackResult]]) -> dict[str, dict[str, float]]:

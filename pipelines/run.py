@@ -24,9 +24,11 @@ import privpipe
 from anonymity.spec import AnonymizationSpec
 from dp.ledger import Ledger
 from pipelines.audit import (
+    ATTACKED_KINDS,
     RAW_TABLE,
     audit_columns,
     headline,
+    load_releases,
     run_attacks,
     wants_audit,
     write_audit,
@@ -286,11 +288,13 @@ def _run(
         if ljobs:
             local_summary = publish_local(ljobs, plan, out.work, out.staging, insecure_seed, log)
         raw = attack_results = attack_rates = None
+        loaded = {}
         if plan.config.attacks is not None or wants_audit(plan):
             raw = pd.read_parquet(out.work / f"{RAW_TABLE}.parquet")
         if plan.config.attacks is not None:
             log("privpipe: attacking every release (and the raw table as the baseline)")
-            attack_results = run_attacks(plan, out.staging, raw, hierarchies)
+            loaded = load_releases(plan, out.staging, ATTACKED_KINDS)
+            attack_results = run_attacks(plan, loaded, raw, hierarchies)
             attack_rates = headline(attack_results)
         continual_summary: dict[str, Any] = {}
         if cjobs and ledger is not None:  # last: the stream's state advances durably here
@@ -334,7 +338,7 @@ def _run(
         write_json(str(out.staging / "manifest.json"), manifest)
         if wants_audit(plan):
             assert raw is not None
-            write_audit(plan, out.staging, raw, hierarchies, attack_results)
+            write_audit(plan, out.staging, raw, hierarchies, attack_results, manifest, loaded)
             manifest["report"] = "report.html"
             write_json(str(out.staging / "manifest.json"), manifest)
         out.commit()

@@ -87,23 +87,30 @@ ATTACK_DEFINITIONS: Final = {
     "from the table's (bounded by t under t-closeness)",
     "similarity": "share of targets whose candidates share one semantic category of the "
     "sensitive attribute (its hierarchy)",
-    "linkage": "re-identification: share of targets matched to a class of size 1 "
-    "(prosecutor risk; at most 1/k under k-anonymity)",
+    "linkage": "re-identification: average prosecutor success 1/|candidate rows| over the "
+    "targets (each at most 1/k under k-anonymity); 'uniques' is the share matched to one row",
     "proximity": "share of targets whose candidate numeric sensitive values lie in a narrow range",
     "dp_attribute_inference": "attribute inference from a noisy (QI x SA) histogram; "
     "per-person success is bounded by e^ε/(1+e^ε) (+δ)",
     "membership_inference": "likelihood-ratio test on a released count: was the target in?",
     "differencing": "difference of two releases that differ by one person",
+    # the same attacks under the names a config uses (`attacks.run`)
+    "attribute_inference": "attribute inference from a noisy (QI x SA) histogram; "
+    "per-person success is bounded by e^ε/(1+e^ε) (+δ)",
+    "membership": "likelihood-ratio test on a released count: was the target in? "
+    "(simulated with the release's own noise)",
     "ldp_report": "guessing a person's value from their own local-DP report",
 }
 
 HEADLINE_ATTACKS: Final = (
     "homogeneity",
     "dp_attribute_inference",
+    "attribute_inference",
     "ldp_report",
     "background_knowledge",
     "linkage",
     "membership_inference",
+    "membership",
     "differencing",
     "similarity",
     "proximity",

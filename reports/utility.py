@@ -57,7 +57,7 @@ import pandas as pd
 
 from anonymity.hierarchy import SUPPRESSED, Hierarchy
 from reports.run import ANONYMISED_KINDS, LOCAL_DP_KINDS, Release
-from reports.workload import CountQuery, Marginal, Truth, canonical_column
+from reports.workload import CountQuery, Marginal, Truth, canonical_column, canonical_frame
 
 __all__ = [
     "Source",
@@ -139,10 +139,6 @@ class Source:
         return tuple(str(c) for c in self.labels.columns)
 
 
-def _frame(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
-    return pd.DataFrame({c: canonical_column(df[c]) for c in columns})
-
-
 def _numbers(values: pd.Series) -> FloatArray:
     return np.asarray(pd.to_numeric(values, errors="coerce").fillna(0.0), dtype=np.float64)
 
@@ -161,7 +157,7 @@ def _table_source(release: Release) -> Source:
     )
     data = release.data
     return Source(
-        release.name, _frame(data, list(data.columns)), np.ones(len(data)), levels, numeric
+        release.name, canonical_frame(data, list(data.columns)), np.ones(len(data)), levels, numeric
     )
 
 
@@ -189,7 +185,7 @@ def _dp_sources(release: Release) -> list[Source]:
         out.append(
             Source(
                 f"{release.name}:{qname}",
-                _frame(part, keys),
+                canonical_frame(part, keys),
                 np.clip(_numbers(part["count"]), 0.0, None),
                 levels,
             )

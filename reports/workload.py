@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import canonical_factorize
+from anonymity.hierarchy import canonical_column, canonical_factorize
 
 __all__ = [
     "CountQuery",
@@ -123,14 +123,6 @@ def build_workload(
     parsed = [q for q in queries if isinstance(q, CountQuery)]
     parsed += parse_queries(q for q in queries if not isinstance(q, CountQuery))
     return Workload(cols, marginals, tuple(parsed))
-
-
-def canonical_column(values: Any) -> ObjArray:
-    """Canonical strings of a column (one per row; missing -> ``""``)."""
-    codes, uniques = canonical_factorize(values)
-    table = np.append(uniques, "").astype(object)
-    out: ObjArray = table[codes]
-    return out
 
 
 def canonical_frame(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
