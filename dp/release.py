@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ import pandas as pd
 
 from dp.accounting import Accountant, ApproxDP, DiscreteGaussian, DiscreteLaplace, Parallel, Step
 from dp.aggregate import NoiseSpec, clamp_nonnegative, make_consistent, release_cells
-from dp.bounding import RngLike
+from dp.bounding import RngLike, sensitivities
 from dp.cells import (
     CellPartial,
     Labeler,
@@ -310,40 +311,66 @@ def check_delta(spec: DPReleaseSpec, rows: int) -> None:
         )
 
 
-def _recorded_steps(spec: DPReleaseSpec, plans: Sequence[QueryPlan]) -> list[Step]:
-    """The accountant's steps rebuilt from the recorded scales (not from the planner's)."""
+def _recorded_steps(
+    spec: DPReleaseSpec, plans: Sequence[QueryPlan]
+) -> tuple[list[Step], list[str]]:
+    """The accountant's steps rebuilt from the recorded noise scales, with sensitivities
+    derived again from the bounds (not taken from the planner), and any mismatch."""
     steps: list[Step] = []
+    problems: list[str] = []
     for p in plans:
         mine: list[Step] = []
         if p.selection_epsilon is not None:
             mine.append(ApproxDP.of(p.selection_epsilon, p.selection_delta or 0))
-        for noise in (p.count_noise, p.sum_noise):
+        dims = 1 if not spec.key_columns(p.query) else None
+        for noise, clamp in ((p.count_noise, None), (p.sum_noise, p.sum_units)):
             if noise is None:
                 continue
+            bounds = None if clamp is None else (float(clamp[0]), float(clamp[1]))
+            l1, l2 = sensitivities(spec.l0, spec.linf, clamp=bounds)
+            sens = l1 if noise.mechanism == "discrete_laplace" else l2
+            if not math.isclose(sens, noise.sensitivity, rel_tol=1e-12):
+                problems.append(
+                    f"{p.query.name}: noise calibrated to sensitivity {noise.sensitivity}, "
+                    f"but the bounds give {sens}"
+                )
             if noise.mechanism == "discrete_laplace":
-                mine.append(DiscreteLaplace.of(repr(noise.scale), repr(noise.sensitivity)))
+                mine.append(DiscreteLaplace.of(repr(noise.scale), repr(sens)))
             else:
-                mine.append(DiscreteGaussian.of(repr(noise.scale), repr(noise.sensitivity)))
+                mine.append(DiscreteGaussian.of(repr(noise.scale), repr(sens), dims))
         if p.top_epsilon is not None:
             groups_per_person = spec.l0 if p.query.group_by else 1
             mine.append(ApproxDP.of(p.top_epsilon * groups_per_person, 0))
         if spec.partition_by:
             mine = [Parallel((m,)) for m in mine]  # type: ignore[arg-type]
         steps += mine
-    return steps
+    return steps, problems
 
 
 def verify_release(
-    spec: DPReleaseSpec, plans: Sequence[QueryPlan], releases: Sequence[QueryRelease], rows: int
+    spec: DPReleaseSpec,
+    plans: Sequence[QueryPlan],
+    releases: Sequence[QueryRelease],
+    rows: int,
+    charged: tuple[Fraction, Fraction] | None = None,
 ) -> dict[str, Any]:
-    """Re-check the guarantee on the output; PrivacyRefusal (exit 4) on any failure."""
-    problems: list[str] = []
-    chosen = Accountant(_recorded_steps(spec, plans), delta=spec.delta).chosen()
+    """Re-check the guarantee on the output; PrivacyRefusal (exit 4) on any failure.
+
+    ``charged`` is what the ledger recorded: the recomputed bound must not exceed it."""
+    steps, problems = _recorded_steps(spec, plans)
+    chosen = Accountant(steps, delta=spec.delta).chosen()
     tolerance = 1e-9 * float(spec.epsilon)
     if chosen.epsilon is None or chosen.epsilon > float(spec.epsilon) + tolerance:
         problems.append(
             f"the recorded noise gives epsilon {chosen.epsilon} > configured {float(spec.epsilon)}"
         )
+    if charged is not None and chosen.epsilon is not None:
+        paid_eps, paid_delta = float(charged[0]), float(charged[1])
+        if chosen.epsilon > paid_eps * (1 + 1e-9) or (chosen.delta or 0.0) > paid_delta:
+            problems.append(
+                f"the recorded noise gives epsilon {chosen.epsilon}, more than the ledger "
+                f"was charged ({paid_eps})"
+            )
     if chosen.delta is not None and chosen.delta > float(spec.delta):
         problems.append(f"delta {chosen.delta} > configured {float(spec.delta)}")
     if spec.delta > 0 and rows > 0 and spec.delta * rows >= 1:
@@ -367,12 +394,22 @@ def verify_release(
                 problems.append(f"{r.name}: {len(r.table)} rows, expected {groups} x {spec.top_k}")
             continue
         keys = list(r.key_columns)
+        published = hash_keys(r.table[keys].astype(object)) if keys else np.zeros(len(r.table))
         if spec.partitions == "public":
-            expected = len(public_domain(spec, p, keys))
-            if len(r.table) != expected or (keys and r.table.duplicated(keys).any()):
-                problems.append(f"{r.name}: {len(r.table)} cells published, domain has {expected}")
-        elif len(r.table) > r.observed_cells:
-            problems.append(f"{r.name}: more cells published than observed with persons")
+            domain = public_domain(spec, p, keys)
+            expected = hash_keys(domain) if keys else np.zeros(1)
+            if len(r.table) != len(domain) or not np.array_equal(
+                np.sort(published), np.sort(expected)
+            ):
+                problems.append(
+                    f"{r.name}: {len(r.table)} cells published, domain has {len(domain)} "
+                    "(the published cells must be exactly the domain's)"
+                )
+        else:  # every published key was seen with at least one person, and only once
+            units = r.partial.cells["units"]
+            seen = units.index[units.to_numpy() > 0].to_numpy(dtype=np.uint64)
+            if len(np.unique(published)) != len(published) or not np.isin(published, seen).all():
+                problems.append(f"{r.name}: a published cell was not selected from the data")
         noise = p.count_noise if spec.kind in COUNT_KINDS else p.sum_noise
         if r.consistent_with is not None:  # adjusted cells: the intervals were dropped
             if r.table["count"].isna().any() or "ci_low" in r.table:
@@ -406,10 +443,12 @@ def release_document(
     check: dict[str, Any],
     *,
     seconds: float,
+    charged: tuple[Fraction, Fraction],
     insecure_seed: int | None = None,
 ) -> dict[str, Any]:
-    """release.json: parameters, the guarantee with its accounting, per-query metrics."""
-    eps, dlt = charge(spec, plans)
+    """release.json: parameters, the guarantee with its accounting, per-query metrics;
+    ``charged`` is what the ledger recorded for it."""
+    eps, dlt = charged
     return {
         "name": spec.name,
         "kind": spec.kind,
@@ -501,9 +540,10 @@ def dp_release(
         dictionary = merge_dictionaries([contrib.dictionary])
         releases.append(release_query(partial, dictionary, spec, plans[contrib.query], sampler))
     releases = post_process(spec, plans, releases, coarsen)
-    check = verify_release(spec, plans, releases, len(df))
+    charged = charge(spec, plans)
+    check = verify_release(spec, plans, releases, len(df), charged)
     doc = release_document(
-        spec, plans, releases, check, seconds=time.perf_counter() - t0,
+        spec, plans, releases, check, seconds=time.perf_counter() - t0, charged=charged,
         insecure_seed=insecure_seed,
     )  # fmt: skip
     return published_table(spec, releases), doc

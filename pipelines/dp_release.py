@@ -214,30 +214,26 @@ def publish(
     entries = ledger.charge_many(run_id, [(j.name, j.budget()) for j in jobs])
     spent = sum((e.epsilon for e in entries), Fraction(0))
     log(f"privpipe: charged epsilon {float(spent):g} to the ledger {ledger.path}")
+    # (a failure from here on keeps the charge: run() marks the entries failed with why)
     bounding: dict[str, Any] = {}
-    try:
-        for i, job in enumerate(jobs):
-            t0 = time.perf_counter()
-            cells = load_cells(work / f"dp-{job.name}.pickle")
-            noise = sampler(None if seed is None else seed + i)
-            releases: list[QueryRelease] = [
-                release_query(cells["partials"][q], cells["dictionaries"][q], job.spec, p, noise)
-                for q, p in enumerate(job.plans)
-            ]
-            releases = post_process(job.spec, job.plans, releases, coarsen)
-            check = verify_release(job.spec, job.plans, releases, rows)
-            folder = staging / "releases" / job.name
-            folder.mkdir(parents=True, exist_ok=True)
-            table = published_table(job.spec, releases)
-            write_table(table, str(folder / f"data.{fmt}"), fmt)
-            doc = release_document(
-                job.spec, job.plans, releases, check,
-                seconds=time.perf_counter() - t0, insecure_seed=seed,
-            )  # fmt: skip
-            write_json(str(folder / "release.json"), doc)
-            bounding[job.name] = bounding_summary(releases)
-    except BaseException as exc:
-        reason = f"{type(exc).__name__}: {exc}"[:500]
-        ledger.mark_failed(run_id, reason)
-        raise
+    for i, (job, entry) in enumerate(zip(jobs, entries, strict=True)):
+        t0 = time.perf_counter()
+        charged = (entry.epsilon, entry.delta)
+        cells = load_cells(work / f"dp-{job.name}.pickle")
+        noise = sampler(None if seed is None else seed + i)
+        releases: list[QueryRelease] = [
+            release_query(cells["partials"][q], cells["dictionaries"][q], job.spec, p, noise)
+            for q, p in enumerate(job.plans)
+        ]
+        releases = post_process(job.spec, job.plans, releases, coarsen)
+        check = verify_release(job.spec, job.plans, releases, rows, charged)
+        folder = staging / "releases" / job.name
+        folder.mkdir(parents=True, exist_ok=True)
+        write_table(published_table(job.spec, releases), str(folder / f"data.{fmt}"), fmt)
+        doc = release_document(
+            job.spec, job.plans, releases, check,
+            seconds=time.perf_counter() - t0, charged=charged, insecure_seed=seed,
+        )  # fmt: skip
+        write_json(str(folder / "release.json"), doc)
+        bounding[job.name] = bounding_summary(releases)
     return bounding

@@ -409,3 +409,27 @@ def test_consistency_survives_clamping(seed: int) -> None:
     coarse = table[table["query"] == "coarse"].set_index(["sex", "dx"])["count"]
     assert (fine["count"] >= 0).all() and (coarse >= 0).all()
     assert sums.sort_index().to_dict() == coarse.sort_index().to_dict()
+
+
+def test_verification_checks_published_keys_and_the_ledger_charge() -> None:
+    df = people()
+    spec = spec_of(max_partitions=2)
+    plans, rel = _released(spec, df)
+    # a cell outside the public domain in place of a domain cell: same count, wrong keys
+    wrong = rel.table.copy()
+    wrong.loc[0, "dx"] = "zzz"
+    with pytest.raises(PrivacyRefusal, match="must be exactly the domain's"):
+        verify_release(spec, plans, [dataclasses.replace(rel, table=wrong)], len(df))
+    # the ledger recorded less than the noise really costs
+    with pytest.raises(PrivacyRefusal, match="more than the ledger was charged"):
+        verify_release(spec, plans, [rel], len(df), (Fraction(1, 2), Fraction(0)))
+    # noise calibrated to a smaller sensitivity than the bounds give
+    low = dataclasses.replace(plans[0].count_noise, sensitivity=1.0)  # type: ignore[type-var]
+    with pytest.raises(PrivacyRefusal, match=r"but the bounds give 2\.0"):
+        verify_release(spec, [dataclasses.replace(plans[0], count_noise=low)], [rel], len(df))
+    # private partitions: a published key never seen in the data
+    priv = spec_of(delta=1e-6, partitions="private", domains={})
+    pplans, prel = _released(priv, df)
+    ghost = pd.concat([prel.table, prel.table.iloc[:1].assign(dx="ghost")], ignore_index=True)
+    with pytest.raises(PrivacyRefusal, match="was not selected from the data"):
+        verify_release(priv, pplans, [dataclasses.replace(prel, table=ghost)], len(df))
