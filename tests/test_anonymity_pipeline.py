@@ -207,3 +207,29 @@ def test_tiny_table_k2_published_and_verified(
     table = pd.read_csv(project.out / "releases" / "k3" / "data.csv", dtype=str)
     assert list(table.columns) == ["zip", "age", "sex", "disease"]  # no person id
     assert table.groupby(["zip", "age", "sex"]).size().min() >= 3
+
+
+def test_suppression_the_recoding_did_not_plan_is_refused(
+    project: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verifier counts what the recoding suppressed, not what the plan claims."""
+    from anonymity.recoding import BatchRecoder
+
+    original = BatchRecoder.apply
+
+    def star_one_more(self: BatchRecoder, frame: pd.DataFrame, hierarchies: Any) -> Any:
+        out, suppressed = original(self, frame, hierarchies)
+        extra = suppressed.copy()
+        extra[0] = True  # a row the plan kept is starred anyway
+        out.loc[extra, list(self.qi_names)] = "*"
+        return out, extra
+
+    monkeypatch.setattr(BatchRecoder, "apply", star_one_more)
+    project.cfg["releases"] = [
+        {"name": "k2", "kind": "k_anonymity", "k": 2, "suppression_limit": 0.5}
+    ]
+    project.save()
+    code, err = run(project.config, capsys)
+    assert code == 4, err
+    assert "recoding the rows suppressed" in err and "the plan" in err
+    assert not project.out.joinpath("manifest.json").exists()

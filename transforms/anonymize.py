@@ -255,9 +255,13 @@ class RecodeFn(beam.DoFn):  # type: ignore[misc]
     def setup(self) -> None:
         release_free_memory()  # what the search freed, before the second read
 
-    def process(self, batch: pd.DataFrame, ctx: RecodeContext) -> Iterable[pd.DataFrame]:
+    SUPPRESSED = "suppressed"
+
+    def process(self, batch: pd.DataFrame, ctx: RecodeContext) -> Iterable[Any]:
         cols = published_columns(ctx.spec)
         out, suppressed = ctx.recoder.apply(batch[cols], ctx.hierarchies)
+        # counted where it happens, so the verifier checks the plan against the rows
+        yield beam.pvalue.TaggedOutput(self.SUPPRESSED, int(suppressed.sum()))
         if ctx.spec.suppressed == "drop":
             out = out[~suppressed]
         if len(out):
@@ -268,18 +272,26 @@ def published_columns(spec: AnonymizationSpec) -> list[str]:
     return [*spec.qis, *([spec.sensitive] if spec.sensitive else [])]
 
 
-def verify_and_document(class_counts: pd.DataFrame, ctx: ReleaseContext) -> dict[str, Any]:
+def verify_and_document(
+    class_counts: pd.DataFrame, ctx: ReleaseContext, suppressed: int
+) -> dict[str, Any]:
     """Verify the table to be published and return release.json; refuse if it fails.
 
-    The verifier recounts classes from the rows being written and checks the claimed
-    number of suppressed records against the `*` rows it finds (and the record total).
+    The verifier recounts classes from the rows being written and checks the number of
+    records the recoding actually suppressed (counted batch by batch) against the `*` rows
+    it finds, the record total and the plan.
     """
     spec = ctx.spec
+    if suppressed != ctx.plan.suppressed_records:
+        raise PrivacyRefusal(
+            f"release {spec.name!r}: recoding the rows suppressed {suppressed} records, the "
+            f"plan {ctx.plan.suppressed_records}; nothing was published"
+        )
     verification = verify_counts(
         class_counts,
         spec,
         input_records=ctx.input_records,
-        suppressed_records=ctx.plan.suppressed_records,
+        suppressed_records=suppressed,
         input_sa_distribution=ctx.plan.input_sa_distribution,
         sa_hierarchy=ctx.sa_hierarchy,
     )
@@ -319,15 +331,20 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         # the side inputs are slim views of the context (the full one is never shipped)
         recoder = ctx | "Recoder" >> beam.Map(ReleaseContext.for_recoding)
         figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)
-        recoded = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))[
+        recode = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))[
             "batches"
-        ] | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(recoder))
+        ] | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(recoder)).with_outputs(
+            RecodeFn.SUPPRESSED, main="rows"
+        )
+        recoded = recode.rows
+        suppressed = recode[RecodeFn.SUPPRESSED] | "CountSuppressed" >> beam.CombineGlobally(sum)
         _ = recoded | "Write" >> WriteTable(self.directory, "data", cols, format=self.output_format)  # type: ignore[arg-type]
         path = str(Path(self.directory) / "release.json")
         return (
             recoded
             | "CountClasses" >> beam.CombineGlobally(FrequencyTable(cols, categorical=True))
-            | "Verify" >> beam.Map(verify_and_document, AsSingleton(figures))
+            | "Verify"
+            >> beam.Map(verify_and_document, AsSingleton(figures), AsSingleton(suppressed))
             | "WriteRelease" >> beam.Map(_write_document, path)
         )
 
