@@ -220,6 +220,10 @@ def publish_continual(
             f"privpipe: charged epsilon {float(spent):g} to the ledger {ledger.path} for "
             f"{len(to_charge)} new continual stream(s) (once per stream)"
         )
+    # the release claims "charged once per stream": the ledger must hold that charge
+    paid: dict[str, Fraction] = {}
+    for e in ledger.history():
+        paid[e.release] = max(paid.get(e.release, Fraction(0)), e.epsilon)
     summary: dict[str, Any] = {}
     for job in jobs:
         t0 = time.perf_counter()
@@ -230,6 +234,12 @@ def publish_continual(
         base = None if seed is None else seed + 104729 * (job.index + 1) + job.period
         job.state.parent.mkdir(parents=True, exist_ok=True)
         eps = to_fraction(r.epsilon, "epsilon")
+        if paid.get(job.name, Fraction(0)) < eps:  # checked before the state advances
+            raise PrivacyRefusal(
+                f"release {job.name!r}: the ledger {ledger.path} holds no charge of epsilon "
+                f"{float(eps):g} for this continual stream (was it started against another "
+                "ledger?); nothing was published"
+            )
         with ContinualStore.open(
             job.state, job.stream_id, r.horizon, eps, sampler(base), job.cells,
             job.sensitivity, r.pan_private,

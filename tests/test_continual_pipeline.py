@@ -210,3 +210,16 @@ def test_pan_private_state_holds_no_raw_partial_counts(
     else:
         assert equal == compared  # the standard state holds the raw partial sums
     assert compared == PERIODS * 4
+
+
+def test_a_stream_continued_against_another_ledger_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """release.json claims the stream was charged once: the ledger must hold that charge."""
+    p = StreamProject(tmp_path, pan_private=False, epsilon=1.0)
+    assert p.run(1, capsys)[0] == 0
+    p.cfg["budget"]["ledger"] = "fresh-ledger.sqlite"  # same folder, so the same state
+    p.save()
+    code, err = p.run(2, capsys)
+    assert code == 4, err
+    assert "holds no charge of epsilon 1 for this continual stream" in err
