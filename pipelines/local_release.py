@@ -158,6 +158,7 @@ def publish_local(
             "ci_halfwidth_mean": float(np.mean(est.halfwidth)),
         }
         multiparty_doc: dict[str, Any] | None = None
+        mp_table: pd.DataFrame | None = None
         folder = staging / "releases" / job.name
         folder.mkdir(parents=True, exist_ok=True)
         if r.parties is not None:
@@ -171,14 +172,15 @@ def publish_local(
             mp = noisy_party_sum(exact, r.epsilon, noise, sensitivity=1, beta=beta)
             half = np.full(d, mp.halfwidth)
             mp_table = _table(job.values, mp.counts.astype(np.float64), half)
-            write_table(mp_table, str(folder / f"multiparty.{fmt}"), fmt)
+            # what the noise was actually drawn with (per party), for the re-check below
+            eps_used = float(np.max(mp.epsilons))
             multiparty_doc = {
-                "epsilon": r.epsilon,
+                "epsilon": eps_used,
                 "parties": mp.m,
                 "split": f"column {r.parties.column}" if r.parties.column else "even, at random",
                 "mechanism": "discrete_laplace",
-                "sensitivity": 1,
-                "scale": laplace_scale(1, r.epsilon),
+                "sensitivity": mp.sensitivity,
+                "scale": laplace_scale(mp.sensitivity, float(np.min(mp.epsilons))),
                 "variance_per_value": mp.variance,
                 "ci_halfwidth": mp.halfwidth,
             }
@@ -205,6 +207,8 @@ def publish_local(
                 "nothing was published"
             )
         write_table(table, str(folder / f"data.{fmt}"), fmt)
+        if mp_table is not None:  # published only once the check passed
+            write_table(mp_table, str(folder / f"multiparty.{fmt}"), fmt)
         guarantee: dict[str, Any] = {
             "epsilon": r.epsilon,
             "delta": 0.0,
