@@ -121,15 +121,19 @@ def build_graph(
         str(out.work / "profile.json"), columns, s.quasi_identifiers, counted, s.privacy_unit
     )
     resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
-    for r in plan.config.releases:
-        if r.kind in ANONYMITY_KINDS:
-            _ = read["batches"] | f"Release[{r.name}]" >> AnonymizeRelease(
-                anonymization_spec(r, plan),
-                spec,
-                resolver,
-                str(out.staging / "releases" / r.name),
-                plan.config.output.format,
-            )
+    # recoding needs the search's result first, so the rows are read a second time: once
+    # for all anonymised releases together
+    anonymised = [r for r in plan.config.releases if r.kind in ANONYMITY_KINDS]
+    again = (p | "ReadAgain" >> ReadMicrodata(spec))["batches"] if anonymised else None
+    for r in anonymised:
+        _ = read["batches"] | f"Release[{r.name}]" >> AnonymizeRelease(
+            anonymization_spec(r, plan),
+            spec,
+            resolver,
+            str(out.staging / "releases" / r.name),
+            plan.config.output.format,
+            again,
+        )
     if plan.config.attacks is not None or wants_audit(plan):
         # the truth for the audit and the attacker's targets: accepted rows, QIs + SA
         cols = audit_columns(plan)

@@ -313,9 +313,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         resolver: Resolver,
         directory: str,
         output_format: str = "csv",
+        reread: beam.PCollection | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
+        self.reread = reread  # the second read of the rows, shared by several releases
         self.input_spec = input_spec
         self.resolver = resolver
         self.directory = directory
@@ -331,9 +333,10 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         # the side inputs are slim views of the context (the full one is never shipped)
         recoder = ctx | "Recoder" >> beam.Map(ReleaseContext.for_recoding)
         figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)
-        recode = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))[
-            "batches"
-        ] | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(recoder)).with_outputs(
+        again = self.reread
+        if again is None:
+            again = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))["batches"]
+        recode = again | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(recoder)).with_outputs(
             RecodeFn.SUPPRESSED, main="rows"
         )
         recoded = recode.rows
