@@ -350,9 +350,6 @@ def round_cells(frame: pd.DataFrame, cols: Sequence[str], decimals: int = 0) -> 
     return out
 
 
-round = round_cells  # the brief's name for it (shadows the builtin here only)
-
-
 def make_consistent(
     fine: pd.DataFrame,
     coarse_map: Mapping[Hashable, Hashable] | pd.Series,

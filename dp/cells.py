@@ -25,7 +25,7 @@ import pandas as pd
 
 from anonymity.hierarchy import canonical_column, canonical_factorize
 from dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
-from dp.spec import TOP_KINDS, DPReleaseSpec, Query, QueryPlan
+from dp.spec import DPReleaseSpec, Query, QueryPlan
 from privpipe.errors import InputDataError
 
 U64 = npt.NDArray[np.uint64]
@@ -150,6 +150,17 @@ def shard_of(unit: U64, shards: int) -> I64:
     """The shard of each person (all rows of a person land in one shard)."""
     out: I64 = (unit % np.uint64(shards)).astype(np.int64)
     return out
+
+
+def split_by_shard(unit: U64, shards: int) -> list[tuple[int, npt.NDArray[np.intp]]]:
+    """(shard, row positions in input order) of every non-empty shard: one sort, not one
+    mask per shard."""
+    shard = shard_of(unit, shards)
+    order = np.argsort(shard, kind="stable")
+    bounds = np.searchsorted(shard[order], np.arange(shards + 1))
+    return [
+        (s, order[bounds[s] : bounds[s + 1]]) for s in range(shards) if bounds[s + 1] > bounds[s]
+    ]
 
 
 def concat(parts: Sequence[Contributions]) -> Contributions:
@@ -307,7 +318,3 @@ def merge_dictionaries(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
             "(this is astronomically rare)"
         )
     return merged
-
-
-def top_value_column(spec: DPReleaseSpec) -> str | None:
-    return spec.value if spec.kind in TOP_KINDS else None

@@ -143,9 +143,6 @@ class DPReleaseSpec:
         """Public labels of ``col`` at ``level``, or None."""
         return dict(self.domains).get((col, level))
 
-    def query_level(self, query: Query, col: str) -> int:
-        return query.level(col)
-
     def ancestor(self, query: Query) -> Query | None:
         """The nearest other query over the same columns at levels all >= (one >), or None."""
         best: Query | None = None

@@ -42,7 +42,8 @@ from pipelines.config import LocalDPRelease, public_local_domain_source
 from pipelines.dp_release import sampler
 from pipelines.plan import Plan
 from privpipe.errors import ConfigError, PrivacyRefusal
-from transforms.local_dp import LocalDPSpec, load_partial
+from transforms.dp_aggregate import load_cells
+from transforms.local_dp import LocalDPSpec
 from transforms.sink import write_json, write_table
 
 
@@ -146,7 +147,7 @@ def publish_local(
     for job in jobs:
         t0 = time.perf_counter()
         r, oracle = job.config, job.spec.oracle
-        partial = load_partial(work / f"ldp-{job.name}.pickle")
+        partial = load_cells(work / f"ldp-{job.name}.pickle")
         beta = 1.0 - r.confidence
         est = oracle.estimate(partial.n, partial.support, beta=beta)
         table = _table(job.values, est.counts, est.halfwidth)

@@ -25,7 +25,6 @@ import pandas as pd
 __all__ = ["Release", "Run", "dumps_audit", "load_release", "load_run", "write_reports"]
 
 ANONYMISED_KINDS = frozenset({"k_anonymity", "l_diversity", "t_closeness"})
-DP_KINDS = frozenset({"dp_count", "dp_histogram", "dp_sum", "dp_mean", "dp_top_k"})
 LOCAL_DP_KINDS = frozenset({"local_dp"})
 
 

@@ -35,7 +35,7 @@ from dp.cells import (
     empty_partial,
     merge_dictionaries,
     merge_partials,
-    shard_of,
+    split_by_shard,
 )
 from dp.spec import DPReleaseSpec, QueryPlan
 
@@ -61,13 +61,8 @@ class ContributionsFn(beam.DoFn):  # type: ignore[misc]
             if c.unit is None:  # one row, one person: already bounded
                 yield beam.pvalue.TaggedOutput(self.PARTIAL, bound_and_aggregate(c, self.spec))
                 continue
-            shard = shard_of(c.unit, self.shards)
-            order = np.argsort(shard, kind="stable")
-            bounds = np.searchsorted(shard[order], np.arange(self.shards + 1))
-            for s in range(self.shards):
-                lo, hi = bounds[s], bounds[s + 1]
-                if hi > lo:
-                    yield (c.query, s), c.take(np.sort(order[lo:hi]))
+            for s, rows in split_by_shard(c.unit, self.shards):
+                yield (c.query, s), c.take(rows)
 
 
 class BoundShardFn(beam.DoFn):  # type: ignore[misc]
@@ -153,10 +148,9 @@ def write_pickle(path: str, value: Any) -> str:
     return path
 
 
-def load_cells(path: str | Path) -> dict[str, Any]:
-    """What :class:`AggregateDPCells` wrote: ``partials`` and ``dictionaries`` per query."""
-    value: dict[str, Any] = pickle.loads(Path(path).read_bytes())
-    return value
+def load_cells(path: str | Path) -> Any:
+    """What :func:`write_pickle` wrote (the DP cells per query, or a local-DP partial)."""
+    return pickle.loads(Path(path).read_bytes())
 
 
 class AggregateDPCells(beam.PTransform):  # type: ignore[misc]

@@ -19,11 +19,9 @@ Reports never carry the person id or the true value.
 from __future__ import annotations
 
 import hashlib
-import pickle
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
@@ -31,10 +29,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from dp.cells import canonical_labels, hash_units, shard_of
+from dp.cells import canonical_labels, hash_units, split_by_shard
 from dp.local import FrequencyOracle, reports_to_frame, support_counts
 from dp.local_release import encode_values, one_per_person
 from dp.secure_random import RandomSource, random_source_for
+from transforms.dp_aggregate import write_pickle
 from transforms.sink import WriteTable
 
 SHARDS = 16
@@ -130,12 +129,11 @@ class PerturbFn(beam.DoFn):  # type: ignore[misc]
             yield from _perturb(s, codes, parties, _source(self.seed, *key))
             return
         unit = hash_units(batch[s.unit])
-        shard = shard_of(unit, self.shards)
         frame = pd.DataFrame({"unit": unit, "code": codes})
         if parties is not None:
             frame["party"] = parties
-        for sh in np.unique(shard):
-            yield int(sh), frame[shard == sh].reset_index(drop=True)
+        for sh, rows in split_by_shard(unit, self.shards):
+            yield sh, frame.iloc[rows].reset_index(drop=True)
 
 
 class PerturbShardFn(beam.DoFn):  # type: ignore[misc]
@@ -187,20 +185,6 @@ class SumSupportFn(beam.CombineFn):  # type: ignore[misc]
         return acc
 
 
-def write_partial(path: str, value: LocalPartial) -> str:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
-    tmp.replace(p)
-    return path
-
-
-def load_partial(path: str | Path) -> LocalPartial:
-    value: LocalPartial = pickle.loads(Path(path).read_bytes())
-    return value
-
-
 class PerturbLocalDP(beam.PTransform):  # type: ignore[misc]
     """Perturb every person's value; write summed support counts to ``path`` (+ reports)."""
 
@@ -244,5 +228,5 @@ class PerturbLocalDP(beam.PTransform):  # type: ignore[misc]
         return (
             partials
             | "Sum" >> beam.CombineGlobally(SumSupportFn(self.spec.d))
-            | "Write" >> beam.Map(lambda acc, path: write_partial(path, acc), self.path)
+            | "Write" >> beam.Map(lambda acc, path: write_pickle(path, acc), self.path)
         )

@@ -149,7 +149,7 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
                 acc.hashes.setdefault(col, []).append(sorted_unique(hashed(col)))
         if self.qis:
             qi_hash = _combine([hashed(q) for q in self.qis])
-            keys, counts = np.unique(qi_hash, return_counts=True)
+            keys, counts = unique_counts(qi_hash)
             acc.combos.append((keys, counts.astype(np.int64)))
             if self.unit is not None:
                 person = hashed(self.unit)
