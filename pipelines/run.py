@@ -47,12 +47,12 @@ from pipelines.output import RunOutput, new_run_id
 from pipelines.plan import Plan
 from privpipe import errors
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
-from transforms.anonymize import AnonymizeRelease, load_document
+from transforms.anonymize import AnonymizeRelease
 from transforms.dp_aggregate import AggregateDPCells
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
 from transforms.local_dp import PerturbLocalDP
-from transforms.profile import ProfileMicrodata, load_json, split_internal
-from transforms.sink import WriteTable, write_json
+from transforms.profile import ProfileMicrodata, split_internal
+from transforms.sink import WriteTable, load_json, write_json
 
 REJECTED_COLUMNS = ("file", "line", "reason")
 NUMERIC = ("integer", "float")
@@ -376,7 +376,7 @@ def release_summaries(plan: Plan, out: RunOutput) -> dict[str, Any]:
     """Kind, guarantee and verification of each release, read back from release.json."""
     summaries: dict[str, Any] = {}
     for r in plan.config.releases:
-        doc = load_document(out.staging / "releases" / r.name / "release.json")
+        doc = load_json(out.staging / "releases" / r.name / "release.json")
         if doc.get("verified") is not True:
             raise PrivacyRefusal(f"release {r.name!r} was not verified; nothing was published")
         summaries[r.name] = {k: doc.get(k) for k in ("kind", "guarantee", "verified")}

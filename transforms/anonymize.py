@@ -15,7 +15,6 @@ published (the run's staging folder is discarded).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,7 +35,7 @@ from anonymity.verify import verify_counts
 from privpipe.errors import PrivacyRefusal
 from transforms.io import InputSpec, ReadMicrodata
 from transforms.memory import release_free_memory
-from transforms.sink import WriteTable, write_json
+from transforms.sink import WriteTable, write_json_step
 
 COUNT = "count"
 Resolver = Callable[[Mapping[str, pd.Series]], dict[str, Hierarchy]]
@@ -348,16 +347,5 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
             | "CountClasses" >> beam.CombineGlobally(FrequencyTable(cols, categorical=True))
             | "Verify"
             >> beam.Map(verify_and_document, AsSingleton(figures), AsSingleton(suppressed))
-            | "WriteRelease" >> beam.Map(_write_document, path)
+            | "WriteRelease" >> beam.Map(write_json_step, path)
         )
-
-
-def _write_document(doc: dict[str, Any], path: str) -> str:
-    write_json(path, doc)
-    return path
-
-
-def load_document(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        doc: dict[str, Any] = json.load(f)
-    return doc

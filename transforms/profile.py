@@ -14,7 +14,6 @@ are internal (never published): they can hold small counts.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ import pandas as pd
 
 from anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
 from transforms.memory import release_free_memory
+from transforms.sink import write_json_step
 
 
 def _hash(values: pd.Series | pd.DataFrame) -> np.ndarray:
@@ -266,17 +266,5 @@ class ProfileMicrodata(beam.PTransform):  # type: ignore[misc]
         return (
             batches
             | "Profile" >> beam.CombineGlobally(self.fn)
-            | "WriteProfile" >> beam.Map(_write_json, path)
+            | "WriteProfile" >> beam.Map(write_json_step, path)
         )
-
-
-def _write_json(obj: dict[str, Any], path: str) -> str:
-    from transforms.sink import write_json
-
-    write_json(path, obj)
-    return path
-
-
-def load_json(path: str) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 import apache_beam as beam
@@ -39,7 +39,7 @@ from apache_beam.transforms.combiners import ToList
 
 from privpipe.errors import ConfigError
 
-__all__ = ["WriteTable", "write_json", "write_table"]
+__all__ = ["WriteTable", "load_json", "write_json", "write_json_step", "write_table"]
 
 _COPY_CHUNK = 8 << 20
 
@@ -290,3 +290,15 @@ def write_table(frame: pd.DataFrame, path: str, fmt: str, delimiter: str = ",") 
         else:
             raise ConfigError(f"output.format must be csv or parquet, got {fmt!r}")
     FileSystems.rename([temp], [path])  # type: ignore[no-untyped-call]
+
+
+def write_json_step(obj: Any, path: str) -> str:
+    """``write_json`` in the argument order of a ``beam.Map`` over the object; returns path."""
+    write_json(path, obj)
+    return path
+
+
+def load_json(path: str | Path) -> Any:
+    """A JSON file written by :func:`write_json`."""
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
