@@ -14,6 +14,10 @@ pipelines/local_release.py). Randomness: :func:`dp.secure_random.random_source_f
 CSPRNG, or with ``--insecure-seed`` a seeded source per batch (keyed by the batch's content)
 or per shard (keyed by the shard), so a seeded run is reproducible whatever the bundling.
 Reports never carry the person id or the true value.
+
+A ``dp_party_histogram`` release (spec without an oracle) runs the same graph but draws
+nothing: its "support counts" are the exact histogram of the party's persons, to which the
+driver adds the party's own noise (pipelines/multiparty.py).
 """
 
 from __future__ import annotations
