@@ -328,12 +328,13 @@ def combine_shares(
                     f"{first.get(key)!r}; every party must run the same release (same "
                     "release_id, domain, epsilon, parties and neighbour relation)"
                 )
-        problems = calibration_problems(
-            float(doc.get("epsilon", math.nan)),
-            int(doc.get("sensitivity", 0)),
-            float(doc.get("scale", math.nan)),
-            str(doc.get("neighbours")),
-        )
+        try:
+            eps, sens, scale = float(doc["epsilon"]), int(doc["sensitivity"]), float(doc["scale"])
+        except (KeyError, TypeError, ValueError):
+            raise InputDataError(
+                f"{name}: epsilon, sensitivity and scale must be numbers; the file is damaged"
+            ) from None
+        problems = calibration_problems(eps, sens, scale, str(doc.get("neighbours")))
         if problems:
             raise PrivacyRefusal(f"{name}: {'; '.join(problems)}; nothing was aggregated")
     m = int(first.get("parties", 0))

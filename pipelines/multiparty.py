@@ -174,7 +174,7 @@ def aggregate_parties(
         raise ConfigError(f"--confidence: must lie strictly between 0 and 1, got {confidence}")
     docs = [(str(p), read_party_file(p)) for p in paths]
     est, head = combine_shares(docs, beta=1.0 - confidence)
-    seeds = sorted({int(d["insecure_seed"]) for _, d in docs if d.get("insecure_seed") is not None})
+    seeds = sorted({d["insecure_seed"] for _, d in docs if isinstance(d.get("insecure_seed"), int)})
     table = _table(list(head["domain"]), est.counts, est.halfwidth)
     doc = {
         "name": head["release_id"],

@@ -133,6 +133,8 @@ def test_combine_shares_sums_the_agreeing_parties() -> None:
         ),
         ([_party(j, scale=1.0) for j in range(3)], PrivacyRefusal, "noise scale 1.0"),
         ([_party(0), _party(1), _party(2, counts=[1, 2])], InputDataError, "3 integers"),
+        ([_party(0), _party(1), _party(2, counts=[1, 2.5, 3])], InputDataError, "3 integers"),
+        ([_party(j, scale="x") for j in range(3)], InputDataError, "must be numbers"),
     ],
 )
 def test_combine_shares_refuses(
