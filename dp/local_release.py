@@ -27,6 +27,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from dp.cells import canonical_labels
+from dp.multiparty import calibration_problems
 from dp.secure_random import RandomSource
 from privpipe.errors import InputDataError
 
@@ -158,8 +159,15 @@ def verify_local_release(
     if multiparty is not None:
         scale = float(multiparty.get("scale", math.nan))
         eps_party = float(multiparty.get("epsilon", math.nan))
-        if not math.isclose(scale, multiparty.get("sensitivity", 1) / eps_party, rel_tol=1e-12):
-            problems.append(f"multiparty noise scale {scale} is not sensitivity/epsilon")
+        problems += [
+            f"multiparty: {why}"
+            for why in calibration_problems(
+                eps_party,
+                int(multiparty.get("sensitivity", 0)),
+                scale,
+                str(multiparty.get("neighbours", "substitution")),
+            )
+        ]
         if not eps_party <= epsilon * (1.0 + TOLERANCE):
             problems.append(f"multiparty epsilon {eps_party} exceeds the configured {epsilon}")
         if int(multiparty.get("parties", 0)) < 1:

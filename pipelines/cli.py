@@ -7,6 +7,7 @@
     privpipe budget show LEDGER
     privpipe report RUN_DIR [RUN_DIR ...] [--output DIR]
     privpipe ldp aggregate REPORTS --protocol P --epsilon E --domain-size D [--domain ...]
+    privpipe multiparty aggregate PARTY_FILE [PARTY_FILE ...] --output DIR [--confidence C]
 
 Exit codes (DESIGN.md): 0 ok; 2 invalid config or arguments; 3 invalid input data;
 4 privacy refusal; 1 anything else. Errors go to stderr as `privpipe: error: ...`.
@@ -105,6 +106,15 @@ def _parser() -> _Parser:
     agg.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
     agg.add_argument("--output", help="write the estimates CSV here (default: print)")
 
+    mp = sub.add_parser("multiparty", help="multiparty DP: sum the parties' noisy shares")
+    msub = mp.add_subparsers(dest="multiparty_command", required=True, parser_class=_Parser)
+    magg = msub.add_parser(
+        "aggregate", help="check every party's party.json and write the summed histogram"
+    )
+    magg.add_argument("parties", nargs="+", help="each party's party.json, each party once")
+    magg.add_argument("--output", required=True, help="folder for data.csv and release.json")
+    magg.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
+
     sub.add_parser("schema", help="print the JSON Schema of the config")
     return p
 
@@ -175,6 +185,12 @@ def _dispatch(argv: list[str]) -> int:
         if beam_args:
             raise ConfigError(f"ldp aggregate takes no other options, got {' '.join(beam_args)}")
         return _ldp_aggregate(args)
+    if args.command == "multiparty":
+        if beam_args:
+            raise ConfigError(
+                f"multiparty aggregate takes no other options, got {' '.join(beam_args)}"
+            )
+        return _multiparty_aggregate(args)
     if args.command == "demo":
         return _demo(args.output, args.rows, args.seed, args.runner, beam_args, args.insecure_seed)
     if args.command == "report":
@@ -316,6 +332,18 @@ def _ldp_aggregate(args: argparse.Namespace) -> int:
         print(f"privpipe: {len(table)} estimates written to {out}", file=sys.stderr)
     else:
         sys.stdout.write(table.to_csv(index=False))
+    return 0
+
+
+def _multiparty_aggregate(args: argparse.Namespace) -> int:
+    from pipelines.multiparty import aggregate_parties
+
+    doc = aggregate_parties(args.parties, args.output, args.confidence)
+    g = doc["guarantee"]
+    print(
+        f"privpipe: multiparty {doc['name']}: {g['parties']} parties summed "
+        f"(epsilon {g['epsilon']:g}, {g['neighbours']} of one {g['unit']}) -> {args.output}"
+    )
     return 0
 
 

@@ -396,18 +396,10 @@ class LocalDPParties(_Model):
         return self
 
 
-class LocalDPRelease(_Release):
-    """Local DP frequency estimates of one attribute (each person randomises their value)."""
+class _PublicValuesRelease(_Release):
+    """A histogram of one attribute over its public domain, one value per person."""
 
-    kind: Literal["local_dp"]
-    epsilon: float = Field(
-        gt=0, allow_inf_nan=False, description="Local epsilon of each person's report."
-    )
     attribute: str = Field(description="Column whose value each person reports.")
-    protocol: LocalProtocol = Field(
-        default="auto",
-        description="rr (2 values), grr, sue, oue, blh, olh; auto: lowest variance for (eps, d).",
-    )
     domain: list[str] | None = Field(
         default=None,
         min_length=1,
@@ -417,6 +409,19 @@ class LocalDPRelease(_Release):
         default=None,
         min_length=1,
         description="Report values outside the domain as this extra value (default: refuse).",
+    )
+
+
+class LocalDPRelease(_PublicValuesRelease):
+    """Local DP frequency estimates of one attribute (each person randomises their value)."""
+
+    kind: Literal["local_dp"]
+    epsilon: float = Field(
+        gt=0, allow_inf_nan=False, description="Local epsilon of each person's report."
+    )
+    protocol: LocalProtocol = Field(
+        default="auto",
+        description="rr (2 values), grr, sue, oue, blh, olh; auto: lowest variance for (eps, d).",
     )
     write_reports: bool = Field(
         default=False, description="Also write reports.csv: the perturbed reports only."
@@ -431,6 +436,32 @@ class LocalDPRelease(_Release):
         """Columns the release reads."""
         party = [self.parties.column] if self.parties and self.parties.column else []
         return [self.attribute, *[c for c in party if c != self.attribute]]
+
+
+class PartyConfig(_Model):
+    """Which party of a multiparty release this run is (the same release_id and count in
+    every party's config)."""
+
+    release_id: str = Field(
+        pattern=NAME_PATTERN, description="The joint release's id, the same for every party."
+    )
+    index: int = Field(ge=0, description="This party's index, 0..count-1, each used once.")
+    count: int = Field(ge=1, description="m: the number of parties.")
+
+
+class PartyHistogramRelease(_PublicValuesRelease):
+    """One party's noisy share of a multiparty histogram: its own rows + its own noise."""
+
+    kind: Literal["dp_party_histogram"]
+    epsilon: float = Field(
+        gt=0, allow_inf_nan=False, description="Epsilon of the share (and of the aggregate)."
+    )
+    party: PartyConfig
+    confidence: float = Field(default=0.95, gt=0, lt=1, allow_inf_nan=False)
+
+    def key_columns(self) -> list[str]:
+        """Columns the release reads."""
+        return [self.attribute]
 
 
 class ContinualCountRelease(_Release):
@@ -475,15 +506,16 @@ Release = Annotated[
     | DPMeanRelease
     | DPTopKRelease
     | LocalDPRelease
+    | PartyHistogramRelease
     | ContinualCountRelease,
     Field(discriminator="kind"),
 ]
 ANONYMITY_KINDS = ("k_anonymity", "l_diversity", "t_closeness")
 DP_KINDS = ("dp_count", "dp_histogram", "dp_sum", "dp_mean", "dp_top_k", "dp_mode")
-LOCAL_KINDS = ("local_dp",)
+LOCAL_KINDS = ("local_dp", "dp_party_histogram")
 CONTINUAL_KINDS = ("dp_continual_count",)
 RELEASE_KINDS = ANONYMITY_KINDS + DP_KINDS + LOCAL_KINDS + CONTINUAL_KINDS
-BUDGETED = (_DPRelease, LocalDPRelease, ContinualCountRelease)  # charged to the ledger
+BUDGETED = (_DPRelease, _PublicValuesRelease, ContinualCountRelease)  # charged to the ledger
 DPRelease = DPCountRelease | DPHistogramRelease | DPSumRelease | DPMeanRelease | DPTopKRelease
 STATIC_HIERARCHY_KINDS = ("file", "groups")  # known without reading data
 
@@ -780,7 +812,7 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
     for r in cfg.releases:
         if isinstance(r, _DPRelease):
             roles |= set(r.key_columns()) | ({r.value} if isinstance(r, DPTopKRelease) else set())
-        if isinstance(r, LocalDPRelease | ContinualCountRelease):
+        if isinstance(r, _PublicValuesRelease | ContinualCountRelease):
             roles |= set(r.key_columns())
     for col in cfg.hierarchies:
         if col not in roles:
@@ -832,7 +864,7 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
     for i, r in enumerate(cfg.releases):
         if isinstance(r, _DPRelease):
             out += dp_problems(cfg, i, r)
-        elif isinstance(r, LocalDPRelease):
+        elif isinstance(r, _PublicValuesRelease):
             out += local_problems(cfg, i, r)
         elif isinstance(r, ContinualCountRelease):
             out += continual_problems(cfg, i, r)
@@ -986,19 +1018,26 @@ def dp_problems(cfg: PrivpipeConfig, i: int, r: _DPRelease) -> list[str]:
     return out
 
 
-def local_problems(cfg: PrivpipeConfig, i: int, r: LocalDPRelease) -> list[str]:
-    """Cross-key rules of one local DP release (the domain size when it is known here)."""
+def local_problems(cfg: PrivpipeConfig, i: int, r: _PublicValuesRelease) -> list[str]:
+    """Cross-key rules of one local DP or party release (the domain size when known here)."""
     key = f"releases[{i}]"
     out: list[str] = []
     s = cfg.schema_
-    if r.epsilon > MAX_LOCAL_EPSILON:
+    if isinstance(r, PartyHistogramRelease):
+        if r.party.index >= r.party.count:
+            out.append(
+                f"{key}.party.index: {r.party.index} is not below party.count "
+                f"{r.party.count}; number the parties 0..{r.party.count - 1}"
+            )
+    elif isinstance(r, LocalDPRelease) and r.epsilon > MAX_LOCAL_EPSILON:
         out.append(
             f"{key}.epsilon: local DP epsilon must be <= {MAX_LOCAL_EPSILON:g} (beyond it the "
             f"randomiser is practically the identity), got {r.epsilon:g}"
         )
     if r.attribute == s.privacy_unit:
         out.append(f"{key}.attribute: {r.attribute!r} is the privacy unit")
-    party = r.parties.column if r.parties is not None else None
+    parties = r.parties if isinstance(r, LocalDPRelease) else None
+    party = parties.column if parties is not None else None
     if party is not None and party == s.privacy_unit:
         out.append(
             f"{key}.parties.column: {party!r} is the privacy unit; a party holds many "
@@ -1020,7 +1059,7 @@ def local_problems(cfg: PrivpipeConfig, i: int, r: LocalDPRelease) -> list[str]:
         d = len(set(r.domain)) + (1 if r.other is not None else 0)
         if d < 2:
             out.append(f"{key}.domain: local DP needs at least 2 values, got {d}")
-        elif r.protocol == "rr" and d != 2:
+        elif isinstance(r, LocalDPRelease) and r.protocol == "rr" and d != 2:
             out.append(
                 f"{key}.protocol: rr (randomised response) is for yes/no attributes with 2 "
                 f"values, but the domain has {d}; use grr, oue, olh or auto"
@@ -1028,7 +1067,7 @@ def local_problems(cfg: PrivpipeConfig, i: int, r: LocalDPRelease) -> list[str]:
     return out
 
 
-def public_local_domain_source(cfg: PrivpipeConfig, r: LocalDPRelease) -> str | None:
+def public_local_domain_source(cfg: PrivpipeConfig, r: _PublicValuesRelease) -> str | None:
     """Where a local DP release's domain comes from: 'domain', 'hierarchy' or None."""
     return domain_source(cfg, r.domain is not None, r.attribute)
 

@@ -16,7 +16,15 @@ Order of a run with local DP releases — it differs from central DP (pipelines/
    (:func:`dp.local_release.verify_local_release`) and writes data.csv and release.json.
 
 The ledger charge of a local release is ε, or 2ε with ``parties`` (the multiparty histogram
-is a second ε-DP output about the same persons).
+is a second ε-DP output about the same persons). The ``parties`` histogram is a SIMULATION
+of m parties in one process (it sees every party's rows); party j's noise is drawn from
+:func:`dp.multiparty.party_seed` (seed, release name, j), so it equals what m separate
+``dp_party_histogram`` runs (release_id = this release's name) and ``privpipe multiparty
+aggregate`` give (pipelines/multiparty.py), the path that has the trust property.
+
+``dp_party_histogram`` releases run through the same jobs (no oracle: the pipeline only
+counts the party's persons' values) and are published by :func:`pipelines.multiparty.
+publish_party`; charged ε, also before reading.
 """
 
 from __future__ import annotations
@@ -36,9 +44,15 @@ from dp.budget import ApproxBudget, to_fraction
 from dp.ledger import Ledger
 from dp.local import FrequencyOracle
 from dp.local_release import full_domain, verify_local_release
-from dp.multiparty import compare_models, noisy_party_sum
+from dp.multiparty import (
+    SUBSTITUTION_L1,
+    TRUST_SIMULATION,
+    compare_models,
+    noisy_party_sum,
+    party_seed,
+)
 from dp.noise import laplace_scale
-from pipelines.config import LocalDPRelease, public_local_domain_source
+from pipelines.config import LocalDPRelease, PartyHistogramRelease, public_local_domain_source
 from pipelines.dp_release import sampler
 from pipelines.plan import Plan
 from privpipe.errors import ConfigError, PrivacyRefusal
@@ -52,7 +66,7 @@ class LocalJob:
     """One local DP release of the run."""
 
     index: int
-    config: LocalDPRelease
+    config: LocalDPRelease | PartyHistogramRelease
     spec: LocalDPSpec
     values: tuple[str, ...]  # the released values: the domain, then ``other``
     protocol_requested: str
@@ -63,10 +77,11 @@ class LocalJob:
 
     def budget(self) -> ApproxBudget:
         eps = to_fraction(self.config.epsilon, "epsilon")
-        return ApproxBudget(eps * (2 if self.config.parties is not None else 1), 0)
+        simulated = isinstance(self.config, LocalDPRelease) and self.config.parties is not None
+        return ApproxBudget(eps * (2 if simulated else 1), 0)
 
 
-def _domain(plan: Plan, r: LocalDPRelease) -> list[str]:
+def _domain(plan: Plan, r: LocalDPRelease | PartyHistogramRelease) -> list[str]:
     source = public_local_domain_source(plan.config, r)
     if source == "domain":
         assert r.domain is not None
@@ -81,12 +96,17 @@ def local_jobs(plan: Plan) -> list[LocalJob]:
     jobs = []
     where = plan.config_path.name
     for i, r in enumerate(plan.config.releases):
-        if not isinstance(r, LocalDPRelease):
+        if not isinstance(r, LocalDPRelease | PartyHistogramRelease):
             continue
         domain = _domain(plan, r)
         values = full_domain(domain, r.other)
         if r.other is not None and r.other in domain:
             raise ConfigError(f"{where}: releases[{i}].other: {r.other!r} is already in the domain")
+        if isinstance(r, PartyHistogramRelease):  # counts only; the party's noise: driver
+            unit = plan.config.schema_.privacy_unit
+            party = LocalDPSpec(r.name, None, r.attribute, tuple(domain), r.other, unit)
+            jobs.append(LocalJob(i, r, party, values, "none"))
+            continue
         try:
             oracle = FrequencyOracle.create(r.protocol, r.epsilon, len(values))
         except ConfigError as e:
@@ -143,11 +163,19 @@ def publish_local(
 ) -> dict[str, Any]:
     """Step 3 for every local DP release; returns operator figures for the manifest."""
     fmt = plan.config.output.format
+    from pipelines.multiparty import publish_party
+
     summary: dict[str, Any] = {}
     for job in jobs:
         t0 = time.perf_counter()
         r, oracle = job.config, job.spec.oracle
         partial = load_cells(work / f"ldp-{job.name}.pickle")
+        if isinstance(r, PartyHistogramRelease):
+            summary[job.name] = publish_party(
+                job.name, r, job.values, partial, plan, staging, seed, log
+            )
+            continue
+        assert oracle is not None
         beta = 1.0 - r.confidence
         est = oracle.estimate(partial.n, partial.support, beta=beta)
         table = _table(job.values, est.counts, est.halfwidth)
@@ -169,8 +197,9 @@ def publish_local(
                 if names
                 else np.zeros((r.parties.count or 1, d), dtype=np.int64)
             )
-            noise = sampler(None if seed is None else seed + 7919 * (job.index + 1))
-            mp = noisy_party_sum(exact, r.epsilon, noise, sensitivity=1, beta=beta)
+            # party j's own noise, as its separate run would draw it (pipelines/multiparty.py)
+            noise = [sampler(party_seed(seed, job.name, j)) for j in range(exact.shape[0])]
+            mp = noisy_party_sum(exact, r.epsilon, noise, SUBSTITUTION_L1, beta=beta)
             half = np.full(d, mp.halfwidth)
             mp_table = _table(job.values, mp.counts.astype(np.float64), half)
             # what the noise was actually drawn with (per party), for the re-check below
@@ -180,10 +209,12 @@ def publish_local(
                 "parties": mp.m,
                 "split": f"column {r.parties.column}" if r.parties.column else "even, at random",
                 "mechanism": "discrete_laplace",
+                "neighbours": "substitution",
                 "sensitivity": mp.sensitivity,
                 "scale": laplace_scale(mp.sensitivity, float(np.min(mp.epsilons))),
                 "variance_per_value": mp.variance,
                 "ci_halfwidth": mp.halfwidth,
+                "simulation": True,
             }
         # the same histogram's error per trust model (formulas at this n, ε, d): central
         # (m = 1), multiparty (m parties, with `parties`) and this local protocol
@@ -222,6 +253,9 @@ def publish_local(
                 "delta": 0.0,
                 "model": "multiparty",
                 "parties": multiparty_doc["parties"],
+                "neighbours": "substitution",
+                "unit": guarantee["unit"],
+                "trust": TRUST_SIMULATION,
             }
             guarantee["ledger_epsilon"] = 2 * r.epsilon
         doc = {

@@ -396,7 +396,7 @@ def test_multiparty_unbiased_with_variance_m_times_laplace() -> None:
     truth = np.bincount(codes, minlength=d)
     sampler = SeededTestSampler(77)
     est = np.array([multiparty_histogram(codes, d, eps, sampler, m=m).counts for _ in range(reps)])
-    var = m * discrete_laplace_variance(1 / eps)
+    var = m * discrete_laplace_variance(2 / eps)  # substitution of one person: L1 = 2
     assert multiparty_variance(eps, m) == pytest.approx(var)
     z = (est.mean(axis=0) - truth) / math.sqrt(var / reps)
     assert np.all(np.abs(z) < 4.5), z
@@ -413,12 +413,13 @@ def test_multiparty_labels_and_helpers() -> None:
     assert out.m == 3 and out.epsilon == 2.0 and out.party_counts.shape == (3, 3)
     assert np.array_equal(out.counts, out.party_counts.sum(axis=0))
     assert out.variance == pytest.approx(
-        sum(discrete_laplace_variance(1 / e) for e in (1.0, 2.0, 0.5))
+        sum(discrete_laplace_variance(2 / e) for e in (1.0, 2.0, 0.5))
     )
     assert split_evenly(10, 3).tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
     central = multiparty_histogram(codes, 3, 1.0, SeededTestSampler(1), m=1)
     assert central.halfwidth > 0 and list(central.to_frame().columns)[:2] == ["value", "estimate"]
-    assert central_variance(1.0) == pytest.approx(discrete_laplace_variance(1.0))
+    assert central_variance(1.0) == pytest.approx(discrete_laplace_variance(2.0))
+    assert central_variance(1.0, sensitivity=1) == pytest.approx(discrete_laplace_variance(1.0))
     assert local_variance(10_000, 1.0, 64) == variance(choose_protocol(1.0, 64), 10_000, 1.0, 64)
     table = compare_models(1_000_000, 1.0, 64)
     errors = table["std_error"].tolist()

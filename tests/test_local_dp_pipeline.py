@@ -15,6 +15,7 @@ import yaml
 import dp.local
 from dp.local import parameters
 from dp.local_release import verify_local_release
+from dp.multiparty import TRUST_SIMULATION
 from pipelines.cli import main
 from tests.test_cli import assert_nothing_published
 
@@ -121,6 +122,9 @@ def test_every_protocol_runs_reports_round_trip_and_parties_compare_models(
                         "delta": 0.0,
                         "model": "multiparty",
                         "parties": 4 if name == "mp_even" else 3,
+                        "neighbours": "substitution",
+                        "unit": "id",
+                        "trust": TRUST_SIMULATION,
                     },
                     "ledger_epsilon": 4.0,
                 }
@@ -319,6 +323,13 @@ def test_verifier_checks_epsilon_estimates_and_domain() -> None:
     assert not verify_local_release(par, 1.0, list("abcd"), 99, support, ok_table)["ok"]
     mp = {"epsilon": 1.0, "scale": 0.5, "sensitivity": 1, "parties": 3}
     assert not verify_local_release(par, 1.0, list("abcd"), 100, support, ok_table, mp)["ok"]
+    # substitution of one person moves a histogram by L1 = 2: scale 2/ε passes, the
+    # add/remove calibration 1/ε does not
+    mp = {"epsilon": 1.0, "scale": 2.0, "sensitivity": 2, "parties": 3}
+    assert verify_local_release(par, 1.0, list("abcd"), 100, support, ok_table, mp)["ok"]
+    mp = {"epsilon": 1.0, "scale": 1.0, "sensitivity": 1, "parties": 3}
+    check = verify_local_release(par, 1.0, list("abcd"), 100, support, ok_table, mp)
+    assert not check["ok"] and "below the L1 change 2" in check["problems"][0]
 
 
 def test_ldp_aggregate_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,10 @@ pipelines/local_release.py). Randomness: :func:`dp.secure_random.random_source_f
 CSPRNG, or with ``--insecure-seed`` a seeded source per batch (keyed by the batch's content)
 or per shard (keyed by the shard), so a seeded run is reproducible whatever the bundling.
 Reports never carry the person id or the true value.
+
+A ``dp_party_histogram`` release (spec without an oracle) runs the same graph but draws
+nothing: its "support counts" are the exact histogram of the party's persons, to which the
+driver adds the party's own noise (pipelines/multiparty.py).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ class LocalDPSpec:
     """What the transform needs of one local DP release (picklable)."""
 
     name: str
-    oracle: FrequencyOracle
+    oracle: FrequencyOracle | None  # None: a party's exact histogram (dp_party_histogram)
     attribute: str
     domain: tuple[str, ...]  # the public values (without ``other``)
     other: str | None
@@ -56,9 +60,10 @@ class LocalDPSpec:
 
     @property
     def d(self) -> int:
-        return self.oracle.d
+        return len(self.domain) + (self.other is not None)
 
     def report_columns(self) -> tuple[str, ...]:
+        assert self.oracle is not None, "a party histogram has no reports"
         if self.oracle.protocol in ("sue", "oue"):
             return ("bits",)
         if self.oracle.protocol in ("blh", "olh"):
@@ -68,7 +73,11 @@ class LocalDPSpec:
 
 @dataclass
 class LocalPartial:
-    """Summed support counts of some persons' reports (adds up across batches)."""
+    """Summed support counts of some persons' reports (adds up across batches).
+
+    Without an oracle (a party's share), ``support`` is the exact histogram of the persons'
+    values: the party adds its noise in the driver, after the ledger charge.
+    """
 
     n: int
     support: IntArray
@@ -86,9 +95,12 @@ def _source(seed: int | None, *key: int) -> RandomSource:
 def _perturb(
     spec: LocalDPSpec, codes: IntArray, parties: npt.NDArray[Any] | None, source: RandomSource
 ) -> Iterator[Any]:
+    d = spec.d
+    if spec.oracle is None:  # a party's exact histogram: no randomisation here
+        yield LocalPartial(codes.size, np.bincount(codes, minlength=d).astype(np.int64), codes.size)
+        return
     reports = spec.oracle.perturb(codes, source)
     partial = LocalPartial(reports.n, support_counts(reports), rows_in=codes.size)
-    d = spec.d
     if spec.party_count is not None:
         labels = source.integers(spec.party_count, codes.size)  # an even split, at random
         hist = np.bincount(labels * d + codes, minlength=spec.party_count * d)
