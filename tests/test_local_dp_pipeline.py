@@ -16,6 +16,7 @@ import dp.local
 from dp.local import parameters
 from dp.local_release import verify_local_release
 from pipelines.cli import main
+from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published
 
 DX = ["Flu", "Cancer", "Asthma", "Gastritis"]
@@ -73,6 +74,8 @@ class LDPProject:
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    if args[0] == "run":  # the operator created the ledger (`privpipe budget init`)
+        provision_ledger(Path(args[1]))
     code = main(args)
     cap = capsys.readouterr()
     return code, cap.out, cap.err
