@@ -17,7 +17,7 @@ update it safely from concurrent runs.
 from __future__ import annotations
 
 import fcntl
-import hashlib
+import functools
 import hmac
 import json
 import os
@@ -75,12 +75,12 @@ class LedgerKey:
 
     def derive(self, purpose: str) -> bytes:
         """An HMAC-derived subkey: one per purpose, none equal to the key itself."""
-        return hmac.new(self.secret, f"privpipe-ledger/{purpose}".encode(), "sha256").digest()
+        return _derive(self.secret, purpose)
 
     def mac(self, purpose: str, fields: Any) -> str:
         """HMAC-SHA256 (hex) of ``fields`` in canonical JSON under the ``purpose`` subkey."""
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-        return hmac.new(self.derive(purpose), text.encode(), hashlib.sha256).hexdigest()
+        return hmac.digest(_derive(self.secret, purpose), text.encode(), "sha256").hex()
 
     # ------------------------------------------------------------------ heads file
 
@@ -148,6 +148,11 @@ class LedgerKey:
             yield
         finally:
             os.close(fd)  # closing releases the lock
+
+
+@functools.lru_cache(maxsize=64)
+def _derive(secret: bytes, purpose: str) -> bytes:
+    return hmac.digest(secret, f"privpipe-ledger/{purpose}".encode(), "sha256")
 
 
 def write_private(path: Path, data: bytes) -> None:
