@@ -4,7 +4,8 @@
     privpipe validate CONFIG
     privpipe demo [--output DIR] [--rows N] [--seed S] [beam options...]
     privpipe schema
-    privpipe budget show LEDGER
+    privpipe budget init LEDGER --dataset ID --epsilon E [--delta D] [--key-file F | --key-env V]
+    privpipe budget show|verify LEDGER [--key-file F | --key-env V] [--heads F]
     privpipe report RUN_DIR [RUN_DIR ...] [--output DIR]
     privpipe ldp aggregate REPORTS --protocol P --epsilon E --domain-size D [--domain ...]
     privpipe multiparty aggregate PARTY_FILE [PARTY_FILE ...] --output DIR [--confidence C]
@@ -88,8 +89,26 @@ def _parser() -> _Parser:
 
     b = sub.add_parser("budget", help="the privacy-budget ledger of a dataset")
     bsub = b.add_subparsers(dest="budget_command", required=True, parser_class=_Parser)
+    init = bsub.add_parser("init", help="create a dataset's ledger with its lifetime budget")
+    init.add_argument("ledger", help="the new ledger file (budget.ledger of the config)")
+    init.add_argument("--dataset", required=True, help="the dataset id: the config's name")
+    init.add_argument("--epsilon", required=True, help="lifetime epsilon, e.g. 10 or 1/2")
+    init.add_argument("--delta", default="0", help="lifetime delta (default 0)")
     show = bsub.add_parser("show", help="print a ledger's lifetime, spend and history")
     show.add_argument("ledger", help="the ledger file (budget.ledger of the config)")
+    verify = bsub.add_parser(
+        "verify", help="authenticate a ledger against its key and heads record; print its head"
+    )
+    verify.add_argument("ledger", help="the ledger file (budget.ledger of the config)")
+    for cmd in (init, show, verify):
+        key = cmd.add_mutually_exclusive_group()
+        key.add_argument("--key-file", help="the ledger key file (mode 0600; init creates it)")
+        key.add_argument("--key-env", help="env variable holding the key (PRIVPIPE_LEDGER_KEY)")
+        cmd.add_argument(
+            "--heads",
+            help="the heads file (default <key-file>.heads, or for an env key "
+            "~/.local/state/privpipe/heads/<dataset>.json)",
+        )
 
     ldp = sub.add_parser("ldp", help="local DP: aggregate collected reports")
     lsub = ldp.add_subparsers(dest="ldp_command", required=True, parser_class=_Parser)
@@ -203,8 +222,12 @@ def _dispatch(argv: list[str]) -> int:
         return 0
     if args.command == "budget":
         if beam_args:
-            raise ConfigError(f"budget show takes no other options, got {' '.join(beam_args)}")
-        return _budget_show(args.ledger)
+            raise ConfigError(
+                f"budget {args.budget_command} takes no other options, got {' '.join(beam_args)}"
+            )
+        if args.budget_command == "init":
+            return _budget_init(args)
+        return _budget_show(args.ledger, args, verify=args.budget_command == "verify")
     raise ConfigError(f"unknown command {args.command!r}")  # pragma: no cover
 
 
@@ -233,6 +256,7 @@ def _run(
     seed: int | None = None,
     ledger_override: str | None = None,
     period: int | None = None,
+    key_file_override: str | None = None,
 ) -> int:
     from pipelines.plan import load_plan
     from pipelines.run import run
@@ -245,6 +269,7 @@ def _run(
         input_override=input_override,
         ledger_override=ledger_override,
         period_override=period,
+        key_file_override=key_file_override,
     )
     if seed is not None:
         print(
@@ -292,25 +317,71 @@ def _run(
     return 0
 
 
-def _budget_show(path: str) -> int:
+def _budget_init(args: argparse.Namespace) -> int:
+    from dp.budget import ApproxBudget, to_fraction
+    from dp.ledger import Ledger
+    from dp.ledger_auth import load_key, new_key_file
+
+    eps, dlt = to_fraction(args.epsilon, "--epsilon"), to_fraction(args.delta, "--delta")
+    if eps <= 0 or not 0 <= dlt < 1:
+        raise ConfigError(f"--epsilon must be > 0 and --delta in [0, 1), got {eps}, {dlt}")
+    lifetime = ApproxBudget(eps, dlt)
+    if args.key_file and not Path(args.key_file).expanduser().exists():
+        new_key_file(Path(args.key_file).expanduser())
+        print(
+            f"privpipe: created the ledger key file {args.key_file} (mode 0600): keep it "
+            "with the job user only, and never beside copies of the ledger"
+        )
+    key = load_key(args.dataset, args.key_file, args.key_env, args.heads)
+    path = Ledger.create(args.ledger, args.dataset, lifetime, key)
+    print(
+        f"privpipe: created the ledger {path} of dataset {args.dataset!r}: lifetime epsilon "
+        f"{args.epsilon}, delta {args.delta}; key from {key.source}; heads in {key.heads}"
+    )
+    return 0
+
+
+def _budget_show(path: str, args: argparse.Namespace, verify: bool = False) -> int:
     from dp.ledger import Ledger
 
-    with Ledger.inspect(path) as ledger:
+    with Ledger.inspect(path, args.key_file, args.key_env, args.heads) as ledger:
         entries = ledger.history()
         spent, left = ledger.spent(), ledger.remaining()
         life = ledger.lifetime
+        head = ledger.head()
+        if verify:
+            print(
+                f"ledger {ledger.path}: OK (authenticated with the key from "
+                f"{ledger.key.source}; head matches {ledger.key.heads})"
+            )
+            print(f"dataset {ledger.dataset!r}")
+            print(f"head {head['entries']} entries, chain MAC {head['mac']}")
+            return 0
+        events = ledger.spent("event")
         print(f"ledger {ledger.path}")
         print(f"dataset {ledger.dataset!r}")
         print(f"lifetime epsilon {float(life.epsilon):g}, delta {float(life.delta):g}")
         print(f"spent    epsilon {float(spent.epsilon):g}, delta {float(spent.delta):g}")
         print(f"left     epsilon {float(left.epsilon):g}, delta {float(left.delta):g}")
+        if events.epsilon or events.delta:
+            print(
+                f"event-level (not counted above): epsilon {float(events.epsilon):g}, "
+                f"delta {float(events.delta):g}"
+            )
+        print(f"head     {head['entries']} entries, chain MAC {head['mac'][:16]}...")
         print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}:")
         print(f"{'id':>4}  {'created (UTC)':<26}  {'run':<26}  {'release':<16}  "
-              f"{'epsilon':>9}  {'delta':>9}  status")  # fmt: skip
+              f"{'epsilon':>9}  {'delta':>9}  {'unit':<6}  status")  # fmt: skip
         for e in entries:
+            if e.kind == "stream":
+                print(
+                    f"{e.id:>4}  {e.created_at[:26]:<26}  {e.run_id:<26}  {e.release:<16}  "
+                    f"published period {e.period}"
+                )
+                continue
             line = (
                 f"{e.id:>4}  {e.created_at[:26]:<26}  {e.run_id:<26}  {e.release:<16}  "
-                f"{float(e.epsilon):>9.4g}  {float(e.delta):>9.3g}  {e.status}"
+                f"{float(e.epsilon):>9.4g}  {float(e.delta):>9.3g}  {e.unit:<6}  {e.status}"
             )
             print(line + (f" ({e.reason})" if e.reason else ""))
     return 0
@@ -368,11 +439,7 @@ def _demo(
             "choose another folder with --output"
         ) from None
     print(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
-    # freshly generated data is a new dataset version, so it starts a fresh ledger
-    ledger = out / "ledger.sqlite"
-    ledger.unlink(missing_ok=True)
-    for state in out.glob("demo.*.continual.sqlite"):  # the demo's streams start over too
-        state.unlink()
+    ledger, key = demo_ledger(out / "budget")
     return _run(
         str(DEMO_CONFIG),
         str(out),
@@ -381,7 +448,37 @@ def _demo(
         input_override=str(data),
         seed=insecure_seed,
         ledger_override=str(ledger),
+        key_file_override=str(key),
     )
+
+
+def demo_ledger(folder: Path) -> tuple[Path, Path]:
+    """A fresh ledger, key and heads file for the demo in ``folder``.
+
+    Freshly generated data is a new dataset version, so the demo deliberately starts a new
+    lifetime with a new key. Fine for a demo only: a real job keeps its key and heads file
+    away from the ledger (README, 'Privacy budget ledger').
+    """
+    import yaml
+
+    from dp.budget import ApproxBudget, to_fraction
+    from dp.ledger import Ledger
+    from dp.ledger_auth import load_key, new_key_file
+
+    cfg = yaml.safe_load(DEMO_CONFIG.read_text(encoding="utf-8"))
+    budget, name = cfg["budget"], str(cfg["name"])
+    ledger, key_file = folder / "ledger.sqlite", folder / "ledger.key"
+    stale = [ledger, key_file, *folder.glob("ledger.*"), *folder.glob("demo.*.continual.sqlite")]
+    for old in stale:  # the demo's streams start over too
+        old.unlink(missing_ok=True)
+    new_key_file(key_file)
+    lifetime = ApproxBudget(
+        to_fraction(budget["lifetime_epsilon"], "budget.lifetime_epsilon"),
+        to_fraction(budget.get("lifetime_delta", 0), "budget.lifetime_delta"),
+    )
+    Ledger.create(ledger, name, lifetime, load_key(name, key_file))
+    print(f"privpipe: created a fresh demo ledger {ledger} (key {key_file}, demo only)")
+    return ledger, key_file
 
 
 if __name__ == "__main__":  # pragma: no cover

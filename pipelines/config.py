@@ -705,15 +705,50 @@ class BudgetConfig(_Model):
     """The dataset's lifetime privacy budget, kept in a ledger file."""
 
     ledger: str = Field(
-        description="SQLite ledger file (or folder) relative to the config file's folder."
+        description="SQLite ledger file (or folder) relative to the config file's folder; "
+        "created once with `privpipe budget init`, never by a run."
     )
-    lifetime_epsilon: float = Field(gt=0, allow_inf_nan=False)
-    lifetime_delta: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
+    lifetime_epsilon: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Optional: the lifetime lives in the ledger; if given it must match.",
+    )
+    lifetime_delta: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="Optional: the lifetime lives in the ledger; if given it must match.",
+    )
+    key_file: str | None = Field(
+        default=None,
+        description="File holding the ledger's HMAC key (mode 0600 or stricter), relative "
+        "to the config file's folder. Default: the key is in the environment (key_env).",
+    )
+    key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the ledger's HMAC key; default "
+        "PRIVPIPE_LEDGER_KEY when key_file is not given.",
+    )
+    heads_file: str | None = Field(
+        default=None,
+        description="Where the ledger heads (rollback detection) are recorded, kept with the "
+        "key, not beside the ledger. Default: <key_file>.heads, or with an environment key "
+        "$XDG_STATE_HOME (~/.local/state)/privpipe/heads/<name>.json.",
+    )
     sweep_ledger: str | None = Field(
         default=None,
         description="A separate audit ledger for the central-DP points of sweeps (same "
         "lifetime); the report says so. Default: sweeps spend from the dataset's ledger.",
     )
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> BudgetConfig:
+        if self.key_file is not None and self.key_env is not None:
+            raise ValueError("give key_file or key_env, not both (where the ledger key is)")
+        return self
 
 
 # -------------------------------------------------------------------------- output
@@ -894,7 +929,7 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
         out.append(
             f"budget: missing; releases[{first}] is differentially private and every DP "
             "release is charged to the dataset's ledger, e.g. "
-            "budget: {ledger: ledger.sqlite, lifetime_epsilon: 10}"
+            "budget: {ledger: ledger.sqlite} (created with `privpipe budget init`)"
         )
     for col in sorted(needed):
         if col not in cfg.hierarchies:

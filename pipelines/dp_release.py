@@ -27,6 +27,7 @@ import pandas as pd
 from anonymity.hierarchy import SUPPRESSED
 from dp.budget import ApproxBudget, to_fraction
 from dp.ledger import Ledger
+from dp.ledger_auth import LedgerKey, load_key
 from dp.noise import NoiseSampler, SecureSampler, SeededTestSampler
 from dp.release import (
     Coarsen,
@@ -157,16 +158,32 @@ def swept(plan: Plan) -> set[str]:
 
 def open_ledger(plan: Plan, sweep: bool = False) -> Ledger:
     """The dataset's ledger from ``budget:`` (path relative to the config's folder), or
-    with ``sweep`` its separate audit ledger for sweep points."""
+    with ``sweep`` its separate audit ledger for sweep points (dataset id ``<name>.sweeps``).
+    Both must exist (``privpipe budget init``); the lifetime comes from the ledger."""
     b = plan.config.budget
     path = plan.ledger_path
     assert b is not None and path is not None, "validated: DP releases need budget:"
+    dataset = plan.name
     if sweep:
         assert b.sweep_ledger is not None
-        path = plan.resolve(b.sweep_ledger)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return Ledger.open(path, plan.name, to_fraction(b.lifetime_epsilon, "budget.lifetime_epsilon"),
-                       to_fraction(b.lifetime_delta, "budget.lifetime_delta"))  # fmt: skip
+        path, dataset = plan.resolve(b.sweep_ledger), f"{plan.name}.sweeps"
+    eps, dlt = b.lifetime_epsilon, b.lifetime_delta
+    return Ledger.open(
+        path,
+        dataset,
+        ledger_key(plan, dataset),
+        None if eps is None else to_fraction(eps, "budget.lifetime_epsilon"),
+        None if dlt is None else to_fraction(dlt, "budget.lifetime_delta"),
+    )
+
+
+def ledger_key(plan: Plan, dataset: str) -> LedgerKey:
+    """The ledger key and heads file that ``budget:`` names (key_file, key_env, heads_file)."""
+    b = plan.config.budget
+    assert b is not None
+    key_file = plan.key_file_override or (None if b.key_file is None else plan.resolve(b.key_file))
+    heads = None if b.heads_file is None else plan.resolve(b.heads_file)
+    return load_key(dataset, key_file, None if key_file else b.key_env, heads)
 
 
 def coarsen_for(plan: Plan, labeler: HierarchyLabeler) -> Coarsen:

@@ -52,6 +52,7 @@ class Plan:
         default_factory=lambda: MappingProxyType({})
     )
     ledger_override: Path | None = None
+    key_file_override: Path | None = None  # the demo's own ledger key
     sweeps: MappingProxyType[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({})
     )
@@ -133,6 +134,7 @@ def load_plan(
     input_override: str | Path | None = None,
     ledger_override: str | Path | None = None,
     period_override: int | None = None,
+    key_file_override: str | Path | None = None,
 ) -> Plan:
     """Read, validate and resolve a config file into a Plan (no data is read)."""
     p = Path(path).resolve()
@@ -180,6 +182,7 @@ def load_plan(
         input_format=str(fmt),
         output_dir=out,
         ledger_override=Path(ledger_override).resolve() if ledger_override else None,
+        key_file_override=Path(key_file_override).resolve() if key_file_override else None,
         period_override=period_override,
     )
     return _with_static_hierarchies(plan)

@@ -369,6 +369,7 @@ def budget_summary(ledger: Ledger | None, run_id: str) -> dict[str, Any] | None:
             "epsilon": float(ledger.lifetime.epsilon),
             "delta": float(ledger.lifetime.delta),
         },
+        "ledger_head": ledger.head(),  # a later copy with fewer entries is a rollback
     }
 
 

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.ledgers import TEST_KEY
+
+# the ledger key of every test ledger, for the whole session (CLI subprocesses inherit it),
+# and default heads files never in the real home (each test gets its own, see below)
+os.environ["PRIVPIPE_LEDGER_KEY"] = TEST_KEY
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="privpipe-test-state-")
 
 ROOT = Path(__file__).resolve().parent.parent
 ARX = ROOT.parent / "shared" / "data" / "arx"
@@ -73,6 +83,13 @@ class Project:
     def save(self) -> Path:
         self.config.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
         return self.config
+
+
+@pytest.fixture(autouse=True)
+def _heads_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Ledger heads files (default $XDG_STATE_HOME/privpipe/heads) in the test's tmp folder."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    yield
 
 
 @pytest.fixture

@@ -1,16 +1,65 @@
 """Budget ledgers for tests: one place that provisions a config's ledger before a run.
 
-Issue 12 makes ledgers something an operator creates on purpose (`privpipe budget
-init`); a run will no longer create one. Tests that run DP releases call
-``provision_ledger(config_path)`` before the run, so only this function changes then.
-Today a run still creates its ledger itself, so there is nothing to do yet.
+Issue 12: a run never creates a ledger; an operator creates it on purpose (`privpipe
+budget init`). Tests that run DP releases call ``provision_ledger(config_path)`` before
+the run. The key is the session's PRIVPIPE_LEDGER_KEY (tests/conftest.py) unless the
+config names a key file, and the heads file lands in the test's tmp folder (conftest
+points XDG_STATE_HOME there) unless the config names one.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import yaml
 
-def provision_ledger(config: Path) -> None:
-    """Make sure the ledger that ``config``'s budget section names exists (see module doc)."""
-    del config
+from dp.budget import ApproxBudget, to_fraction
+from dp.ledger import Ledger, ledger_path
+from dp.ledger_auth import LedgerKey, load_key, new_key_file
+
+TEST_KEY = "privpipe-tests-ledger-key-0123456789abcdef0123456789abcdef"
+
+
+def config_key(config: Path, dataset: str | None = None) -> LedgerKey:
+    """The ledger key (and heads file) that ``config``'s budget section names."""
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    b = cfg["budget"]
+
+    def at(p: str | None) -> Path | None:
+        return None if p is None else config.parent / os.path.expanduser(p)
+
+    key_file = at(b.get("key_file"))
+    if key_file is not None and not key_file.exists():
+        new_key_file(key_file)
+    return load_key(
+        dataset or str(cfg["name"]), key_file, b.get("key_env"), at(b.get("heads_file"))
+    )
+
+
+def provision_ledger(config: Path, epsilon: float | None = None) -> Path:
+    """Create the ledger (and sweep ledger) ``config``'s budget section names, with its
+    lifetime (or ``epsilon`` when the config gives none); an existing one is kept."""
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    b, name = cfg["budget"], str(cfg["name"])
+    eps = b.get("lifetime_epsilon", epsilon)
+    assert eps is not None, "the config has no lifetime_epsilon: pass epsilon="
+    life = ApproxBudget(to_fraction(eps, "eps"), to_fraction(b.get("lifetime_delta", 0), "d"))
+    made = Path()
+    for key, dataset in (("ledger", name), ("sweep_ledger", f"{name}.sweeps")):
+        if b.get(key) is None:
+            continue
+        path = config.parent / os.path.expanduser(b[key])
+        if path.is_dir():
+            path = ledger_path(path, dataset)
+        if not path.exists():
+            Ledger.create(path, dataset, life, config_key(config, dataset))
+        made = made if key == "sweep_ledger" else path.resolve()
+    return made
+
+
+def open_config_ledger(config: Path) -> Ledger:
+    """The config's ledger, opened and verified like a run opens it."""
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    path = config.parent / os.path.expanduser(cfg["budget"]["ledger"])
+    return Ledger.open(path, str(cfg["name"]), config_key(config))

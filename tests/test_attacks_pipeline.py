@@ -11,6 +11,7 @@ import yaml
 
 from pipelines.cli import main
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
+from tests.ledgers import provision_ledger
 
 QIS = list(ADULT_QIS)
 
@@ -30,11 +31,16 @@ def adult_config(tmp: Path, attacks: Any, releases: list[dict[str, Any]] | None 
             {"name": "dp", "kind": "dp_histogram", "epsilon": 1.0, "group_by": ["sex", ADULT_SA]},
         ],
         "attacks": attacks,
-        "budget": {"ledger": str(tmp / "ledger.sqlite"), "lifetime_epsilon": 100},
+        "budget": {
+            "ledger": str(tmp / "ledger.sqlite"),
+            "lifetime_epsilon": 100,
+            "heads_file": str(tmp / "heads.json"),
+        },
         "output": {"dir": str(tmp / "out")},
     }
     path = tmp / "adult.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    provision_ledger(path)
     return path
 
 

@@ -14,6 +14,7 @@ import yaml
 
 from dp.continual import node_scale
 from pipelines.cli import main
+from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published, snapshot
 
 DX = ["Flu", "Cancer", "Asthma", "Gastritis"]
@@ -63,6 +64,7 @@ class StreamProject:
     def run(self, period: int, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
         week = self.root / f"week{min(period, PERIODS)}.csv"
         args = ["run", str(self.config), "--period", str(period), "--input", str(week)]
+        provision_ledger(self.config)
         code = main([*args, "--insecure-seed", str(100 + period), *extra])
         return code, capsys.readouterr().err
 
@@ -218,7 +220,9 @@ def test_a_stream_continued_against_another_ledger_is_refused(
     """release.json claims the stream was charged once: the ledger must hold that charge."""
     p = StreamProject(tmp_path, pan_private=False, epsilon=1.0)
     assert p.run(1, capsys)[0] == 0
+    # a whole second ledger set-up (its own heads file: the first one would refuse the move)
     p.cfg["budget"]["ledger"] = "fresh-ledger.sqlite"  # same folder, so the same state
+    p.cfg["budget"]["heads_file"] = "fresh-heads.json"
     p.save()
     code, err = p.run(2, capsys)
     assert code == 4, err

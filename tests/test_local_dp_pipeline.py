@@ -17,6 +17,7 @@ from dp.local import parameters
 from dp.local_release import verify_local_release
 from dp.multiparty import TRUST_SIMULATION
 from pipelines.cli import main
+from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published
 
 DX = ["Flu", "Cancer", "Asthma", "Gastritis"]
@@ -74,6 +75,8 @@ class LDPProject:
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    if args[0] == "run":  # the operator created the ledger (`privpipe budget init`)
+        provision_ledger(Path(args[1]))
     code = main(args)
     cap = capsys.readouterr()
     return code, cap.out, cap.err

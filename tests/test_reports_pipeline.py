@@ -12,6 +12,7 @@ import yaml
 
 from pipelines.cli import main
 from pipelines.demo_data import write_csv
+from tests.ledgers import provision_ledger
 
 UNIQUE = "Zebrafish poisoning"
 
@@ -45,6 +46,7 @@ def demo_project(tmp: Path, rows: int = 3000) -> Path:
     dx.write_text((demo / "hierarchies" / "diagnosis.csv").read_text() + f"{UNIQUE};other;*\n")
     cfg["hierarchies"]["diagnosis"]["file"] = str(dx)
     cfg["budget"]["ledger"] = str(tmp / "ledger.sqlite")
+    cfg["budget"]["key_file"] = str(tmp / "ledger.key")  # heads beside it, in tmp
     cfg["output"]["dir"] = str(tmp / "out")
     cfg["attacks"]["targets"] = 1000
     path = tmp / "demo.yaml"
@@ -56,6 +58,7 @@ def demo_project(tmp: Path, rows: int = 3000) -> Path:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("report")
     config = demo_project(tmp)
+    provision_ledger(config)
     assert main(["run", str(config)]) == 0
     return config, tmp / "out"
 
@@ -132,6 +135,7 @@ def test_sweep_expands_a_release_into_a_curve(tmp_path: Path) -> None:
     cfg["sweep"] = [{"release": "k", "k": [2, 10]}, {"release": "dp", "epsilon": [0.5, 2]}]
     cfg["attacks"] = {"targets": 500, "run": ["homogeneity", "membership"]}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    provision_ledger(config)
     assert main(["run", str(config)]) == 0
     out = tmp_path / "out"
     manifest = json.loads((out / "manifest.json").read_text())
@@ -172,6 +176,7 @@ def test_sweeps_can_spend_from_a_separate_audit_ledger(tmp_path: Path) -> None:
     cfg["budget"]["sweep_ledger"] = str(tmp_path / "audit-ledger.sqlite")
     cfg["attacks"] = {"targets": 200, "run": ["membership"]}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    provision_ledger(config)
     assert main(["run", str(config)]) == 0
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["budget"]["spent"]["epsilon"] == 0.5  # only the production release

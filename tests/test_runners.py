@@ -19,6 +19,7 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.demo_data import write_csv
+from tests.ledgers import provision_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -90,16 +91,19 @@ def direct_figures(tmp_path_factory: pytest.TempPathFactory, demo_input: Path) -
 
 
 def _run(out: Path, demo_input: Path, *extra: str) -> Path:
-    from pipelines.cli import DEMO_CONFIG
+    from pipelines.cli import DEMO_CONFIG, demo_ledger
     from pipelines.plan import load_plan
     from pipelines.run import run
 
-    # a ledger (and continual state) per run: the demo's shared one would refuse re-runs
+    # a ledger (and continual state) per run, as `privpipe demo` makes: the demo's shared
+    # one would refuse re-runs
+    ledger, key = demo_ledger(out / "budget")
     plan = load_plan(
         DEMO_CONFIG,
         output_dir=out,
         input_override=demo_input,
-        ledger_override=out / "ledger.sqlite",
+        ledger_override=ledger,
+        key_file_override=key,
     )
     run(plan, beam_args=list(extra), log=lambda _m: None)
     return out
@@ -145,8 +149,9 @@ def test_runner_flag_passes_through_the_cli(
 
     text = DEMO_CONFIG.read_text().replace("../demo-out/input/demo.csv", str(demo_input))
     text = text.replace("demo/hierarchies/", str(DEMO_CONFIG.parent / "demo" / "hierarchies") + "/")
-    text = text.replace("../demo-out/ledger.sqlite", str(tmp_path / "ledger.sqlite"))
+    text = text.replace("../demo-out/budget/", str(tmp_path / "budget") + "/")
     cfg.write_text(text)
+    provision_ledger(cfg)
     out = tmp_path / "cli"
     code = main(
         [
