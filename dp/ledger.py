@@ -15,7 +15,10 @@ truncation of entries are detected on open (InputDataError).
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
 import re
+import secrets
 import sqlite3
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -72,6 +75,7 @@ class LedgerEntry:
     created_at: str
     status: str
     reason: str | None
+    unit: str = "person"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +87,7 @@ class LedgerEntry:
             "created_at": self.created_at,
             "status": self.status,
             "reason": self.reason,
+            "unit": self.unit,
         }
 
 
@@ -270,9 +275,15 @@ class Ledger:
             self._refuse_unless_fits(run_id, items, self._verified_rows(self._fix()))
 
     def charge_many(
-        self, run_id: str, items: Sequence[tuple[str, PureBudget | ApproxBudget | RhoBudget]]
+        self,
+        run_id: str,
+        items: Sequence[tuple[str, PureBudget | ApproxBudget | RhoBudget]],
+        *,
+        unit: str = "person",
     ) -> list[LedgerEntry]:
         """Record every release's spend in one transaction: all fit and are recorded, or none."""
+        if unit != "person":
+            return self._charge_events(run_id, items, unit)
         if not run_id or not items or any(not name for name, _ in items):
             raise ConfigError("charge needs a non-empty run_id and release names")
         if any(isinstance(b, RhoBudget) for _, b in items):
@@ -351,21 +362,133 @@ class Ledger:
         return n
 
     def history(self) -> list[LedgerEntry]:
-        """Every entry, oldest first (checksums verified)."""
+        """Every entry, oldest first (checksums verified); event-level entries last."""
         with self._write():
-            return self._verified_rows(self._fix())
+            return self._verified_rows(self._fix()) + self._event_rows()
 
-    def spent(self) -> ApproxBudget:
-        """Total spend: committed and failed entries alike (basic composition)."""
-        return self._sum(self.history())
+    def spent(self, unit: str = "person") -> ApproxBudget:
+        """Total spend of ``unit``: committed and failed entries alike (basic composition)."""
+        return self._sum([e for e in self.history() if e.unit == unit])
 
     def remaining(self) -> ApproxBudget:
-        """Lifetime minus spend."""
+        """Person-level lifetime minus person-level spend."""
         spent = self.spent()
         return ApproxBudget(
             max(self.lifetime.epsilon - spent.epsilon, Fraction(0)),
             max(self.lifetime.delta - spent.delta, Fraction(0)),
         )
+
+    # ------------------------------------------------------------------------------------
+    # STOPGAP (branch `continual`): minimal event-level entries, stream periods and derived
+    # keys, with the exact signatures the `ledger` branch implements properly (authenticated
+    # in the chain, key held outside the file). At merge, the ledger branch's versions of
+    # everything in this block WIN; delete this block. Until then: event entries and stream
+    # periods live in their own tables (not in the checksum chain) and the key material is
+    # PRIVPIPE_LEDGER_KEY if set, else a random secret kept in the ledger's meta.
+
+    def _stopgap_tables(self) -> None:
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS event_entries (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+            "run_id TEXT NOT NULL, release TEXT NOT NULL, epsilon TEXT NOT NULL, "
+            "delta TEXT NOT NULL, created_at TEXT NOT NULL)"
+        )
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS stream_periods (stream TEXT PRIMARY KEY, "
+            "period INTEGER NOT NULL, run_id TEXT NOT NULL, updated_at TEXT NOT NULL)"
+        )
+
+    def _event_rows(self) -> list[LedgerEntry]:
+        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master")}
+        if "event_entries" not in tables:
+            return []
+        rows = self._conn.execute(
+            "SELECT id, run_id, release, epsilon, delta, created_at FROM event_entries "
+            "ORDER BY id"
+        ).fetchall()
+        return [
+            LedgerEntry(i, r, n, Fraction(e), Fraction(d), c, "committed", None, "event")
+            for i, r, n, e, d, c in rows
+        ]
+
+    def _charge_events(
+        self, run_id: str, items: Sequence[tuple[str, PureBudget | ApproxBudget | RhoBudget]],
+        unit: str,
+    ) -> list[LedgerEntry]:  # fmt: skip
+        """Event-level entries: recorded and shown, never counted against the lifetime."""
+        if unit != "event":
+            raise ConfigError(f"a ledger entry's unit is 'person' or 'event', got {unit!r}")
+        if not run_id or not items or any(not name for name, _ in items):
+            raise ConfigError("charge needs a non-empty run_id and release names")
+        if any(isinstance(b, RhoBudget) for _, b in items):
+            raise ConfigError("the ledger records (epsilon, delta): convert with .to_approx(delta)")
+        out: list[LedgerEntry] = []
+        with self._write():
+            self._stopgap_tables()
+            for name, b in items:
+                cost = b.to_approx()  # type: ignore[union-attr]
+                created = datetime.now(UTC).isoformat(timespec="microseconds")
+                cur = self._conn.execute(
+                    "INSERT INTO event_entries (run_id, release, epsilon, delta, created_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (run_id, name, str(cost.epsilon), str(cost.delta), created),
+                )
+                ident = int(cur.lastrowid or 0)
+                out.append(
+                    LedgerEntry(
+                        ident, run_id, name, cost.epsilon, cost.delta, created, "committed",
+                        None, "event",
+                    )
+                )  # fmt: skip
+        return out
+
+    def derive_key(self, purpose: str) -> bytes:
+        """A subkey for ``purpose`` (HMAC-SHA256 of the ledger key material)."""
+        env = os.environ.get("PRIVPIPE_LEDGER_KEY")
+        if env:
+            material = env.encode("utf-8")
+        else:
+            with self._write():
+                row = self._conn.execute(
+                    "SELECT value FROM meta WHERE key = 'stopgap_key'"
+                ).fetchone()
+                if row is None:
+                    row = (secrets.token_hex(32),)
+                    self._conn.execute(
+                        "INSERT INTO meta (key, value) VALUES ('stopgap_key', ?)", row
+                    )
+            material = bytes.fromhex(row[0])
+        return hmac.new(material, b"privpipe/" + purpose.encode("utf-8"), "sha256").digest()
+
+    def stream_period(self, stream: str) -> int:
+        """The last period the continual ``stream`` published (0 if never)."""
+        with self._write():
+            self._stopgap_tables()
+            row = self._conn.execute(
+                "SELECT period FROM stream_periods WHERE stream = ?", (stream,)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def advance_stream(self, run_id: str, stream: str, period: int) -> None:
+        """Record that ``stream`` published ``period``; refuse anything but last + 1."""
+        with self._write():
+            self._stopgap_tables()
+            row = self._conn.execute(
+                "SELECT period FROM stream_periods WHERE stream = ?", (stream,)
+            ).fetchone()
+            last = int(row[0]) if row else 0
+            if period != last + 1:
+                raise PrivacyRefusal(
+                    f"the ledger {self.path} records period {last} as the last one stream "
+                    f"{stream!r} published; period {period} is not the next one (refused)"
+                )
+            self._conn.execute(
+                "INSERT INTO stream_periods (stream, period, run_id, updated_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT(stream) DO UPDATE SET period = excluded.period, "
+                "run_id = excluded.run_id, updated_at = excluded.updated_at",
+                (stream, period, run_id, datetime.now(UTC).isoformat(timespec="microseconds")),
+            )
+
+    # ------------------------------------------------------------------ end of STOPGAP
 
 
 def _fmt(x: Fraction) -> str:

@@ -295,6 +295,7 @@ def _budget_show(path: str) -> int:
             line = (
                 f"{e.id:>4}  {e.created_at[:26]:<26}  {e.run_id:<26}  {e.release:<16}  "
                 f"{float(e.epsilon):>9.4g}  {float(e.delta):>9.3g}  {e.status}"
+                + (" event-level (not in the lifetime)" if e.unit == "event" else "")
             )
             print(line + (f" ({e.reason})" if e.reason else ""))
     return 0

@@ -201,12 +201,12 @@ def run(
     if jobs or ljobs or cjobs:  # refuse an unaffordable run before any data is read
         ledger = open_ledger(plan)
         try:
-            new_streams = precheck(cjobs, insecure_seed)
-            ledger.check_affordable(
+            new_streams = precheck(cjobs, ledger, insecure_seed)
+            ledger.check_affordable(  # event-level streams are not person-level spend
                 run_id,
                 [(j.name, j.budget()) for j in jobs]
                 + [(j.name, j.budget()) for j in ljobs]
-                + [(j.name, j.budget()) for j in new_streams],
+                + [(j.name, j.budget()) for j in new_streams if j.unit == "person"],
             )
         except BaseException:
             ledger.close()
