@@ -326,7 +326,8 @@ def advance(
             total = total + state.open_nodes[j]
         fresh_levels = [j for j in closed if j >= 1] if t < state.horizon else []
         open_nodes = {j: v for j, v in state.open_nodes.items() if j not in closed}
-        open_nodes.update(zip(fresh_levels, _noise(len(fresh_levels), state.cells, b, sampler)))
+        drawn = _noise(len(fresh_levels), state.cells, b, sampler)
+        open_nodes.update(zip(fresh_levels, drawn, strict=True))
         released: dict[int, IntArray] = {}
         used = tuple(range(state.levels))
     else:

@@ -402,8 +402,7 @@ class Ledger:
         if "event_entries" not in tables:
             return []
         rows = self._conn.execute(
-            "SELECT id, run_id, release, epsilon, delta, created_at FROM event_entries "
-            "ORDER BY id"
+            "SELECT id, run_id, release, epsilon, delta, created_at FROM event_entries ORDER BY id"
         ).fetchall()
         return [
             LedgerEntry(i, r, n, Fraction(e), Fraction(d), c, "committed", None, "event")
@@ -421,11 +420,11 @@ class Ledger:
             raise ConfigError("charge needs a non-empty run_id and release names")
         if any(isinstance(b, RhoBudget) for _, b in items):
             raise ConfigError("the ledger records (epsilon, delta): convert with .to_approx(delta)")
+        costs = [(name, b.to_approx()) for name, b in items if not isinstance(b, RhoBudget)]
         out: list[LedgerEntry] = []
         with self._write():
             self._stopgap_tables()
-            for name, b in items:
-                cost = b.to_approx()  # type: ignore[union-attr]
+            for name, cost in costs:
                 created = datetime.now(UTC).isoformat(timespec="microseconds")
                 cur = self._conn.execute(
                     "INSERT INTO event_entries (run_id, release, epsilon, delta, created_at) "

@@ -34,7 +34,6 @@ declared parameters and figures derived from them; data holds noisy counts only.
 from __future__ import annotations
 
 import math
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -172,9 +171,7 @@ def _open(job: ContinualJob, ledger: Ledger, seed: int | None) -> ContinualStore
     )  # fmt: skip
 
 
-def precheck(
-    jobs: Sequence[ContinualJob], ledger: Ledger, seed: int | None
-) -> list[ContinualJob]:
+def precheck(jobs: Sequence[ContinualJob], ledger: Ledger, seed: int | None) -> list[ContinualJob]:
     """Step 1: refuse bad periods and states before reading; returns the NEW streams."""
     new: list[ContinualJob] = []
     for job in jobs:

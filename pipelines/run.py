@@ -231,7 +231,11 @@ def run(
 
 def mark_failed(ledger: Ledger, run_id: str, exc: BaseException) -> None:
     """Keep a failed run's charges, marked failed with the reason (no-op without charges)."""
-    mine = [e for e in ledger.history() if e.run_id == run_id and e.status != "failed"]
+    mine = [
+        e
+        for e in ledger.history()
+        if e.run_id == run_id and e.status != "failed" and e.unit == "person"
+    ]
     if mine:
         ledger.mark_failed(run_id, f"{type(exc).__name__}: {exc}"[:500])
 
@@ -361,7 +365,9 @@ def budget_summary(ledger: Ledger | None, run_id: str) -> dict[str, Any] | None:
     return {
         "ledger": str(ledger.path),
         "charged_this_run": {
-            e.release: {"epsilon": float(e.epsilon), "delta": float(e.delta)} for e in mine
+            e.release: {"epsilon": float(e.epsilon), "delta": float(e.delta)}
+            | ({"unit": "event"} if e.unit == "event" else {})  # not in the lifetime
+            for e in mine
         },
         "spent": {"epsilon": float(spent.epsilon), "delta": float(spent.delta)},
         "remaining": {"epsilon": float(left.epsilon), "delta": float(left.delta)},

@@ -12,12 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from scipy.stats import beta as beta_dist
 
 from dp.continual import (
     TreeCounter,
-    TreeState,
     advance,
     node_scale,
     nodes_used,
@@ -340,9 +338,10 @@ def test_pan_private_state_file_holds_no_past_value(tmp_path: Path) -> None:
     assert len(past) == 12 * 12
     for table in ("releases", "streams"):
         with sqlite3.connect(path) as conn:
-            assert conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE name = ?", (table,)
-            ).fetchone() is None
+            assert (
+                conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+                is None
+            )
 
 
 class ScriptedSampler:
@@ -452,7 +451,8 @@ def test_old_digest_attack_recovers_nothing(tmp_path: Path) -> None:
         like.append(float((terms * _dlap_pmf(h, b)).sum()))
     post = np.array(like) / sum(like)
     ratios = post[1:] / post[:-1]
-    assert np.all(ratios <= math.exp(eps) * (1 + 1e-9)) and np.all(ratios >= math.exp(-eps) / (1 + 1e-9))
+    tol = 1 + 1e-9
+    assert np.all(ratios <= math.exp(eps) * tol) and np.all(ratios >= math.exp(-eps) / tol)
     assert post.max() < 0.5 and (post > 1e-3).sum() >= 10  # no candidate pinned
 
 
