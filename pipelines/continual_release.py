@@ -131,6 +131,12 @@ def continual_jobs(plan: Plan) -> list[ContinualJob]:
             )
         if period < 1:
             raise ConfigError(f"--period: periods are numbered from 1, got {period}")
+        if period > r.horizon:  # the declared T, not the rounded one: m·c assumes ≤ T leaves
+            raise PrivacyRefusal(
+                f"period {period} of stream '{plan.name}/{r.name}' exceeds its horizon T = "
+                f"{r.horizon}: the budget covers T periods only; start a new stream (new "
+                "release name) for later periods"
+            )
         domains = _domains(plan, r)
         spec = DPReleaseSpec(
             name=r.name,

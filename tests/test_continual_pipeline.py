@@ -295,3 +295,16 @@ def test_a_stream_continued_against_another_ledger_is_refused(
     assert code == 3, err  # the state is authenticated and period-checked against ITS ledger
     assert "failed its authentication" in err or "does not belong to this ledger" in err, err
     assert "Start a new stream" in err
+
+
+def test_a_period_beyond_the_declared_horizon_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """T = 6 rounds to 8 inside, but a person-level stream assumes at most 6 periods."""
+    p = StreamProject(tmp_path, pan_private=True)
+    p.cfg["releases"][0].update({"horizon": 6, "unit": "person"})
+    p.save()
+    code, err = p.run(7, capsys)
+    assert code == 4 and "exceeds its horizon T = 6" in err, err
+    assert not p.state.exists()
+    assert_nothing_published(p.out)
