@@ -288,6 +288,9 @@ def _budget_show(path: str) -> int:
         print(f"lifetime epsilon {float(life.epsilon):g}, delta {float(life.delta):g}")
         print(f"spent    epsilon {float(spent.epsilon):g}, delta {float(spent.delta):g}")
         print(f"left     epsilon {float(left.epsilon):g}, delta {float(left.delta):g}")
+        if any(e.unit == "event" for e in entries):  # continual streams protecting one period
+            ev = ledger.spent(unit="event")
+            print(f"event-level (not in the lifetime) epsilon {float(ev.epsilon):g}")
         print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}:")
         print(f"{'id':>4}  {'created (UTC)':<26}  {'run':<26}  {'release':<16}  "
               f"{'epsilon':>9}  {'delta':>9}  status")  # fmt: skip

@@ -150,6 +150,9 @@ def test_periods_release_cumulative_counts_and_charge_the_stream_once(
     assert "failed its authentication" in err
     assert_nothing_published(p.out, before)
     p.state.write_bytes(good)
+    assert main(["budget", "show", str(p.ledger)]) == 0
+    shown = capsys.readouterr().out
+    assert "spent    epsilon 0," in shown and "event-level (not in the lifetime) epsilon 1" in shown
 
 
 def test_a_rolled_back_state_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
