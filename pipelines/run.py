@@ -356,12 +356,17 @@ def _run(
     return RunResult(run_id=run_id, output_dir=plan.output_dir, manifest=manifest)
 
 
+def _is_charge(entry: Any) -> bool:
+    return getattr(entry, "kind", "charge") == "charge"
+
+
 def budget_summary(ledger: Ledger | None, run_id: str) -> dict[str, Any] | None:
     """The ledger's state after this run's charges (None without DP releases)."""
     if ledger is None:
         return None
     spent, left = ledger.spent(), ledger.remaining()
-    mine = [e for e in ledger.history() if e.run_id == run_id]
+    # charges only (the ledger also records the periods continual streams published)
+    mine = [e for e in ledger.history() if e.run_id == run_id and _is_charge(e)]
     return {
         "ledger": str(ledger.path),
         "charged_this_run": {

@@ -73,7 +73,11 @@ class StreamProject:
     def entries(self) -> list[tuple[Any, ...]]:
         """(release, epsilon, status, unit) of every ledger entry."""
         with Ledger.inspect(self.ledger) as ledger:
-            return [(e.release, float(e.epsilon), e.status, e.unit) for e in ledger.history()]
+            return [
+                (e.release, float(e.epsilon), e.status, e.unit)
+                for e in ledger.history()
+                if getattr(e, "kind", "charge") == "charge"  # not the stream-period records
+            ]
 
     def release_json(self) -> dict[str, Any]:
         path = release_dir(self.out, "weekly") / "release.json"
