@@ -1,28 +1,37 @@
 """Continual observation: the binary tree mechanism for running counts over T periods.
 
 A stream has T periods (rounded up to a power of two) and L = log2(T) + 1 tree levels. The
-level-j node covering periods ((k−1)·2^j, k·2^j] is closed at period k·2^j; it is *released*
-(noised once, then reused) only when k is odd, because the cumulative count up to t is the
-sum of the released nodes at the set bits of t (≤ L nodes; popcount(t) of them). A
-period's count x_t (an integer, or a vector of per-cell counts) lies in one node per level,
-so with per-period L1 contribution ``sensitivity`` each node gets discrete Laplace noise of
-scale b = L·sensitivity/ε and the whole stream of T releases is ε-DP (Dwork et al. 2010;
-Chan et al. 2011). Error variance at t: popcount(t)·Var(DLap(b)).
+level-j node covers periods ((k−1)·2^j, k·2^j] and closes at period k·2^j.
 
-State (:class:`TreeState`): one *open* node per level (the node containing the next period)
-and the released nodes still needed (the set bits of t). Raw period counts are never kept.
+Privacy unit (``sensitivity`` below is the L1 bound the tree is calibrated to):
 
-- Standard mode: open nodes hold raw partial sums; noise is drawn when a node is released.
-  The state is then as sensitive as the data (keep it with the data).
-- Pan-private mode (Dwork et al. 2010): a node is created holding X = N + Σx with fresh
-  noise N ~ DLap(b) drawn at creation; x_t is folded into every open X and then discarded,
-  and N is never stored on its own (it exists only inside X). On release the node gets a
-  second, fresh DLap(b), so an intruder who reads the state once (seeing N + a) and all
-  releases (N + a + b_rest + N') learns each contribution only through one DLap(b): the
-  state and the releases together stay ε-DP. Cost: twice the release variance.
+- event level: one person's rows of ONE period change one leaf x_t by at most
+  c = L0·Linf (per-cell L1); ``sensitivity = c``. A person present in k periods is
+  protected at k·ε only, so the ledger records the stream as an event-level entry.
+- person level (:func:`person_l1_bound`): a person present in at most m periods changes
+  at most m leaves by ≤ c each; ``sensitivity = m·c`` and the whole stream is ε-DP for
+  that person.
+
+Standard mode: node v is released as sum(v) + η_v with η_v ~ DLap(b), b = L·sensitivity/ε,
+drawn when v closes; the count up to t is the sum of the released nodes at the set bits of
+t (Dwork et al. 2010; Chan et al. 2011). The state holds the raw partial sums of open nodes:
+it is as sensitive as the data (keep it with the data).
+
+Pan-private mode (PPCum; Dwork et al. 2010): the state after period t holds exactly
+X_t = N + x_1 + … + x_t (N ~ DLap(b), drawn at the start, never stored on its own) and
+the noise η_j of the open node of every level j ≥ 1 (the node containing t+1), per cell;
+nothing else — no raw count, no past state, no digest. Period t adds x_t to X and
+releases o_t = X_t + η_0(t) + Σ_{j≥1} η_j(t): the noise of every node containing t,
+where the leaf noise η_0(t) is drawn fresh at release and never stored; noise of nodes
+closing at t is then erased and replaced by fresh noise for the next node of that level.
+See :func:`pan_private_shift` for the proof that the releases together with ONE reading
+of the state (an unannounced intrusion) are ε-DP. Error: L + 1 DLap(b) terms per release
+(N and one node per level), so O(log^1.5 T/ε) like the standard tree. Two readings of
+the state at t1 < t2 reveal X_t2 − X_t1 = x_t1+1 + … + x_t2 exactly: pan-privacy holds
+against one intrusion, not continual surveillance of the file (the textbook limit).
 
 :class:`TreeCounter` is the in-memory counter; :mod:`dp.state_store` persists a
-:class:`TreeState` in SQLite between scheduled runs, with the refusals.
+:class:`TreeState` between scheduled runs, authenticated and rollback-checked.
 """
 
 from __future__ import annotations
@@ -68,14 +77,50 @@ def node_scale(horizon: int, epsilon: float, sensitivity: int = 1) -> float:
     return tree_levels(horizon) * sensitivity / eps
 
 
+def person_l1_bound(horizon: int, max_periods: int, per_period: int) -> int:
+    """L1 bound of the vector of ALL node values for one person: m·c·L.
+
+    Proof. A person present in at most m = ``max_periods`` periods changes at most m leaves
+    x_t, each by at most c = ``per_period`` in L1 (over cells). Every leaf lies in exactly
+    one node per level, and a node's value is the sum of its leaves, so by the triangle
+    inequality the L1 change of level j's nodes is at most Σ_t |Δx_t|_1 ≤ m·c — at most m
+    nodes of the level change. Summing over the L levels: ‖Δ(node values)‖_1 ≤ m·c·L.
+    Calibrating every node to DLap(b) with b = m·c·L/ε (``node_scale(T, ε, m·c)``) makes the
+    vector of noisy nodes — hence every release derived from it — ε-DP for that person.
+    With m = 1 it is the event-level bound c·L.
+    """
+    levels = tree_levels(horizon)
+    for name, v in (("max_periods", max_periods), ("per_period", per_period)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+    if max_periods > round_horizon(horizon):
+        raise ConfigError(
+            f"max_periods {max_periods} exceeds the horizon {horizon}: a person can appear "
+            "in at most T periods"
+        )
+    return max_periods * per_period * levels
+
+
+def stream_sensitivity(per_period: int, unit: str, max_periods: int = 1) -> int:
+    """The per-leaf L1 the tree is calibrated to: c (event) or m·c (person, m periods)."""
+    if unit == "event":
+        return per_period
+    if unit == "person":
+        return per_period * max_periods
+    raise ConfigError(f"unit must be 'event' or 'person', got {unit!r}")
+
+
 def nodes_used(period: int) -> list[int]:
-    """The levels whose released nodes sum to the count up to ``period`` (its set bits)."""
+    """Standard mode: the levels whose released nodes sum to the count up to ``period``."""
     return [j for j in range(period.bit_length()) if period >> j & 1]
 
 
-def noise_terms(period: int, pan_private: bool) -> int:
-    """How many independent DLap(b) terms the release at ``period`` carries."""
-    return period.bit_count() * (2 if pan_private else 1)
+def noise_terms(period: int, horizon: int, pan_private: bool) -> int:
+    """How many independent DLap(b) terms the release at ``period`` carries.
+
+    Standard: one per set bit of t. Pan-private: N plus one node per level (L + 1).
+    """
+    return tree_levels(horizon) + 1 if pan_private else period.bit_count()
 
 
 def release_variance(
@@ -83,7 +128,7 @@ def release_variance(
 ) -> float:
     """Per-cell error variance of the release at ``period``: terms · Var(DLap(b))."""
     b = node_scale(horizon, epsilon, sensitivity)
-    return noise_terms(period, pan_private) * discrete_laplace_variance(b)
+    return noise_terms(period, horizon, pan_private) * discrete_laplace_variance(b)
 
 
 def release_halfwidth(
@@ -96,8 +141,51 @@ def release_halfwidth(
 ) -> int:
     """A (1−β) error bound per cell: k terms each within their β/k tail (union bound, exact)."""
     b = node_scale(horizon, epsilon, sensitivity)
-    k = noise_terms(period, pan_private)
+    k = noise_terms(period, horizon, pan_private)
     return k * laplace_ci_halfwidth(b, beta / k) if k else 0
+
+
+def pan_private_shift(horizon: int, event: int, seen: int) -> tuple[int, list[tuple[int, int]]]:
+    """The noise shift that hides a change Δ of x_``event`` from an intruder who read the
+    pan-private state after period ``seen`` (1..T) and holds every release.
+
+    Returns (sign of N's shift, nodes as (level, last period)): with N → N + sign·Δ and every
+    listed node's noise η → η − Δ (suffix case) or η + Δ (prefix case, sign = −1), the
+    intruder's whole view is identical for x and x + Δ·e_event. Proof (per cell): the view
+    is X_seen = N + S_seen, the stored noises η_j of the nodes containing seen + 1 (j ≥ 1),
+    and o_s = N + S_s + Σ_j η_j(s) for every s (η_j(s): the level-j node containing s).
+
+    - event ≤ seen: N → N − Δ keeps X_seen; every o_s then moves by −Δ for s < event only,
+      which the nodes of the dyadic cover of [1, event−1] undo (+Δ each). Those nodes end
+      before ``seen`` + 1, so none of their noise is in the state. ≤ L − 1 nodes.
+    - event > seen: N is kept; o_s moves by +Δ for s ≥ event, undone (−Δ each) by the
+      dyadic cover of [event, T] — unless event = seen + 1 and a cover node of level ≥ 1
+      starts there (its noise is stored): then the leaf [event] (never stored) and the
+      cover of [event + 1, T] are used instead. ≤ L nodes.
+
+    Each shifted DLap(b) term costs |Δ|/b of privacy loss, so the whole view costs at most
+    L·|Δ|/b = ε with b = L·sensitivity/ε (N counted in the prefix case).
+    """
+    t = round_horizon(horizon)
+    if not 1 <= event <= t or not 1 <= seen <= t:
+        raise ConfigError("event and seen must be periods in 1..T")
+
+    def cover(lo: int, hi: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        while lo <= hi:
+            j = 0
+            while (lo - 1) % (1 << (j + 1)) == 0 and lo - 1 + (1 << (j + 1)) <= hi:
+                j += 1
+            out.append((j, lo - 1 + (1 << j)))
+            lo += 1 << j
+        return out
+
+    if event <= seen:
+        return -1, cover(1, event - 1)
+    nodes = cover(event, t)
+    if any(j >= 1 and end - (1 << j) < seen + 1 <= end for j, end in nodes):
+        nodes = [(0, event), *cover(event + 1, t)]
+    return 0, nodes
 
 
 # --------------------------------------------------------------------------- state
@@ -107,7 +195,9 @@ def release_halfwidth(
 class TreeState:
     """Everything needed to continue a stream; ``open_nodes``/``released`` map level → cells.
 
-    In pan-private mode every value held is noisy (X = N + Σx, or a released node).
+    Standard mode: open nodes hold raw partial sums, ``released`` the noisy nodes still
+    needed. Pan-private mode: ``running`` is X = N + Σx, ``open_nodes`` holds the noise of
+    the open node of each level ≥ 1 (data-independent), ``released`` is empty.
     """
 
     horizon: int
@@ -118,6 +208,7 @@ class TreeState:
     period: int = 0
     open_nodes: dict[int, IntArray] = field(default_factory=dict)
     released: dict[int, IntArray] = field(default_factory=dict)
+    running: IntArray | None = None
 
     @property
     def levels(self) -> int:
@@ -151,25 +242,27 @@ def start(
     sensitivity: int = 1,
     pan_private: bool = False,
 ) -> TreeState:
-    """A fresh stream: T rounded up; open nodes empty (standard) or pure noise (pan-private)."""
+    """A fresh stream: T rounded up; open nodes empty (standard) or X = N and node noise."""
     t = round_horizon(horizon)
     if isinstance(cells, bool) or not isinstance(cells, int) or cells < 1:
         raise ConfigError(f"cells must be an integer >= 1, got {cells!r}")
     state = TreeState(t, float(epsilon), cells, sensitivity, pan_private)
     b = state.scale  # validates epsilon and sensitivity
-    levels = list(range(state.levels))
-    state.open_nodes = _fresh(levels, cells, b, sampler, pan_private)
+    if pan_private:
+        drawn = _noise(state.levels, cells, b, sampler)  # N and levels 1..L-1
+        state.running = drawn[0]
+        state.open_nodes = {j: drawn[j] for j in range(1, state.levels)}
+    else:
+        state.open_nodes = {j: np.zeros(cells, dtype=np.int64) for j in range(state.levels)}
     return state
 
 
-def _fresh(
-    levels: list[int], cells: int, scale: float, sampler: NoiseSampler, pan_private: bool
-) -> dict[int, IntArray]:
-    """New open nodes: zeros, or (pan-private) X = N with N drawn now and never kept alone."""
-    zeros = np.zeros(len(levels) * cells, dtype=np.int64)
-    values = sampler.discrete_laplace(zeros, scale) if pan_private and levels else zeros
-    block = values.reshape(len(levels), cells)
-    return {j: block[i].copy() for i, j in enumerate(levels)}
+def _noise(rows: int, cells: int, scale: float, sampler: NoiseSampler) -> list[IntArray]:
+    """``rows`` independent DLap(scale) vectors of ``cells`` values (one secure draw)."""
+    if rows == 0:
+        return []
+    block = sampler.discrete_laplace(np.zeros(rows * cells, dtype=np.int64), scale)
+    return [r.copy() for r in block.reshape(rows, cells)]
 
 
 def _period_counts(count: int | npt.ArrayLike, cells: int) -> IntArray:
@@ -223,21 +316,34 @@ def advance(
     t = int(period)
     x = _period_counts(count, state.cells)
     b = state.scale
-    open_nodes = {j: v + x for j, v in state.open_nodes.items()}  # x_t is not kept
-    low = (t & -t).bit_length() - 1  # the one level released now (lowest set bit of t)
-    node = open_nodes[low]
-    released = {j: v for j, v in state.released.items() if t >> j & 1}
-    # Standard: the node's only noise. Pan-private: a fresh second noise on top of X.
-    released[low] = sampler.discrete_laplace(node, b)
-    closed = list(range(low + 1))  # every level ≤ low closes at t
-    for j in closed:
-        del open_nodes[j]
-    if t < state.horizon:
-        open_nodes.update(_fresh(closed, state.cells, b, sampler, state.pan_private))
-    used = tuple(nodes_used(t))
-    total = np.zeros(state.cells, dtype=np.int64)
-    for j in used:
-        total += released[j]
+    closed = [j for j in range(state.levels) if t % (1 << j) == 0]  # levels closing at t
+    if state.pan_private:
+        assert state.running is not None, "a pan-private state holds X = N + sum"
+        running = state.running + x  # x_t is not kept
+        leaf = _noise(1, state.cells, b, sampler)[0]  # η_0(t): drawn now, never stored
+        total = running + leaf
+        for j in range(1, state.levels):
+            total = total + state.open_nodes[j]
+        fresh_levels = [j for j in closed if j >= 1] if t < state.horizon else []
+        open_nodes = {j: v for j, v in state.open_nodes.items() if j not in closed}
+        drawn = _noise(len(fresh_levels), state.cells, b, sampler)
+        open_nodes.update(zip(fresh_levels, drawn, strict=True))
+        released: dict[int, IntArray] = {}
+        used = tuple(range(state.levels))
+    else:
+        running = None
+        open_nodes = {j: v + x for j, v in state.open_nodes.items()}
+        low = closed[-1]  # the one level released now (lowest set bit of t)
+        released = {j: v for j, v in state.released.items() if t >> j & 1}
+        released[low] = sampler.discrete_laplace(open_nodes[low], b)
+        for j in closed:
+            del open_nodes[j]
+        if t < state.horizon:
+            open_nodes.update({j: np.zeros(state.cells, dtype=np.int64) for j in closed})
+        used = tuple(nodes_used(t))
+        total = np.zeros(state.cells, dtype=np.int64)
+        for j in used:
+            total = total + released[j]
     new = TreeState(
         state.horizon,
         state.epsilon,
@@ -247,6 +353,7 @@ def advance(
         t,
         open_nodes,
         released,
+        running,
     )
     var = release_variance(t, state.horizon, state.epsilon, state.sensitivity, state.pan_private)
     half = release_halfwidth(

@@ -491,6 +491,17 @@ class ContinualCountRelease(_Release):
         default=1, ge=1, description="Linf: rows per person, cell and period."
     )
     confidence: float = Field(default=0.95, gt=0, lt=1, allow_inf_nan=False)
+    unit: Literal["event", "person"] = Field(
+        default="event",
+        description="event: epsilon protects one period of a person (event-level ledger "
+        "entry); person: the whole horizon of a person (person-level entry).",
+    )
+    max_periods_per_person: int | None = Field(
+        default=None,
+        ge=1,
+        description="unit person: periods a person may appear in (only the horizon: "
+        "fewer cannot be enforced without remembering persons across periods).",
+    )
 
     def key_columns(self) -> list[str]:
         return list(self.group_by)
@@ -1121,6 +1132,18 @@ def continual_problems(cfg: PrivpipeConfig, i: int, r: ContinualCountRelease) ->
         out.append(
             f"{key}.period: {r.period} is beyond the horizon {r.horizon}; the stream's budget "
             "covers periods 1..horizon only"
+        )
+    m = r.max_periods_per_person
+    if m is not None and r.unit != "person":
+        out.append(
+            f"{key}.max_periods_per_person: only for unit: person (an event-level stream "
+            "protects one period of a person); remove it or set unit: person"
+        )
+    elif m is not None and m != r.horizon:
+        out.append(
+            f"{key}.max_periods_per_person: {m} < horizon {r.horizon} cannot be enforced: it "
+            "would need remembering who appeared in earlier periods, which the pan-private "
+            f"state must not; remove it (default: the horizon, {r.horizon})"
         )
     dupes = sorted({c for c in r.group_by if r.group_by.count(c) > 1})
     if dupes:

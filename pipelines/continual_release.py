@@ -7,28 +7,33 @@ lives in an SQLite file beside the ledger (dp/state_store.py).
 Order of a run with a continual count:
 
 1. before any data is read: the state is inspected. A period already released, a skipped
-   period, a period beyond the horizon, changed ε/T/cells/mode, or a state failing its
-   checksum are refused (exit 4) here, so nothing is read or spent. A stream without state
-   is new: its ε must fit the ledger (checked with the run's other DP releases);
+   period, a period beyond the horizon, changed ε/T/cells/mode/unit (exit 4), a state
+   failing its MAC or whose period differs from the ledger's (rollback, deletion: exit 3)
+   are refused here, so nothing is read or spent. A stream without state is new: a
+   person-level stream's ε must fit the ledger (checked with the run's other DP releases);
 2. the pipeline bounds each person's rows of this period (≤ ``max_partitions`` cells and
    ≤ ``max_contributions_per_partition`` rows per cell, at random) and counts per cell —
    the central-DP aggregation (transforms/dp_aggregate.py), no noise;
 3. after every other release of the run is written, a NEW stream is charged ε in the ledger
    (the whole stream costs ε once; later periods charge nothing), then the state store
-   adds the period's counts and releases the cumulative noisy counts in one transaction;
-   the release is re-checked and written. Because the state advances durably in step 3, a
-   run failing after it cannot re-run the period (refused as a re-run); the released counts
-   stay in the state's history.
+   adds the period's counts, records the period in the ledger and replaces the state; the
+   release is re-checked and written. Because the state advances durably in step 3, a
+   run failing after it cannot re-run the period (refused as a re-run).
 
-Privacy unit: the guarantee is ε-DP for one person's rows *within one period* (event-level
-per period, as the tree mechanism bounds each period's L1 contribution by
-L0·Linf). A person present in k periods is protected at k·ε over the whole stream.
+Privacy unit (``unit:``, dp/continual.py):
+- ``event`` (default): ε-DP for one person's rows *within one period* (each period's L1
+  contribution bounded by c = L0·Linf). A person present in k periods is protected at k·ε
+  only, so the charge is an event-level ledger entry, kept out of person-level accounting.
+- ``person``: every node calibrated to m·c (m = the horizon: a person may appear in every
+  period), so the whole stream is ε-DP per person; a person-level ledger entry.
+
+Nothing exact about a period is published or put in the manifest: release.json holds
+declared parameters and figures derived from them; data holds noisy counts only.
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,11 +47,18 @@ import pandas as pd
 from anonymity.hierarchy import SUPPRESSED
 from dp.budget import ApproxBudget, to_fraction
 from dp.cells import hash_keys
-from dp.continual import TreeState, check_period, node_scale, round_horizon
+from dp.continual import (
+    TreeState,
+    check_period,
+    node_scale,
+    person_l1_bound,
+    round_horizon,
+    stream_sensitivity,
+)
 from dp.ledger import Ledger
 from dp.release import public_domain
 from dp.spec import DPReleaseSpec, Query, QueryPlan, plan_queries
-from dp.state_store import ContinualStore, describe, state_path
+from dp.state_store import ContinualStore, describe, load, state_path
 from pipelines.config import ContinualCountRelease, continual_domain_source
 from pipelines.dp_release import sampler
 from pipelines.plan import Plan
@@ -73,8 +85,20 @@ class ContinualJob:
         return self.config.name
 
     @property
+    def unit(self) -> str:
+        return self.config.unit
+
+    @property
+    def max_periods(self) -> int:
+        """m: periods a person may appear in (1 for event level; the horizon for person)."""
+        if self.unit == "event":
+            return 1
+        return self.config.max_periods_per_person or self.config.horizon
+
+    @property
     def sensitivity(self) -> int:
-        return self.spec.l0 * self.spec.linf
+        """The per-leaf L1 the tree is calibrated to: c = L0·Linf, or m·c (person)."""
+        return stream_sensitivity(self.spec.l0 * self.spec.linf, self.unit, self.max_periods)
 
     def budget(self) -> ApproxBudget:
         return ApproxBudget(to_fraction(self.config.epsilon, "epsilon"), 0)
@@ -107,6 +131,12 @@ def continual_jobs(plan: Plan) -> list[ContinualJob]:
             )
         if period < 1:
             raise ConfigError(f"--period: periods are numbered from 1, got {period}")
+        if period > r.horizon:  # the declared T, not the rounded one: m·c assumes ≤ T leaves
+            raise PrivacyRefusal(
+                f"period {period} of stream '{plan.name}/{r.name}' exceeds its horizon T = "
+                f"{r.horizon}: the budget covers T periods only; start a new stream (new "
+                "release name) for later periods"
+            )
         domains = _domains(plan, r)
         spec = DPReleaseSpec(
             name=r.name,
@@ -134,50 +164,34 @@ def continual_jobs(plan: Plan) -> list[ContinualJob]:
     return jobs
 
 
-def _stream_exists(path: Path, stream_id: str) -> bool:
-    """Whether the state file already holds the stream (read-only peek; creates nothing)."""
-    if not path.exists():
-        return False
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-            if not tables:
-                return False
-            if "streams" not in tables:
-                raise PrivacyRefusal(
-                    f"{path} is an SQLite file but not a continual state (tables: "
-                    f"{sorted(tables)}); restore it from a backup or point state: elsewhere"
-                )
-            row = conn.execute("SELECT 1 FROM streams WHERE stream_id = ?", (stream_id,))
-            return row.fetchone() is not None
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as exc:
-        raise PrivacyRefusal(
-            f"the continual state {path} is unreadable ({exc}); restore it from a backup; "
-            "never edit it by hand"
-        ) from exc
+def _is_new(job: ContinualJob, ledger: Ledger) -> bool:
+    """A stream with neither a state file nor a published period in the ledger."""
+    return not job.state.exists() and ledger.stream_period(job.stream_id) == 0
 
 
-def precheck(jobs: Sequence[ContinualJob], seed: int | None) -> list[ContinualJob]:
+def _open(job: ContinualJob, ledger: Ledger, seed: int | None) -> ContinualStore:
+    r = job.config
+    return ContinualStore.open(
+        job.state, job.stream_id, ledger, r.horizon, to_fraction(r.epsilon, "epsilon"),
+        sampler(seed), job.cells, job.sensitivity, r.pan_private, job.unit,
+    )  # fmt: skip
+
+
+def precheck(jobs: Sequence[ContinualJob], ledger: Ledger, seed: int | None) -> list[ContinualJob]:
     """Step 1: refuse bad periods and states before reading; returns the NEW streams."""
     new: list[ContinualJob] = []
     for job in jobs:
         r = job.config
         label = f"stream {job.stream_id!r} ({job.state})"
-        if _stream_exists(job.state, job.stream_id):
-            with ContinualStore.open(
-                job.state, job.stream_id, r.horizon, to_fraction(r.epsilon, "epsilon"),
-                sampler(seed), job.cells, job.sensitivity, r.pan_private,
-            ) as store:  # fmt: skip
-                check_period(store.state(), job.period, label)
-        else:
+        if _is_new(job, ledger):
             fresh = TreeState(
                 round_horizon(r.horizon), r.epsilon, job.cells, job.sensitivity, r.pan_private
             )
             check_period(fresh, job.period, label)
             new.append(job)
+        else:
+            with _open(job, ledger, seed) as store:  # verifies MAC, ledger period, parameters
+                check_period(store.state(), job.period, label)
     return new
 
 
@@ -212,18 +226,21 @@ def publish_continual(
 ) -> dict[str, Any]:
     """Step 3 for every continual count; returns operator figures for the manifest."""
     fmt = plan.config.output.format
-    to_charge = [j for j in new if not _stream_exists(j.state, j.stream_id)]
-    if to_charge:
-        entries = ledger.charge_many(run_id, [(j.name, j.budget()) for j in to_charge])
-        spent = sum((e.epsilon for e in entries), Fraction(0))
-        log(
-            f"privpipe: charged epsilon {float(spent):g} to the ledger {ledger.path} for "
-            f"{len(to_charge)} new continual stream(s) (once per stream)"
-        )
+    to_charge = [j for j in new if _is_new(j, ledger)]
+    for unit in ("person", "event"):
+        mine = [j for j in to_charge if j.unit == unit]
+        if mine:
+            entries = ledger.charge_many(run_id, [(j.name, j.budget()) for j in mine], unit=unit)
+            spent = sum((e.epsilon for e in entries), Fraction(0))
+            log(
+                f"privpipe: charged epsilon {float(spent):g} ({unit}-level) to the ledger "
+                f"{ledger.path} for {len(mine)} new continual stream(s) (once per stream)"
+            )
     # the release claims "charged once per stream": the ledger must hold that charge
-    paid: dict[str, Fraction] = {}
+    paid: dict[tuple[str, str], Fraction] = {}
     for e in ledger.history():
-        paid[e.release] = max(paid.get(e.release, Fraction(0)), e.epsilon)
+        k = (e.release, e.unit)
+        paid[k] = max(paid.get(k, Fraction(0)), e.epsilon)
     summary: dict[str, Any] = {}
     for job in jobs:
         t0 = time.perf_counter()
@@ -234,20 +251,16 @@ def publish_continual(
         base = None if seed is None else seed + 104729 * (job.index + 1) + job.period
         job.state.parent.mkdir(parents=True, exist_ok=True)
         eps = to_fraction(r.epsilon, "epsilon")
-        if paid.get(job.name, Fraction(0)) < eps:  # checked before the state advances
+        if paid.get((job.name, job.unit), Fraction(0)) < eps:  # before the state advances
             raise PrivacyRefusal(
-                f"release {job.name!r}: the ledger {ledger.path} holds no charge of epsilon "
-                f"{float(eps):g} for this continual stream (was it started against another "
-                "ledger?); nothing was published"
+                f"release {job.name!r}: the ledger {ledger.path} holds no {job.unit}-level "
+                f"charge of epsilon {float(eps):g} for this continual stream (was it started "
+                "against another ledger?); nothing was published"
             )
-        with ContinualStore.open(
-            job.state, job.stream_id, r.horizon, eps, sampler(base), job.cells,
-            job.sensitivity, r.pan_private,
-        ) as store:  # fmt: skip
+        with _open(job, ledger, base) as store:
             noise = sampler(None if base is None else base + 1)
-            out = store.release(job.period, counts, noise, beta=1.0 - r.confidence)
-            info = store.info()
-            history = store.history()  # walks the whole checksum chain
+            out = store.release(job.period, counts, noise, run_id, beta=1.0 - r.confidence)
+        info, stored = load(job.state, job.stream_id, ledger)  # MAC and ledger period again
         table = keys.reset_index(drop=True).copy()
         table.insert(0, "period", job.period)
         table["count"] = out.counts
@@ -256,19 +269,26 @@ def publish_continual(
         problems = []
         if (info.horizon, info.epsilon, info.cells) != (round_horizon(r.horizon), eps, job.cells):
             problems.append("the stream's stored parameters differ from the config")
-        if info.sensitivity != job.sensitivity or info.pan_private != r.pan_private:
-            problems.append("the stream's stored sensitivity or mode differs from the config")
-        if info.period != job.period or not history or history[-1][0] != job.period:
+        if (info.sensitivity, info.pan_private, info.unit) != (
+            job.sensitivity,
+            r.pan_private,
+            job.unit,
+        ):
+            problems.append("the stream's stored sensitivity, mode or unit differs from the config")
+        if info.period != job.period or stored.period != job.period:
             problems.append(f"the state did not record period {job.period}")
-        elif not np.array_equal(history[-1][1], out.counts):
-            problems.append("the published counts differ from the state's recorded release")
+        if out.period != job.period or out.counts.shape != (job.cells,):
+            problems.append(f"the release is not period {job.period}'s {job.cells} cell(s)")
         if len(table) != job.cells:
             problems.append(f"{len(table)} rows published for {job.cells} cells")
         linf = job.spec.linf
         if partial.max_rows_per_cell > linf or partial.max_cells_per_unit > job.spec.l0:
             problems.append("a person kept more rows or cells than the bounds allow")
         scale = node_scale(info.horizon, float(info.epsilon), info.sensitivity)
-        check = {"ok": not problems, "problems": problems, "node_scale": scale}
+        l1 = person_l1_bound(info.horizon, job.max_periods, job.spec.l0 * linf)
+        if not math.isclose(scale, l1 / float(info.epsilon)):
+            problems.append(f"the node scale {scale:g} is not L1 {l1} / epsilon")
+        check = {"ok": not problems, "problems": problems, "node_scale": scale, "l1_bound": l1}
         if problems:
             raise PrivacyRefusal(
                 f"release {job.name!r} failed its verification: {'; '.join(problems)}; "
@@ -289,6 +309,8 @@ def publish_continual(
                 "pan_private": r.pan_private,
                 "max_partitions": job.spec.l0,
                 "max_contributions_per_partition": linf,
+                "unit": job.unit,
+                "max_periods_per_person": job.max_periods,
                 "sensitivity": job.sensitivity,
                 "node_noise": {"mechanism": "discrete_laplace", "scale": scale},
                 "levels_used": list(out.levels_used),
@@ -300,8 +322,15 @@ def publish_continual(
                 "delta": 0.0,
                 "model": "continual",
                 "horizon": r.horizon,
-                "unit": f"{plan.config.schema_.privacy_unit or 'row'} per period",
-                "charged": "once per stream",
+                "unit": job.unit,
+                "protects": (
+                    f"one {plan.config.schema_.privacy_unit or 'row'}'s rows in one period"
+                    if job.unit == "event"
+                    else f"one {plan.config.schema_.privacy_unit or 'row'}'s rows in every "
+                    f"period of the horizon ({job.max_periods})"
+                ),
+                "pan_private": r.pan_private,
+                "charged": f"once per stream, {job.unit}-level ledger entry",
             },
             "metrics": {"variance_per_cell": out.variance, "ci_halfwidth": out.halfwidth},
             "verification": check,
@@ -310,11 +339,7 @@ def publish_continual(
             "seconds": round(time.perf_counter() - t0, 3),
         }
         write_json(str(folder / "release.json"), doc)
-        summary[job.name] = {
-            "period": job.period,
-            "state": str(job.state),
-            "rows_in": partial.rows_in,
-            "rows_kept": partial.rows_kept,
-        }
+        # no exact per-period figure (rows in/kept would be x_t itself without group_by)
+        summary[job.name] = {"period": job.period, "state": str(job.state), "unit": job.unit}
         log(f"privpipe: continual count {job.name}: period {job.period} of {r.horizon}")
     return summary

@@ -201,12 +201,12 @@ def run(
     if jobs or ljobs or cjobs:  # refuse an unaffordable run before any data is read
         ledger = open_ledger(plan)
         try:
-            new_streams = precheck(cjobs, insecure_seed)
-            ledger.check_affordable(
+            new_streams = precheck(cjobs, ledger, insecure_seed)
+            ledger.check_affordable(  # event-level streams are not person-level spend
                 run_id,
                 [(j.name, j.budget()) for j in jobs]
                 + [(j.name, j.budget()) for j in ljobs]
-                + [(j.name, j.budget()) for j in new_streams],
+                + [(j.name, j.budget()) for j in new_streams if j.unit == "person"],
             )
         except BaseException:
             ledger.close()
@@ -231,7 +231,11 @@ def run(
 
 def mark_failed(ledger: Ledger, run_id: str, exc: BaseException) -> None:
     """Keep a failed run's charges, marked failed with the reason (no-op without charges)."""
-    mine = [e for e in ledger.history() if e.run_id == run_id and e.status != "failed"]
+    mine = [
+        e
+        for e in ledger.history()
+        if e.run_id == run_id and e.status != "failed" and e.unit == "person"
+    ]
     if mine:
         ledger.mark_failed(run_id, f"{type(exc).__name__}: {exc}"[:500])
 
@@ -352,16 +356,23 @@ def _run(
     return RunResult(run_id=run_id, output_dir=plan.output_dir, manifest=manifest)
 
 
+def _is_charge(entry: Any) -> bool:
+    return getattr(entry, "kind", "charge") == "charge"
+
+
 def budget_summary(ledger: Ledger | None, run_id: str) -> dict[str, Any] | None:
     """The ledger's state after this run's charges (None without DP releases)."""
     if ledger is None:
         return None
     spent, left = ledger.spent(), ledger.remaining()
-    mine = [e for e in ledger.history() if e.run_id == run_id]
+    # charges only (the ledger also records the periods continual streams published)
+    mine = [e for e in ledger.history() if e.run_id == run_id and _is_charge(e)]
     return {
         "ledger": str(ledger.path),
         "charged_this_run": {
-            e.release: {"epsilon": float(e.epsilon), "delta": float(e.delta)} for e in mine
+            e.release: {"epsilon": float(e.epsilon), "delta": float(e.delta)}
+            | ({"unit": "event"} if e.unit == "event" else {})  # not in the lifetime
+            for e in mine
         },
         "spent": {"epsilon": float(spent.epsilon), "delta": float(spent.delta)},
         "remaining": {"epsilon": float(left.epsilon), "delta": float(left.delta)},

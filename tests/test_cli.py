@@ -232,4 +232,6 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert out.strip().splitlines()[-1] == f"privpipe: report: {report} (audit.json, report.md)"
     audit = json.loads((tmp_path / "d" / "audit.json").read_text())
     assert set(audit["releases"]) == set(m["releases"])
-    assert m["budget"]["spent"]["epsilon"] == 5.0
+    # person-level spend; the continual count (ε 1) is an event-level entry beside it
+    assert m["budget"]["spent"]["epsilon"] == 4.0
+    assert m["budget"]["charged_this_run"]["weekly_visits"]["unit"] == "event"

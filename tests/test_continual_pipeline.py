@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from dp.continual import node_scale
+from dp.ledger import Ledger
 from pipelines.cli import main
+from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published, snapshot
 
@@ -59,6 +61,7 @@ class StreamProject:
 
     def save(self) -> Path:
         self.config.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
+        provision_ledger(self.config)
         return self.config
 
     def run(self, period: int, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
@@ -69,8 +72,18 @@ class StreamProject:
         return code, capsys.readouterr().err
 
     def entries(self) -> list[tuple[Any, ...]]:
-        with sqlite3.connect(self.ledger) as conn:
-            return conn.execute("SELECT release, epsilon, status FROM entries").fetchall()
+        """(release, epsilon, status, unit) of every ledger entry."""
+        with Ledger.inspect(self.ledger) as ledger:
+            return [
+                (e.release, float(e.epsilon), e.status, e.unit)
+                for e in ledger.history()
+                if getattr(e, "kind", "charge") == "charge"  # not the stream-period records
+            ]
+
+    def release_json(self) -> dict[str, Any]:
+        path = release_dir(self.out, "weekly") / "release.json"
+        doc: dict[str, Any] = json.loads(path.read_text())
+        return doc
 
     def nodes(self) -> dict[tuple[str, int], np.ndarray]:
         """The state as an intruder reads it, at the SQL level."""
@@ -87,24 +100,27 @@ def test_periods_release_cumulative_counts_and_charge_the_stream_once(
     for t in range(1, PERIODS + 1):
         code, err = p.run(t, capsys)
         assert code == 0, err
-        table = pd.read_csv(p.out / "releases" / "weekly" / "data.csv")
+        table = pd.read_csv(release_dir(p.out, "weekly") / "data.csv")
         assert table.columns.tolist() == ["period", "dx", "count", "ci_low", "ci_high"]
         assert table["period"].tolist() == [t] * 4 and sorted(table["dx"]) == sorted(DX)
-        doc = json.loads((p.out / "releases" / "weekly" / "release.json").read_text())
+        doc = p.release_json()
         assert doc["verified"] is True
         assert doc["guarantee"]["epsilon"] == 1.0 and doc["guarantee"]["model"] == "continual"
-        assert doc["guarantee"]["unit"] == "id per period"
+        assert doc["guarantee"]["unit"] == "event"  # the default: one period of a person
+        assert doc["guarantee"]["protects"] == "one id's rows in one period"
         assert doc["parameters"]["stream"]["last_period"] == t
         assert doc["parameters"]["node_noise"]["scale"] == node_scale(8, 1.0)
         totals.append(int(table["count"].sum()))
         # the cumulative number of persons (one row each after bounding) is within the CI
         persons = sum(p.persons[:t])
         assert abs(totals[-1] - persons) <= 4 * int(doc["metrics"]["ci_halfwidth"])
-        # the ledger holds ONE entry for the whole stream
-        assert p.entries() == [("weekly", "1", "committed")]
+        # the ledger holds ONE event-level entry for the whole stream, not person-level spend
+        assert p.entries() == [("weekly", 1.0, "committed", "event")]
+        with Ledger.inspect(p.ledger) as ledger:
+            assert ledger.spent().epsilon == 0 and ledger.stream_period("visits/weekly") == t
     assert totals[0] < totals[1] < totals[2]  # cumulative
-    m = json.loads((p.out / "manifest.json").read_text())
-    assert m["continual"]["weekly"]["period"] == PERIODS
+    m = json.loads(internal_file(p.out, "manifest.json").read_text())
+    assert m["continual"]["weekly"] == {"period": PERIODS, "state": str(p.state), "unit": "event"}
     assert m["budget"]["charged_this_run"] == {}  # later periods charge nothing
 
     before = snapshot(p.out)
@@ -129,14 +145,58 @@ def test_periods_release_cumulative_counts_and_charge_the_stream_once(
         p.cfg["releases"][0][key] = {"epsilon": 1.0, "horizon": 8}[key]
         p.save()
     assert_nothing_published(p.out, before)
-    assert p.entries() == [("weekly", "1", "committed")]
-    # a tampered state is refused (checksum), nothing read, nothing published
+    assert p.entries() == [("weekly", 1.0, "committed", "event")]
+    # a tampered state is refused (MAC), nothing read, nothing published
+    good = p.state.read_bytes()
     with sqlite3.connect(p.state) as conn:
-        conn.execute("UPDATE streams SET period = 2")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'period'")
     code, err = p.run(3, capsys)
-    assert code == 4, err
-    assert "failed its checksum" in err
+    assert code == 3, err
+    assert "failed its authentication" in err
     assert_nothing_published(p.out, before)
+    p.state.write_bytes(good)
+    assert main(["budget", "show", str(p.ledger)]) == 0
+    shown = capsys.readouterr().out
+    event_line = [ln for ln in shown.splitlines() if ln.startswith("event-level")]
+    assert "spent    epsilon 0," in shown and len(event_line) == 1 and "epsilon 1" in event_line[0]
+
+
+def test_a_rolled_back_state_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = StreamProject(tmp_path, pan_private=True, epsilon=1.0)
+    assert p.run(1, capsys)[0] == 0
+    copy = p.state.read_bytes()  # copy, advance, copy back
+    assert p.run(2, capsys)[0] == 0
+    before = snapshot(p.out)
+    p.state.write_bytes(copy)
+    code, err = p.run(2, capsys)  # would re-release period 2 with fresh noise
+    assert code == 3, err
+    assert "is at period 1 but the ledger records period 2" in err and "rollback" in err
+    code, err = p.run(3, capsys)
+    assert code == 3, err
+    assert_nothing_published(p.out, before)
+    assert p.state.stat().st_mode & 0o777 == 0o600
+
+
+def test_person_unit_is_calibrated_to_the_horizon_and_charged_person_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = StreamProject(tmp_path, pan_private=True, epsilon=1.0)
+    p.cfg["releases"][0]["unit"] = "person"
+    p.save()
+    for t in (1, 2):
+        code, err = p.run(t, capsys)
+        assert code == 0, err
+    doc = p.release_json()
+    g = doc["guarantee"]
+    assert (g["epsilon"], g["unit"]) == (1.0, "person")
+    assert "every period of the horizon" in g["protects"]
+    # m = horizon = 8 periods, c = 1, L = 4 levels: b = m·c·L/ε = 32 (event level: 4)
+    assert doc["parameters"]["max_periods_per_person"] == 8
+    assert doc["parameters"]["node_noise"]["scale"] == 32.0 == node_scale(8, 1.0, 8)
+    assert doc["verification"]["l1_bound"] == 32
+    assert p.entries() == [("weekly", 1.0, "committed", "person")]
+    with Ledger.inspect(p.ledger) as ledger:
+        assert ledger.spent().epsilon == 1
 
 
 def test_a_new_stream_must_start_at_period_1_and_missing_period_is_exit_2(
@@ -146,6 +206,7 @@ def test_a_new_stream_must_start_at_period_1_and_missing_period_is_exit_2(
     code, err = p.run(2, capsys)
     assert code == 4 and "cannot be released before period 1" in err, err
     assert not p.ledger.exists() or p.entries() == []
+    assert not p.state.exists()
     code = main(["run", str(p.config)])
     err = capsys.readouterr().err
     assert code == 2 and "releases[0].period: missing" in err, err
@@ -158,7 +219,7 @@ def test_state_file_that_is_not_a_state_is_refused(
     p = StreamProject(tmp_path, pan_private=True)
     p.state.write_bytes(b"not a database at all" * 200)
     code, err = p.run(1, capsys)
-    assert code == 4 and "unreadable" in err, err
+    assert code == 3 and "unreadable" in err, err
     assert_nothing_published(p.out)
 
 
@@ -172,6 +233,12 @@ def test_state_file_that_is_not_a_state_is_refused(
         ({"domain": {}}, "releases[0].domain.dx: a continual count publishes every cell"),
         ({"max_contributions_per_partition": 0}, "max_contributions_per_partition: must be"),
         ({"pan_privat": True}, "releases[0].pan_privat: unknown key; did you mean 'pan_private'"),
+        ({"unit": "row"}, "releases[0].unit"),
+        ({"max_periods_per_person": 8}, "max_periods_per_person: only for unit: person"),
+        (
+            {"unit": "person", "max_periods_per_person": 3},
+            "max_periods_per_person: 3 < horizon 8 cannot be enforced",
+        ),
     ],
 )
 def test_bad_continual_config_is_exit_2(
@@ -195,23 +262,34 @@ def test_pan_private_state_holds_no_raw_partial_counts(
         code, err = p.run(t, capsys)
         assert code == 0, err
         nodes = p.nodes()
-        levels = 4  # horizon 8 -> 4 levels
         opened = {lvl: v for (k, lvl), v in nodes.items() if k == "open"}
-        assert sorted(opened) == list(range(levels))
-        for lvl, value in opened.items():
-            start = (t // 2**lvl) * 2**lvl  # the open node holds periods start+1..t
-            exact_total = sum(p.persons[start:t])
+        if pan_private:  # X = N + Σx per cell and the noise of the open nodes of levels 1..3
+            assert sorted(nodes) == [("open", 1), ("open", 2), ("open", 3), ("running", 0)]
+            with sqlite3.connect(p.state) as conn:  # no history table, no digest, no copies
+                tables = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                assert sorted(r[0] for r in tables) == ["meta", "nodes"]
+            assert sorted(f.name for f in p.state.parent.glob(p.state.name + "*")) == [
+                p.state.name,
+                p.state.name + ".lock",
+            ]  # no journal or temporary copy beside it
+            # X_t − X_(t−1) would be x_t: only the current X is in the file, and its total
+            # differs from the exact cumulative number of persons by the noise N
             compared += 1
-            equal += int(value.sum()) == exact_total
+            equal += int(nodes["running", 0].sum()) == sum(p.persons[:t])
+        else:
+            assert sorted(opened) == list(range(4))
+            for lvl, value in opened.items():
+                start = (t // 2**lvl) * 2**lvl  # the open node holds periods start+1..t
+                compared += 1
+                equal += int(value.sum()) == sum(p.persons[start:t])
+        doc = p.release_json()  # nothing exact of the period in release.json
+        text = json.dumps(doc)
+        assert "rows_in" not in text and "rows_kept" not in text
     if pan_private:
-        b = node_scale(8, 0.1)
-        # each open node is X = N + sum x with N ~ DLap(b) per cell; the cell sum can hit the
-        # raw total only by chance
-        assert b == 40.0
-        assert equal <= 1, (equal, compared)
+        assert node_scale(8, 0.1) == 40.0
+        assert equal <= 1, (equal, compared)  # N (4 cells of DLap(40)) sums to 0 by chance only
     else:
-        assert equal == compared  # the standard state holds the raw partial sums
-    assert compared == PERIODS * 4
+        assert equal == compared == PERIODS * 4  # the standard state holds the raw partial sums
 
 
 def test_a_stream_continued_against_another_ledger_is_refused(
@@ -225,5 +303,19 @@ def test_a_stream_continued_against_another_ledger_is_refused(
     p.cfg["budget"]["heads_file"] = "fresh-heads.json"
     p.save()
     code, err = p.run(2, capsys)
-    assert code == 4, err
-    assert "holds no charge of epsilon 1 for this continual stream" in err
+    assert code == 3, err  # the state is authenticated and period-checked against ITS ledger
+    assert "failed its authentication" in err or "does not belong to this ledger" in err, err
+    assert "Start a new stream" in err
+
+
+def test_a_period_beyond_the_declared_horizon_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """T = 6 rounds to 8 inside, but a person-level stream assumes at most 6 periods."""
+    p = StreamProject(tmp_path, pan_private=True)
+    p.cfg["releases"][0].update({"horizon": 6, "unit": "person"})
+    p.save()
+    code, err = p.run(7, capsys)
+    assert code == 4 and "exceeds its horizon T = 6" in err, err
+    assert not p.state.exists()
+    assert_nothing_published(p.out)
