@@ -191,6 +191,7 @@ def test_three_party_runs_aggregate_to_the_one_process_simulation(
         p = LDPProject(tmp_path / f"party{j}")
         mine = sim.frame[sim.frame["region"] == region]
         mine.to_csv(p.root / "data.csv", index=False)
+        p.cfg["name"] = f"visits-party{j}"  # each party is its own data holder with its ledger
         config = p.save([_party_release(j)])
         provision_ledger(config)
         code, out, err = run(["run", str(config), "--insecure-seed", SEED], capsys)
