@@ -255,7 +255,8 @@ def _run(
             f"{k}={v}" for k, v in summary["guarantee"].items() if not isinstance(v, dict)
         )
         check = "verified" if summary["verified"] else "NOT verified"
-        print(f"privpipe:   releases/{name}: {summary['kind']} ({g}), {check}")
+        where = "public" if name in (m.get("published") or []) else "internal/candidates"
+        print(f"privpipe:   {where}/{name}: {summary['kind']} ({g}), {check}")
     if m.get("attacks"):
         base = m["attacks"].get("raw", {})
         for name, rates in m["attacks"].items():
@@ -270,7 +271,19 @@ def _run(
             f"privpipe: privacy budget: spent epsilon {b['spent']['epsilon']:g} of "
             f"{b['lifetime']['epsilon']:g}, {b['remaining']['epsilon']:g} left ({b['ledger']})"
         )
-    print(f"privpipe: published to {result.output_dir} (manifest.json) in {m['seconds']:.1f}s")
+    published = m.get("published") or []
+    print(
+        f"privpipe: published: {', '.join(published)} in {result.output_dir / 'public'}"
+        if published
+        else f"privpipe: nothing published: {len(m['releases'])} candidates compared; add "
+        "publish: [...] to the config to publish some"
+        if m["releases"]
+        else "privpipe: nothing published: the config has no releases"
+    )
+    print(
+        f"privpipe: run finished in {m['seconds']:.1f}s; operator files (manifest, audit, "
+        f"candidates) in {result.output_dir / 'internal'}"
+    )
     if m.get("report"):
         print(f"privpipe: report: {result.output_dir / m['report']} (audit.json, report.md)")
     return 0
@@ -340,10 +353,12 @@ def _demo(
             "choose another folder with --output"
         ) from None
     print(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
-    # freshly generated data is a new dataset version, so it starts a fresh ledger
-    ledger = out / "ledger.sqlite"
+    # freshly generated data is a new dataset version, so it starts a fresh ledger; the
+    # ledger and the continual state live in budget/, outside public/ and internal/
+    ledger = out / "budget" / "ledger.sqlite"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
     ledger.unlink(missing_ok=True)
-    for state in out.glob("demo.*.continual.sqlite"):  # the demo's streams start over too
+    for state in ledger.parent.glob("demo.*.continual.sqlite"):  # the streams start over
         state.unlink()
     return _run(
         str(DEMO_CONFIG),

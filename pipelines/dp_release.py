@@ -147,23 +147,15 @@ def dp_jobs(plan: Plan) -> list[DPJob]:
     return jobs
 
 
-def swept(plan: Plan) -> set[str]:
-    """Names of the releases that sweep points charge to the separate audit ledger."""
-    b = plan.config.budget
-    if b is None or b.sweep_ledger is None:
-        return set()
-    return {name for names in plan.sweeps.values() for name in names}
-
-
 def open_ledger(plan: Plan, sweep: bool = False) -> Ledger:
     """The dataset's ledger from ``budget:`` (path relative to the config's folder), or
-    with ``sweep`` its separate audit ledger for sweep points."""
+    with ``sweep`` its separate audit ledger for DP candidates (not published)."""
     b = plan.config.budget
     path = plan.ledger_path
     assert b is not None and path is not None, "validated: DP releases need budget:"
     if sweep:
-        assert b.sweep_ledger is not None
-        path = plan.resolve(b.sweep_ledger)
+        assert b.audit_ledger is not None
+        path = plan.resolve(b.audit_ledger)
     path.parent.mkdir(parents=True, exist_ok=True)
     return Ledger.open(path, plan.name, to_fraction(b.lifetime_epsilon, "budget.lifetime_epsilon"),
                        to_fraction(b.lifetime_delta, "budget.lifetime_delta"))  # fmt: skip

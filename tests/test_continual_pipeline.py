@@ -14,6 +14,7 @@ import yaml
 
 from dp.continual import node_scale
 from pipelines.cli import main
+from tests.layout import internal_file, release_dir
 from tests.test_cli import assert_nothing_published, snapshot
 
 DX = ["Flu", "Cancer", "Asthma", "Gastritis"]
@@ -85,10 +86,10 @@ def test_periods_release_cumulative_counts_and_charge_the_stream_once(
     for t in range(1, PERIODS + 1):
         code, err = p.run(t, capsys)
         assert code == 0, err
-        table = pd.read_csv(p.out / "releases" / "weekly" / "data.csv")
+        table = pd.read_csv(release_dir(p.out, "weekly") / "data.csv")
         assert table.columns.tolist() == ["period", "dx", "count", "ci_low", "ci_high"]
         assert table["period"].tolist() == [t] * 4 and sorted(table["dx"]) == sorted(DX)
-        doc = json.loads((p.out / "releases" / "weekly" / "release.json").read_text())
+        doc = json.loads((release_dir(p.out, "weekly") / "release.json").read_text())
         assert doc["verified"] is True
         assert doc["guarantee"]["epsilon"] == 1.0 and doc["guarantee"]["model"] == "continual"
         assert doc["guarantee"]["unit"] == "id per period"
@@ -101,7 +102,7 @@ def test_periods_release_cumulative_counts_and_charge_the_stream_once(
         # the ledger holds ONE entry for the whole stream
         assert p.entries() == [("weekly", "1", "committed")]
     assert totals[0] < totals[1] < totals[2]  # cumulative
-    m = json.loads((p.out / "manifest.json").read_text())
+    m = json.loads((internal_file(p.out, "manifest.json")).read_text())
     assert m["continual"]["weekly"]["period"] == PERIODS
     assert m["budget"]["charged_this_run"] == {}  # later periods charge nothing
 

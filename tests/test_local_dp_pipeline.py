@@ -16,6 +16,7 @@ import dp.local
 from dp.local import parameters
 from dp.local_release import verify_local_release
 from pipelines.cli import main
+from tests.layout import release_dir
 from tests.test_cli import assert_nothing_published
 
 DX = ["Flu", "Cancer", "Asthma", "Gastritis"]
@@ -68,7 +69,7 @@ class LDPProject:
             ).fetchall()
 
     def release(self, name: str) -> tuple[pd.DataFrame, dict[str, Any]]:
-        folder = self.out / "releases" / name
+        folder = release_dir(self.out, name)
         return pd.read_csv(folder / "data.csv"), json.loads((folder / "release.json").read_text())
 
 
@@ -144,13 +145,13 @@ def test_every_protocol_runs_reports_round_trip_and_parties_compare_models(
         models = [e["model"] for e in doc["metrics"]["error_by_model"]]
         assert models[0] == "central" and models[-1] == f"local ({chosen[name]})"
         if r.get("write_reports"):
-            reports = pd.read_csv(p.out / "releases" / name / "reports.csv", dtype={"bits": str})
+            reports = pd.read_csv(release_dir(p.out, name) / "reports.csv", dtype={"bits": str})
             assert set(reports.columns) <= {"key", "report", "bits"}  # never id or true value
             assert len(reports) == PERSONS
             est = tmp_path / f"{name}-est.csv"
             domain_arg = ",".join(values)
             code, _, err = run(
-                ["ldp", "aggregate", str(p.out / "releases" / name / "reports.csv"),
+                ["ldp", "aggregate", str(release_dir(p.out, name) / "reports.csv"),
                  "--protocol", chosen[name], "--epsilon", str(eps),
                  "--domain-size", str(len(values)),
                  "--domain", domain_arg, "--output", str(est)],
@@ -173,7 +174,7 @@ def test_every_protocol_runs_reports_round_trip_and_parties_compare_models(
             < errors["multiparty"]["std_error"]
             < errors["local"]["std_error"]
         )
-        mp = pd.read_csv(p.out / "releases" / name / "multiparty.csv")
+        mp = pd.read_csv(release_dir(p.out, name) / "multiparty.csv")
         truth = p.persons["disease"].value_counts().reindex(DX).to_numpy()
         assert mp["value"].tolist() == DX
         assert np.all(
@@ -203,14 +204,14 @@ def test_seeded_run_is_reproducible(
             ["run", str(p.config), "--output", str(out), "--insecure-seed", "4"], capsys
         )
         assert code == 0, err
-        reports = pd.read_csv(out / "releases" / "o" / "reports.csv")
+        reports = pd.read_csv(release_dir(out, "o") / "reports.csv")
         outs.append(
             (
-                (out / "releases" / "o" / "data.csv").read_text(),
+                (release_dir(out, "o") / "data.csv").read_text(),
                 reports.sort_values(["key", "report"]).reset_index(drop=True),
             )
         )
-        doc = json.loads((out / "releases" / "o" / "release.json").read_text())
+        doc = json.loads((release_dir(out, "o") / "release.json").read_text())
         assert doc["insecure_seed"] == 4
         assert doc["metrics"]["reports"] == (PERSONS if unit else 2 * PERSONS)
     assert outs[0][0] == outs[1][0]
@@ -220,7 +221,7 @@ def test_seeded_run_is_reproducible(
         ["run", str(p.config), "--output", str(tmp_path / "x"), "--insecure-seed", "5"], capsys
     )
     assert code == 0
-    assert (tmp_path / "x" / "releases" / "o" / "data.csv").read_text() != outs[0][0]
+    assert (release_dir(tmp_path / "x", "o") / "data.csv").read_text() != outs[0][0]
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.demo_data import write_csv
+from tests.layout import internal_file
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ ROWS = 4_000
 
 
 def figures(out: Path) -> dict[str, object]:
-    m = json.loads((out / "manifest.json").read_text())
+    m = json.loads((internal_file(out, "manifest.json")).read_text())
     return {
         k: m[k]
         for k in (
@@ -120,7 +121,7 @@ def test_portable_runner_matches_direct(
         f"--job_endpoint=localhost:{job_service}",
         "--environment_type=LOOPBACK",
     )
-    m = json.loads((out / "manifest.json").read_text())
+    m = json.loads((internal_file(out, "manifest.json")).read_text())
     assert m["runner"] == "PortableRunner"
     assert figures(out) == direct_figures
 
