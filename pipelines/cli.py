@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,8 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(name).addFilter(_DropReportedErrors())
     args_in = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_in
+    previous = _on_sigterm()
     try:
         return _dispatch(args_in)
+    except Terminated:
+        print("privpipe: terminated (SIGTERM); nothing was published", file=sys.stderr)
+        return 143
     except PrivpipeError as e:
         print(f"privpipe: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -147,6 +153,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so every ``finally`` runs (the staging
+    and the private scratch folder are deleted; nothing is published)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def _on_sigterm() -> signal.Handlers | object | None:
+    """Turn SIGTERM into :class:`Terminated` (main thread only); returns the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _dispatch(argv: list[str]) -> int:
