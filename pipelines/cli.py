@@ -223,6 +223,9 @@ def _validate(config: str) -> int:
 
     plan = load_plan(config)
     dp_jobs(plan)  # DP parameters that need the plan (budget split, noise scales)
+    from pipelines.publication import check_private_paths
+
+    check_private_paths(plan)  # the ledger and scratch folder outside public/ and internal/
     c = plan.config
     print(
         f"{Path(config).name}: valid: dataset {c.name!r}, {len(plan.input_paths)} input "
