@@ -458,6 +458,12 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
         for key in ("attacker", "publication", "budget"):
             if key in previous:
                 audit[key] = previous[key]
+        note = (previous.get("methodology") or {}).get("publication")
+        if note:
+            audit.setdefault("methodology", {})["publication"] = note
+        linked = [f for f in previous.get("findings") or [] if f.startswith("LINKED RELEASES")]
+        if linked:
+            audit.setdefault("findings", []).extend(linked)
         audits.append(audit)
         labels.append(str(manifest.get("run_id", d.name)))
     if len(audits) == 1:

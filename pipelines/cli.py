@@ -23,6 +23,7 @@ import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import privpipe
 from privpipe.errors import ConfigError, PrivpipeError
@@ -167,7 +168,7 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
 
-def _on_sigterm() -> signal.Handlers | object | None:
+def _on_sigterm() -> Any:
     """Turn SIGTERM into :class:`Terminated` (main thread only); returns the old handler."""
     if threading.current_thread() is not threading.main_thread():
         return None

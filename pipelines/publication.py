@@ -110,8 +110,13 @@ def check_private_paths(plan: Plan, extra: Iterable[tuple[str, Path]] = ()) -> N
         paths.append(("budget.ledger", plan.ledger_path))
     if b is not None and b.audit_ledger:
         paths.append(("budget.audit_ledger", plan.resolve(b.audit_ledger)))
-    if plan.config.output.work_dir:
-        paths.append(("output.work_dir", plan.resolve(plan.config.output.work_dir)))
+    work = plan.config.output.work_dir
+    if work and _inside(plan.resolve(work), plan.output_dir):
+        raise ConfigError(
+            f"output.work_dir: {plan.resolve(work)} lies inside the output folder "
+            f"{plan.output_dir}; the scratch folder holds row-level data and must stay out "
+            "of it: choose another folder (default: the system temp folder)"
+        )
     paths += list(extra)
     for key, path in paths:
         for folder in (PUBLIC, INTERNAL):

@@ -43,7 +43,7 @@ from pipelines.continual_release import (
 from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
 from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
-from pipelines.output import CANDIDATES, INTERNAL, PUBLIC, RunOutput, new_run_id
+from pipelines.output import INTERNAL, RunOutput, new_run_id
 from pipelines.plan import Plan
 from pipelines.publication import (
     check_combination,
@@ -141,7 +141,8 @@ def build_graph(
             plan.config.output.format,
             again,
         )
-    if plan.config.attacks is not None or wants_audit(plan) or len(plan.config.published()) > 1:
+    several = len(plan.config.published()) > 1
+    if (plan.config.attacks is not None or wants_audit(plan) or several) and audit_columns(plan):
         # the truth for the audit, the attacker's targets and the publication check:
         # accepted rows, QIs + SA (in the private scratch folder, outside DIR)
         cols = audit_columns(plan)
@@ -210,10 +211,9 @@ def run(
             sweep_ledger = open_ledger(plan, sweep=True)
         else:
             sweep_ledger = uncharged_ledger(plan, [*sweep_jobs, *lcands])
+        cands: list[DPJob | LocalJob] = [*sweep_jobs, *lcands]
         try:
-            sweep_ledger.check_affordable(
-                run_id, [(j.name, j.budget()) for j in [*sweep_jobs, *lcands]]
-            )
+            sweep_ledger.check_affordable(run_id, [(j.name, j.budget()) for j in cands])
         except BaseException:
             sweep_ledger.close()
             raise

@@ -226,7 +226,9 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert m["rows_accepted"] == 3000 and m["rows_rejected"] == 0
     assert m["profile"]["columns"]["person_id"]["distinct"] < 3000  # several visits per person
     assert 0 < m["profile"]["qi_combinations"]["unique_share_of_rows"] < 1
-    assert "published to" in out
+    assert "published: k5, dp_zip, ldp_diagnosis, weekly_visits" in out
+    assert sorted(os.listdir(tmp_path / "d")) == ["budget", "input", "internal", "public"]
+    assert m["published"] == sorted(os.listdir(tmp_path / "d" / "public"), key=m["releases"].index)
     # every release attacked, the comparative report written, its path printed last
     # (continual counts are published after the attacks: their state advances last)
     assert set(m["attacks"]) == {"raw", *m["releases"]} - {"weekly_visits"}
@@ -234,4 +236,4 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert out.strip().splitlines()[-1] == f"privpipe: report: {report} (audit.json, report.md)"
     audit = json.loads((internal_file(tmp_path / "d", "audit.json")).read_text())
     assert set(audit["releases"]) == set(m["releases"])
-    assert m["budget"]["spent"]["epsilon"] == 5.0
+    assert m["budget"]["spent"]["epsilon"] == 3.5  # published only: 0.5 + 2 x 1 + 1

@@ -172,10 +172,12 @@ def test_private_partitions_sum_mean_and_top_k_run(
         {"name": "top", "kind": "dp_top_k", "epsilon": 0.5, "value": "disease", "k": 2,
          "partition_by": "sex"},
     ]  # fmt: skip
+    dpp.cfg["publish"] = ["zips", "pay", "avg", "top"]  # published: charged to the ledger
     dpp.save()
     code, _, err = run(["run", str(dpp.config)], capsys)
     assert code == 0, err
-    rel = dpp.out / "releases"
+    rel = dpp.out / "public"
+    assert sorted(p.name for p in rel.iterdir()) == ["avg", "pay", "top", "zips"]
     zips = json.loads((rel / "zips" / "release.json").read_text())
     assert zips["parameters"]["partitions"] == "private"
     assert zips["parameters"]["selection"] == "truncated_geometric"

@@ -19,7 +19,7 @@ import yaml
 
 from pipelines.cli import main
 from pipelines.output import WORK_PREFIX
-from tests.conftest import Project
+from tests.conftest import ROWS, Project
 from tests.layout import candidate_dir, internal_file, public_dir
 from tests.ledgers import provision_ledger
 
@@ -205,7 +205,7 @@ def test_scratch_folder_is_gone_after_a_failing_run(
     project.cfg["releases"] = [K2_SEX]
     project.cfg["attacks"] = ["homogeneity"]
     project.cfg["input"]["max_rejected_fraction"] = 0.0
-    project.write_rows(["1;47677;29;Female;Flu", "2;47602;notanumber;Female;Flu"])
+    project.write_rows([*ROWS, "10;47602;notanumber;Female;Flu"])  # one rejected row
     code, _, err = _run(project, capsys)
     assert code == 3, err
     _no_row_level_files(project.out, work)
