@@ -157,6 +157,30 @@ def recover_work(parent: Path) -> list[str]:
     return handled
 
 
+_LEGACY = ("releases", "manifest.json", "audit.json", "report.md", "report.html", "rejected.csv")
+
+
+def drop_legacy(out_dir: Path) -> list[str]:
+    """Remove a pre-boundary run's output (releases/ and the operator files at DIR's top),
+    recognised by its manifest; they would otherwise sit beside public/ looking published."""
+    manifest = out_dir / "manifest.json"
+    try:
+        if "privpipe_version" not in manifest.read_text(encoding="utf-8")[:4096]:
+            return []
+    except (OSError, UnicodeDecodeError):
+        return []
+    dropped = []
+    for name in _LEGACY:
+        path = out_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            dropped.append(name)
+        elif path.exists() or path.is_symlink():
+            path.unlink(missing_ok=True)
+            dropped.append(name)
+    return dropped
+
+
 class RunOutput:
     """A staging folder inside the output folder, committed or aborted as a whole, and a
     private scratch folder outside it."""
@@ -262,6 +286,7 @@ class RunOutput:
         shutil.rmtree(self.staging, ignore_errors=True)
         _unlock(self._lock)
         self._done = True
+        drop_legacy(self.out_dir)
         return list(SWAPPED)
 
     def _roll_back(self, previous: Path) -> None:

@@ -135,3 +135,13 @@ def test_output_path_that_is_a_file_is_an_output_error(tmp_path: Path) -> None:
         RunOutput(f, "r5")
     assert e.value.exit_code == 2
     assert "choose another folder with --output or output.dir" in str(e.value)
+
+
+def test_a_pre_boundary_run_output_is_removed(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"privpipe_version": "0.1"}')
+    (tmp_path / "releases" / "k5").mkdir(parents=True)
+    (tmp_path / "rejected.csv").write_text("file,line,reason")
+    (tmp_path / "notes.txt").write_text("mine")
+    out = RunOutput(tmp_path, "r6")
+    out.commit()
+    assert sorted(os.listdir(tmp_path)) == ["internal", "notes.txt", "public"]
