@@ -122,6 +122,11 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     names = [str(n) for n in manifest.get("releases") or []]
     names += [n for n in folders if n not in names]
     releases = {n: load_release(folders[n]) for n in names if n in folders}
+    details = manifest.get("release_details") or {}
+    for name, extra in details.items():  # a published release.json + what left it = the whole
+        if name in releases and extra:
+            r = releases[name]
+            releases[name] = Release(r.name, r.kind, r.data, {**r.document, **extra})
     return Run(path, manifest, releases)
 
 
