@@ -81,10 +81,17 @@ class Reproduction:
     missing_columns: tuple[str, ...] = ()
 
     @property
-    def linked(self) -> bool:
-        """Structural: every key column is in the table, every non-suppressed row at the
-        DP level or finer (so each row counts in exactly one cell)."""
+    def structural(self) -> bool:
+        """Every key column is in the table, every non-suppressed row at the DP level or
+        finer (so each row counts in exactly one cell)."""
         return not self.missing_columns and self.coarse == 0 and self.rows > self.suppressed
+
+    @property
+    def linked(self) -> bool:
+        """Structurally, or numerically: some non-empty cell's exact count can be read off
+        the table (a row can only count in its own cell, so the table's count equals the
+        truth only when every row of that cell is there at the DP level or finer)."""
+        return self.structural or self.exact_cells > 0
 
     def message(self) -> str:
         by = ", ".join(self.keys)
@@ -95,7 +102,12 @@ class Reproduction:
             f"{self.exact_cells} of the {self.cells} cells DP release {self.release!r} "
             f"publishes with noise ({self.query})"
         )
-        if self.suppressed:
+        if not self.structural:
+            text += (
+                "; the table is coarser than the DP release for some rows, but not for every "
+                "row of those cells"
+            )
+        elif self.suppressed:
             text += (
                 f"; {self.suppressed} suppressed row(s) make the other cells inexact only "
                 "by the suppressed rows"
@@ -109,6 +121,7 @@ class Reproduction:
             "query": self.query,
             "keys": list(self.keys),
             "linked": self.linked,
+            "structural": self.structural,
             "rows": self.rows,
             "suppressed": self.suppressed,
             "coarse_rows": self.coarse,
@@ -158,7 +171,7 @@ def reproduced_cells(
     index = pd.MultiIndex.from_frame(published)  # value_counts of a frame: a MultiIndex
     got = from_table.reindex(index, fill_value=0).to_numpy()
     want = true.reindex(index, fill_value=0).to_numpy()
-    exact = int(np.count_nonzero(got == want))
+    exact = int(np.count_nonzero((got == want) & (want > 0)))
     return Reproduction(*names, tuple(keys), n, n_sup, coarse, len(cells), exact)
 
 

@@ -126,3 +126,15 @@ def test_public_release_json_keeps_no_exact_figure() -> None:
     public, internal = split_document(table_doc)
     assert "4321" not in str(public) and "search" not in public
     assert public["records"] == {"published": 4300, "suppressed": 21, "suppressed_as": "drop"}
+
+
+def test_one_cell_read_off_exactly_is_linked_even_if_other_rows_are_coarse() -> None:
+    raw = _records()
+    table = raw.copy()
+    table.loc[table["dx"] != "flu", "sex"] = "*"  # sex kept only beside flu
+    cells = raw.groupby(["sex", "dx"]).size().reset_index()[["sex", "dx"]]
+    none = np.zeros(len(table), dtype=bool)
+    found = reproduced_cells(table, cells, raw, ["sex", "dx"], {}, HIER, none)
+    assert not found.structural and found.linked
+    assert found.exact_cells == 2  # (F, flu) and (M, flu)
+    assert "not for every row" in found.message()
