@@ -43,7 +43,7 @@ bench: $(DEVSTAMP)
 	$(PY) benchmarks/run_all.py
 
 ## make e2e: render the demo's report.html in headless Chromium (installs Debian's chromium
-## if missing), fail on browser console errors, save demo-out/report.png
+## if missing), fail on browser console errors, save demo-out/internal/report.png
 e2e: $(STAMP)
 	$(PY) tests/e2e/render_report.py
 

@@ -94,8 +94,8 @@ def config(tmp: Path, rows: int) -> Path:
 def privpipe_run(tmp: Path, rows: int) -> dict[str, object]:
     res = measure([sys.executable, "-m", "pipelines.cli", "run", str(config(tmp, rows))])
     out = tmp / f"out-{rows}"
-    manifest = json.loads((out / "manifest.json").read_text())
-    cells = len(pd.read_csv(out / "releases" / "hist" / "data.csv"))
+    manifest = json.loads((out / "internal" / "manifest.json").read_text())
+    cells = len(pd.read_csv(out / "public" / "hist" / "data.csv"))
     run_s = float(manifest["seconds"])
     return {
         "tool": "privpipe",

@@ -299,9 +299,10 @@ def write_audit(
     attacks: Mapping[str, Mapping[str, AttackResult]] | None,
     manifest: Mapping[str, Any],
     loaded: Mapping[str, Release],
+    into: Path | None = None,
 ) -> dict[str, Path]:
-    """audit.json, report.md and report.html of the staged run; releases already read for
-    the attacks are not read again."""
+    """audit.json, report.md and report.html of the staged run (into ``into``, default the
+    staging folder); releases already read for the attacks are not read again."""
     from reports import Run, audit_run, load_release, write_reports
 
     rc = plan.config.report
@@ -335,18 +336,27 @@ def write_audit(
     )
     if attacks is not None:
         audit["attacker"] = attacker_summary(plan, len(raw))
+    published = list(manifest.get("published") or [])
+    candidates = list(manifest.get("candidates") or [])
     b = plan.config.budget
-    if b is not None and b.sweep_ledger and plan.sweeps:
-        where = str(plan.resolve(b.sweep_ledger))
-        note = (
-            f"The differentially private points of the sweeps were charged to the separate "
-            f"audit ledger {where}, not to the dataset's ledger {plan.ledger_path}: they are an "
-            "analysis of how to publish, and their spend is accounted apart."
-        )
-        audit["budget"] = {"ledger": str(plan.ledger_path), "sweep_ledger": where, "note": note}
-        audit.setdefault("findings", []).append(note)
-        audit.setdefault("methodology", {})["sweep_ledger"] = note
-    return write_reports(staging, audit)
+    audit_ledger = str(plan.resolve(b.audit_ledger)) if b is not None and b.audit_ledger else None
+    note = (
+        f"Published: {', '.join(published) or 'nothing'}. Candidates (computed and compared, "
+        f"never published): {', '.join(candidates) or 'none'}. Every published DP release is "
+        f"charged to the dataset's ledger {plan.ledger_path}; DP candidates are "
+        + (f"charged to the separate audit ledger {audit_ledger}." if audit_ledger else
+           "not charged to any ledger, as they never leave the operator.")
+    )  # fmt: skip
+    audit["budget"] = {"ledger": str(plan.ledger_path), "audit_ledger": audit_ledger, "note": note}
+    audit.setdefault("methodology", {})["publication"] = note
+    pub = dict(manifest.get("publication") or {})
+    audit["publication"] = pub
+    if pub.get("linked"):
+        for problem in pub["linked"]:
+            audit.setdefault("findings", []).append(
+                f"LINKED RELEASES PUBLISHED (accept_linked_releases: true): {problem}"
+            )
+    return write_reports(into or staging, audit)
 
 
 def headline(results: Mapping[str, Mapping[str, AttackResult]]) -> dict[str, dict[str, float]]:
@@ -406,9 +416,12 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
     audits = []
     labels = []
     for d in run_dirs:
-        manifest_path = d / "manifest.json"
+        manifest_path = d / "internal" / "manifest.json"
         if not manifest_path.is_file():
-            raise InputDataError(f"{d}: not a privpipe run folder (no manifest.json)")
+            raise InputDataError(
+                f"{d}: not a privpipe run folder (no internal/manifest.json); give the run's "
+                "output folder (the one holding public/ and internal/)"
+            )
         manifest = json.loads(manifest_path.read_text())
         config = Path(manifest["config"])
         if not config.is_file():
@@ -422,8 +435,8 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
         counts = {c: raw[c].value_counts() for c in cols}
         hierarchies = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)(counts)
         previous = {}
-        if (d / "audit.json").is_file():
-            previous = json.loads((d / "audit.json").read_text())
+        if (d / "internal" / "audit.json").is_file():
+            previous = json.loads((d / "internal" / "audit.json").read_text())
         attacks = {
             name: entry["attacks"]
             for name, entry in previous.get("releases", {}).items()
@@ -442,12 +455,19 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
             queries=[q.model_dump() for q in rc.queries] if rc else (),
             sweeps=plan.sweeps or None,
         )
-        if "attacker" in previous:
-            audit["attacker"] = previous["attacker"]
+        for key in ("attacker", "publication", "budget"):
+            if key in previous:
+                audit[key] = previous[key]
+        note = (previous.get("methodology") or {}).get("publication")
+        if note:
+            audit.setdefault("methodology", {})["publication"] = note
+        linked = [f for f in previous.get("findings") or [] if f.startswith("LINKED RELEASES")]
+        if linked:
+            audit.setdefault("findings", []).extend(linked)
         audits.append(audit)
         labels.append(str(manifest.get("run_id", d.name)))
     if len(audits) == 1:
-        target = output or run_dirs[0]
+        target = output or run_dirs[0] / "internal"
         target.mkdir(parents=True, exist_ok=True)
         return write_reports(target, audits[0])["report.html"]
     assert output is not None

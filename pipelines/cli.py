@@ -19,10 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import privpipe
 from privpipe.errors import ConfigError, PrivpipeError
@@ -159,8 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(name).addFilter(_DropReportedErrors())
     args_in = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_in
+    previous = _on_sigterm()
     try:
         return _dispatch(args_in)
+    except Terminated:
+        print("privpipe: terminated (SIGTERM); nothing was published", file=sys.stderr)
+        return 143
     except PrivpipeError as e:
         print(f"privpipe: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -176,6 +183,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so every ``finally`` runs (the staging
+    and the private scratch folder are deleted; nothing is published)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def _on_sigterm() -> Any:
+    """Turn SIGTERM into :class:`Terminated` (main thread only); returns the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -237,6 +263,9 @@ def _validate(config: str) -> int:
 
     plan = load_plan(config)
     dp_jobs(plan)  # DP parameters that need the plan (budget split, noise scales)
+    from pipelines.publication import check_private_paths
+
+    check_private_paths(plan)  # the ledger and scratch folder outside public/ and internal/
     c = plan.config
     print(
         f"{Path(config).name}: valid: dataset {c.name!r}, {len(plan.input_paths)} input "
@@ -296,7 +325,8 @@ def _run(
             f"{k}={v}" for k, v in summary["guarantee"].items() if not isinstance(v, dict)
         )
         check = "verified" if summary["verified"] else "NOT verified"
-        print(f"privpipe:   releases/{name}: {summary['kind']} ({g}), {check}")
+        where = "public" if name in (m.get("published") or []) else "internal/candidates"
+        print(f"privpipe:   {where}/{name}: {summary['kind']} ({g}), {check}")
     if m.get("attacks"):
         base = m["attacks"].get("raw", {})
         for name, rates in m["attacks"].items():
@@ -311,7 +341,19 @@ def _run(
             f"privpipe: privacy budget: spent epsilon {b['spent']['epsilon']:g} of "
             f"{b['lifetime']['epsilon']:g}, {b['remaining']['epsilon']:g} left ({b['ledger']})"
         )
-    print(f"privpipe: published to {result.output_dir} (manifest.json) in {m['seconds']:.1f}s")
+    published = m.get("published") or []
+    print(
+        f"privpipe: published: {', '.join(published)} in {result.output_dir / 'public'}"
+        if published
+        else f"privpipe: nothing published: {len(m['releases'])} candidates compared; add "
+        "publish: [...] to the config to publish some"
+        if m["releases"]
+        else "privpipe: nothing published: the config has no releases"
+    )
+    print(
+        f"privpipe: run finished in {m['seconds']:.1f}s; operator files (manifest, audit, "
+        f"candidates) in {result.output_dir / 'internal'}"
+    )
     if m.get("report"):
         print(f"privpipe: report: {result.output_dir / m['report']} (audit.json, report.md)")
     return 0

@@ -749,10 +749,12 @@ class BudgetConfig(_Model):
         "key, not beside the ledger. Default: <key_file>.heads, or with an environment key "
         "$XDG_STATE_HOME (~/.local/state)/privpipe/heads/<name>.json.",
     )
-    sweep_ledger: str | None = Field(
+    audit_ledger: str | None = Field(
         default=None,
-        description="A separate audit ledger for the central-DP points of sweeps (same "
-        "lifetime); the report says so. Default: sweeps spend from the dataset's ledger.",
+        description="A separate audit ledger charged for DP candidates (releases computed "
+        "and compared but not published; same lifetime). Default: candidates are not "
+        "charged, as they never leave the operator. Published releases always spend from "
+        "the dataset's ledger.",
     )
 
     @model_validator(mode="after")
@@ -761,6 +763,17 @@ class BudgetConfig(_Model):
             raise ValueError("give key_file or key_env, not both (where the ledger key is)")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "sweep_ledger" in data:
+            raise ValueError(
+                "budget.sweep_ledger was renamed budget.audit_ledger: it is charged for the "
+                "DP candidates (releases not in publish:), and every published release, "
+                "sweep points included, spends from budget.ledger; rename the key"
+            )
+        return data
+
 
 # -------------------------------------------------------------------------- output
 
@@ -768,6 +781,12 @@ class BudgetConfig(_Model):
 class OutputConfig(_Model):
     dir: str = Field(description="Output folder, relative to the config file's folder.")
     format: Literal["csv", "parquet"] = "csv"
+    work_dir: str | None = Field(
+        default=None,
+        description="Where a run's private scratch folder (row-level files, mode 0700, "
+        "deleted at the end) is created; must be visible to every Beam worker. Default: "
+        "the system temp folder. Never inside output.dir's public/ or internal/.",
+    )
 
 
 # -------------------------------------------------------------------------- config
@@ -788,8 +807,25 @@ class PrivpipeConfig(_Model):
     )
     budget: BudgetConfig | None = None
     output: OutputConfig
+    publish: list[str] | None = Field(
+        default=None,
+        description="Names of the releases to publish into public/; the others are "
+        "candidates (computed, attacked, compared, kept under internal/candidates/). "
+        "Default: the only release if there is one, else none (a comparison run).",
+    )
+    accept_linked_releases: bool = Field(
+        default=False,
+        description="Publish releases whose combination reveals more than each alone "
+        "(e.g. a table that reproduces a DP histogram exactly); the report flags it.",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=False)
+
+    def published(self) -> list[str]:
+        """The names published into public/ (``publish:``, or the only release)."""
+        if self.publish is not None:
+            return list(self.publish)
+        return [self.releases[0].name] if len(self.releases) == 1 else []
 
     @model_validator(mode="before")
     @classmethod
@@ -951,6 +987,17 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
                 f"hierarchies.{col}: missing; {which} generalises {col!r} and needs its "
                 f"hierarchy, e.g. hierarchies: {{{col}: {{file: hierarchies/{col}.csv}}}}"
             )
+    names = [r.name for r in cfg.releases]
+    for i, name in enumerate(cfg.publish or []):
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            out.append(
+                f"publish[{i}]: no release named {name!r}{hint}; publish lists names from "
+                f"releases: {', '.join(names) or '(none)'}"
+            )
+        elif (cfg.publish or []).count(name) > 1:
+            out.append(f"publish[{i}]: {name!r} is listed twice")
     return out
 
 

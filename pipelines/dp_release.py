@@ -148,25 +148,18 @@ def dp_jobs(plan: Plan) -> list[DPJob]:
     return jobs
 
 
-def swept(plan: Plan) -> set[str]:
-    """Names of the releases that sweep points charge to the separate audit ledger."""
-    b = plan.config.budget
-    if b is None or b.sweep_ledger is None:
-        return set()
-    return {name for names in plan.sweeps.values() for name in names}
-
-
 def open_ledger(plan: Plan, sweep: bool = False) -> Ledger:
     """The dataset's ledger from ``budget:`` (path relative to the config's folder), or
-    with ``sweep`` its separate audit ledger for sweep points (dataset id ``<name>.sweeps``).
+    with ``sweep`` its separate audit ledger for DP candidates, never published (dataset id
+    ``<name>.audit``).
     Both must exist (``privpipe budget init``); the lifetime comes from the ledger."""
     b = plan.config.budget
     path = plan.ledger_path
     assert b is not None and path is not None, "validated: DP releases need budget:"
     dataset = plan.name
     if sweep:
-        assert b.sweep_ledger is not None
-        path, dataset = plan.resolve(b.sweep_ledger), f"{plan.name}.sweeps"
+        assert b.audit_ledger is not None
+        path, dataset = plan.resolve(b.audit_ledger), f"{plan.name}.audit"
     eps, dlt = b.lifetime_epsilon, b.lifetime_delta
     return Ledger.open(
         path,

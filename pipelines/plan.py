@@ -57,6 +57,7 @@ class Plan:
         default_factory=lambda: MappingProxyType({})
     )
     period_override: int | None = None  # `privpipe run --period N` (continual counts)
+    input_duplicates: tuple[str, ...] = ()  # input paths dropped: the same file as another
 
     @property
     def ledger_path(self) -> Path | None:
@@ -128,6 +129,27 @@ def dp_columns(release: object) -> list[str]:
     return cols + ([value] if value else [])
 
 
+def unique_files(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Paths with each file once (by resolved real path: ``./x``, globs, symlinks), and the
+    dropped duplicates. Reading a file twice would count its records twice."""
+    seen: set[object] = set()
+    kept: list[str] = []
+    dropped: list[str] = []
+    for path in paths:
+        real: object = os.path.realpath(path) if "://" not in path else path
+        try:  # hard links too: the same inode is the same file
+            st = os.stat(path)
+            real = (st.st_dev, st.st_ino)
+        except (OSError, ValueError):
+            pass
+        if real in seen:
+            dropped.append(path)
+        else:
+            seen.add(real)
+            kept.append(path)
+    return kept, dropped
+
+
 def load_plan(
     path: str | Path,
     output_dir: str | Path | None = None,
@@ -161,6 +183,7 @@ def load_plan(
             paths.extend(matches)
         else:
             paths.append(str(ap))
+    paths, duplicates = unique_files(paths)
     fmt: str | None = cfg.input.format
     if fmt is None:
         exts = {_EXTENSIONS.get(Path(q).suffix.lower()) for q in paths}
@@ -179,6 +202,7 @@ def load_plan(
         config_path=p,
         config_sha256=digest,
         input_paths=tuple(paths),
+        input_duplicates=tuple(duplicates),
         input_format=str(fmt),
         output_dir=out,
         ledger_override=Path(ledger_override).resolve() if ledger_override else None,

@@ -40,11 +40,18 @@ from pipelines.continual_release import (
     precheck,
     publish_continual,
 )
-from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish, swept
+from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
 from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
-from pipelines.output import RunOutput, new_run_id
+from pipelines.output import INTERNAL, RunOutput, new_run_id
 from pipelines.plan import Plan
+from pipelines.publication import (
+    check_combination,
+    check_private_paths,
+    dp_count_keys,
+    split_document,
+    uncharged_ledger,
+)
 from privpipe import errors
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from transforms.anonymize import AnonymizeRelease
@@ -130,12 +137,14 @@ def build_graph(
             anonymization_spec(r, plan),
             spec,
             resolver,
-            str(out.staging / "releases" / r.name),
+            str(out.releases / r.name),
             plan.config.output.format,
             again,
         )
-    if plan.config.attacks is not None or wants_audit(plan):
-        # the truth for the audit and the attacker's targets: accepted rows, QIs + SA
+    several = len(plan.config.published()) > 1
+    if (plan.config.attacks is not None or wants_audit(plan) or several) and audit_columns(plan):
+        # the truth for the audit, the attacker's targets and the publication check:
+        # accepted rows, QIs + SA (in the private scratch folder, outside DIR)
         cols = audit_columns(plan)
         _ = (
             read["batches"]
@@ -155,14 +164,14 @@ def build_graph(
         _ = read["batches"] | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
             ljob.spec,
             str(out.work / f"ldp-{ljob.name}.pickle"),
-            str(out.staging / "releases" / ljob.name),
+            str(out.releases / ljob.name),
             plan.config.output.format,
             None if seed is None else seed + 31 * (ljob.index + 1),
         )
     _ = (
         read["rejected"]
         | "RejectedColumns" >> beam.Map(lambda df: df[list(REJECTED_COLUMNS)])
-        | "WriteRejected" >> WriteTable(str(out.staging), "rejected", REJECTED_COLUMNS)
+        | "WriteRejected" >> WriteTable(str(out.internal), "rejected", REJECTED_COLUMNS)
     )
 
 
@@ -181,20 +190,30 @@ def run(
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     spec = plan.input_spec()
+    # published DP releases (sweep points included) spend from the dataset's ledger; DP
+    # candidates from the audit ledger, or nothing (they never leave the operator)
+    published = set(plan.config.published())
     all_jobs = dp_jobs(plan)
-    to_audit_ledger = swept(plan)
-    jobs = [j for j in all_jobs if j.name not in to_audit_ledger]
-    sweep_jobs = [j for j in all_jobs if j.name in to_audit_ledger]
-    ljobs = local_jobs(plan)
-    cjobs = continual_jobs(plan)
+    jobs = [j for j in all_jobs if j.name in published]
+    sweep_jobs = [j for j in all_jobs if j.name not in published]  # DP candidates
+    all_ljobs = local_jobs(plan)
+    ljobs = [j for j in all_ljobs if j.name in published]
+    lcands = [j for j in all_ljobs if j.name not in published]
+    cjobs = continual_jobs(plan)  # a stream advances durably: always the dataset's ledger
+    check_private_paths(plan, [(f"releases.{j.name}.state", j.state) for j in cjobs])
     run_id = new_run_id()
     ledger: Ledger | None = None
     sweep_ledger: Ledger | None = None
     new_streams: list[ContinualJob] = []
-    if sweep_jobs:  # sweep points spend from the separate audit ledger
-        sweep_ledger = open_ledger(plan, sweep=True)
+    if sweep_jobs or lcands:
+        b = plan.config.budget
+        if b is not None and b.audit_ledger:
+            sweep_ledger = open_ledger(plan, sweep=True)
+        else:
+            sweep_ledger = uncharged_ledger(plan, [*sweep_jobs, *lcands])
+        cands: list[DPJob | LocalJob] = [*sweep_jobs, *lcands]
         try:
-            sweep_ledger.check_affordable(run_id, [(j.name, j.budget()) for j in sweep_jobs])
+            sweep_ledger.check_affordable(run_id, [(j.name, j.budget()) for j in cands])
         except BaseException:
             sweep_ledger.close()
             raise
@@ -216,7 +235,7 @@ def run(
     try:
         return _run(
             plan, beam_args, runner, log, insecure_seed, spec, jobs, run_id, ledger, started, t0,
-            ljobs, cjobs, new_streams, sweep_jobs, sweep_ledger,
+            ljobs, cjobs, new_streams, sweep_jobs, sweep_ledger, lcands,
         )  # fmt: skip
     except BaseException as exc:
         for book in (ledger, sweep_ledger):
@@ -257,13 +276,19 @@ def _run(
     new_streams: Sequence[ContinualJob] = (),
     sweep_jobs: Sequence[DPJob] = (),
     sweep_ledger: Ledger | None = None,
+    lcands: Sequence[LocalJob] = (),
 ) -> RunResult:
     columns = inspect_input(spec)
+    published = set(plan.config.published())
     if ljobs and ledger is not None:  # local noise is drawn while reading: charge first
         charge_local(ledger, run_id, ljobs, log)
+    if lcands and sweep_ledger is not None:
+        charge_local(sweep_ledger, run_id, lcands, log)
+    ljobs = sorted([*ljobs, *lcands], key=lambda j: j.index)
     options = pipeline_options(beam_args, runner)
     runner_name = str(options.view_as(StandardOptions).runner)
-    out = RunOutput(plan.output_dir, run_id)
+    work_dir = plan.config.output.work_dir
+    out = RunOutput(plan.output_dir, run_id, work_dir=plan.resolve(work_dir) if work_dir else None)
     try:
         log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
         try:
@@ -276,7 +301,7 @@ def _run(
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
             raise unwrap_pipeline_error(e) from e
         profile, value_counts = split_internal(load_json(str(out.work / "profile.json")))
-        rejected = pd.read_csv(out.staging / "rejected.csv", dtype={"file": str, "reason": str})
+        rejected = pd.read_csv(out.internal / "rejected.csv", dtype={"file": str, "reason": str})
         check_rejected(plan, profile["rows"], rejected)
         hierarchies = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)(value_counts)
         dp_bounding: dict[str, Any] = {}
@@ -297,13 +322,21 @@ def _run(
             local_summary = publish_local(ljobs, plan, out.work, out.staging, insecure_seed, log)
         raw = attack_results = attack_rates = None
         loaded = {}
-        if plan.config.attacks is not None or wants_audit(plan):
+        if (out.work / f"{RAW_TABLE}.parquet").exists():
             raw = pd.read_parquet(out.work / f"{RAW_TABLE}.parquet")
         if plan.config.attacks is not None:
             log("privpipe: attacking every release (and the raw table as the baseline)")
             loaded = load_releases(plan, out.staging, ATTACKED_KINDS)
             attack_results = run_attacks(plan, loaded, raw, hierarchies)
             attack_rates = headline(attack_results)
+        names = [r.name for r in plan.config.releases]
+        chosen = [n for n in names if n in published]
+        publication = {"published": chosen, "candidates": [n for n in names if n not in chosen]}
+        if len(chosen) > 1:  # the combination, before a stream advances or anything commits
+            publication |= check_combination(
+                plan, out.releases, loaded, chosen, raw, hierarchies,
+                dp_count_keys([*jobs, *cjobs]), log,
+            )  # fmt: skip
         continual_summary: dict[str, Any] = {}
         if cjobs and ledger is not None:  # last: the stream's state advances durably here
             continual_summary = publish_continual(
@@ -319,6 +352,7 @@ def _run(
             "config": str(plan.config_path),
             "config_sha256": plan.config_sha256,
             "input": list(plan.input_paths),
+            "input_duplicates_skipped": list(plan.input_duplicates),
             "input_format": plan.input_format,
             "rows_read": int(profile["rows"]) + len(rejected),
             "rows_accepted": int(profile["rows"]),
@@ -327,7 +361,10 @@ def _run(
             "finished": finished.isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - t0, 3),
             "runner": runner_name,
-            "releases": [r.name for r in plan.config.releases],
+            "releases": names,
+            "published": chosen,
+            "candidates": publication["candidates"],
+            "publication": publication,
             "release_summaries": summaries,
             "attacks": attack_rates,
             "hierarchies": {
@@ -340,15 +377,24 @@ def _run(
             "local_dp": local_summary or None,
             "continual": continual_summary or None,
             "budget": budget_summary(ledger, run_id),
-            "sweep_budget": budget_summary(sweep_ledger, run_id),
+            "candidate_budget": candidate_budget(plan, sweep_ledger, run_id),
             "status": "succeeded",
         }
-        write_json(str(out.staging / "manifest.json"), manifest)
         if wants_audit(plan):
             assert raw is not None
-            write_audit(plan, out.staging, raw, hierarchies, attack_results, manifest, loaded)
-            manifest["report"] = "report.html"
-            write_json(str(out.staging / "manifest.json"), manifest)
+            write_audit(
+                plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
+                into=out.internal,
+            )  # fmt: skip
+            manifest["report"] = f"{INTERNAL}/report.html"
+        details: dict[str, Any] = {}
+        for name in chosen:  # public release.json: nothing exact about the data
+            path = out.releases / name / "release.json"
+            public_doc, details[name] = split_document(load_json(path))
+            write_json(str(path), public_doc)
+        manifest["release_details"] = details
+        out.arrange(chosen)
+        write_json(str(out.internal / "manifest.json"), manifest)
         out.commit()
     except BaseException:
         out.abort()
@@ -384,11 +430,28 @@ def budget_summary(ledger: Ledger | None, run_id: str) -> dict[str, Any] | None:
     }
 
 
+def candidate_budget(plan: Plan, book: Ledger | None, run_id: str) -> dict[str, Any] | None:
+    """What the DP candidates (computed, not published) cost: the audit ledger's state,
+    or a note that they were not charged (they never leave the operator)."""
+    if book is None:
+        return None
+    b = plan.config.budget
+    if b is not None and b.audit_ledger:
+        return budget_summary(book, run_id)
+    mine = [e.release for e in book.history() if e.run_id == run_id]
+    return {
+        "ledger": None,
+        "not_charged": mine,
+        "note": "DP candidates are not charged to any ledger: they are never published "
+        "and never leave the operator (set budget.audit_ledger to account for them)",
+    }
+
+
 def release_summaries(plan: Plan, out: RunOutput) -> dict[str, Any]:
     """Kind, guarantee and verification of each release, read back from release.json."""
     summaries: dict[str, Any] = {}
     for r in plan.config.releases:
-        doc = load_json(out.staging / "releases" / r.name / "release.json")
+        doc = load_json(out.releases / r.name / "release.json")
         if doc.get("verified") is not True:
             raise PrivacyRefusal(f"release {r.name!r} was not verified; nothing was published")
         summaries[r.name] = {k: doc.get(k) for k in ("kind", "guarantee", "verified")}

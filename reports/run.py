@@ -1,7 +1,8 @@
 """A finished run directory as data, and writing the report files into it atomically.
 
-``load_run(DIR)`` reads ``manifest.json`` and every ``releases/<name>/`` (``release.json``
-and ``data.csv``/``data.parquet``) so ``privpipe report RUN_DIR`` can rebuild the audit
+``load_run(DIR)`` reads ``internal/manifest.json`` and every release folder
+(``public/<name>/`` and ``internal/candidates/<name>/``: ``release.json`` and
+``data.csv``/``data.parquet``) so ``privpipe report RUN_DIR`` can rebuild the audit
 from a finished run. Published tables are read as strings (labels like ``"02108"`` keep
 their zeros); numeric columns of DP releases are converted where they are read.
 ``write_reports(DIR, audit)`` writes ``audit.json``, ``report.md`` and ``report.html``,
@@ -22,7 +23,15 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["Release", "Run", "dumps_audit", "load_release", "load_run", "write_reports"]
+__all__ = [
+    "Release",
+    "Run",
+    "dumps_audit",
+    "load_release",
+    "load_run",
+    "release_folders",
+    "write_reports",
+]
 
 ANONYMISED_KINDS = frozenset({"k_anonymity", "l_diversity", "t_closeness"})
 LOCAL_DP_KINDS = frozenset({"local_dp"})
@@ -71,7 +80,7 @@ def _read_table(folder: Path) -> pd.DataFrame:
 
 
 def load_release(folder: str | os.PathLike[str]) -> Release:
-    """One ``releases/<name>/`` folder."""
+    """One release folder (``public/<name>/`` or ``internal/candidates/<name>/``)."""
     path = Path(folder)
     doc_path = path / "release.json"
     document: dict[str, Any] = json.loads(doc_path.read_text()) if doc_path.exists() else {}
@@ -83,18 +92,41 @@ def load_release(folder: str | os.PathLike[str]) -> Release:
     )
 
 
-def load_run(run_dir: str | os.PathLike[str]) -> Run:
-    """``manifest.json`` and every release of a finished run (manifest order first)."""
+def release_folders(run_dir: str | os.PathLike[str]) -> dict[str, Path]:
+    """Name → folder of every release of a finished run: published ones in ``public/``,
+    candidates in ``internal/candidates/`` (runs before the publication boundary:
+    ``releases/``)."""
     path = Path(run_dir)
-    manifest_path = path / "manifest.json"
+    found: dict[str, Path] = {}
+    for folder in (path / "public", path / "internal" / "candidates", path / "releases"):
+        if folder.is_dir():
+            for p in sorted(folder.iterdir()):
+                if p.is_dir() and p.name not in found:
+                    found[p.name] = p
+    return found
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> Run:
+    """``internal/manifest.json`` and every release of a finished run (published and
+    candidates; manifest order first)."""
+    path = Path(run_dir)
+    manifest_path = path / "internal" / "manifest.json"
+    if not manifest_path.exists() and (path / "manifest.json").exists():
+        manifest_path = path / "manifest.json"  # a run before the publication boundary
     if not manifest_path.exists():
-        raise FileNotFoundError(f"{path}: no manifest.json (not a finished privpipe run)")
+        raise FileNotFoundError(
+            f"{path}: no internal/manifest.json (not a finished privpipe run folder)"
+        )
     manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-    folder = path / "releases"
+    folders = release_folders(path)
     names = [str(n) for n in manifest.get("releases") or []]
-    if folder.is_dir():
-        names += sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name not in names)
-    releases = {n: load_release(folder / n) for n in names if (folder / n).is_dir()}
+    names += [n for n in folders if n not in names]
+    releases = {n: load_release(folders[n]) for n in names if n in folders}
+    details = manifest.get("release_details") or {}
+    for name, extra in details.items():  # a published release.json + what left it = the whole
+        if name in releases and extra:
+            r = releases[name]
+            releases[name] = Release(r.name, r.kind, r.data, {**r.document, **extra})
     return Run(path, manifest, releases)
 
 

@@ -38,7 +38,7 @@ def config_key(config: Path, dataset: str | None = None) -> LedgerKey:
 
 
 def provision_ledger(config: Path, epsilon: float | None = None) -> Path:
-    """Create the ledger (and sweep ledger) ``config``'s budget section names, with its
+    """Create the ledger (and audit ledger) ``config``'s budget section names, with its
     lifetime (or ``epsilon`` when the config gives none); an existing one is kept."""
     cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
     b, name = cfg["budget"], str(cfg["name"])
@@ -46,7 +46,7 @@ def provision_ledger(config: Path, epsilon: float | None = None) -> Path:
     assert eps is not None, "the config has no lifetime_epsilon: pass epsilon="
     life = ApproxBudget(to_fraction(eps, "eps"), to_fraction(b.get("lifetime_delta", 0), "d"))
     made = Path()
-    for key, dataset in (("ledger", name), ("sweep_ledger", f"{name}.sweeps")):
+    for key, dataset in (("ledger", name), ("audit_ledger", f"{name}.audit")):
         if b.get(key) is None:
             continue
         path = config.parent / os.path.expanduser(b[key])
@@ -54,7 +54,7 @@ def provision_ledger(config: Path, epsilon: float | None = None) -> Path:
             path = ledger_path(path, dataset)
         if not path.exists():
             Ledger.create(path, dataset, life, config_key(config, dataset))
-        made = made if key == "sweep_ledger" else path.resolve()
+        made = made if key == "audit_ledger" else path.resolve()
     return made
 
 

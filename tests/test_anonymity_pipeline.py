@@ -16,6 +16,7 @@ from anonymity.hierarchy import load_arx_csv
 from anonymity.spec import AnonymizationSpec
 from pipelines.cli import main
 from tests.conftest import ADULT_QIS, ARX, Project
+from tests.layout import internal_file, release_dir
 
 pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs ../shared/data/arx")
 
@@ -84,7 +85,7 @@ def adult_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_beam_release_equals_pure_api(
     adult_run: Path, adult: pd.DataFrame, hierarchies: dict[str, Any], release: dict[str, Any]
 ) -> None:
-    folder = adult_run / "releases" / release["name"]
+    folder = release_dir(adult_run, release["name"])
     doc = json.loads((folder / "release.json").read_text())
     assert doc["verified"] is True and doc["verification"]["ok"] is True
     published = pd.read_csv(folder / "data.csv", dtype=str, keep_default_na=False)
@@ -101,7 +102,7 @@ def test_beam_release_equals_pure_api(
 
 
 def test_manifest_lists_verified_releases(adult_run: Path) -> None:
-    m = json.loads((adult_run / "manifest.json").read_text())
+    m = json.loads((internal_file(adult_run, "manifest.json")).read_text())
     assert m["releases"] == [r["name"] for r in RELEASES]
     assert all(s["verified"] for s in m["release_summaries"].values())
     assert m["release_summaries"]["k5"]["guarantee"] == {"k": 5, "suppression_limit": 0.05}
@@ -109,16 +110,16 @@ def test_manifest_lists_verified_releases(adult_run: Path) -> None:
 
 def test_published_table_satisfies_claims_on_its_own(adult_run: Path) -> None:
     """Recount from the published CSV alone: what a reader can check."""
-    k5 = pd.read_csv(adult_run / "releases" / "k5" / "data.csv", dtype=str, keep_default_na=False)
+    k5 = pd.read_csv(release_dir(adult_run, "k5") / "data.csv", dtype=str, keep_default_na=False)
     kept = k5[~(k5[QIS] == "*").all(axis=1)]
     assert kept.groupby(QIS).size().min() >= 5
     assert len(k5) - len(kept) <= int(0.05 * 30162)
-    l3 = pd.read_csv(adult_run / "releases" / "l3" / "data.csv", dtype=str, keep_default_na=False)
+    l3 = pd.read_csv(release_dir(adult_run, "l3") / "data.csv", dtype=str, keep_default_na=False)
     kept = l3[~(l3[QIS] == "*").all(axis=1)]
     for _, cls in kept.groupby(QIS):
         r = cls["occupation"].value_counts().to_numpy()
         assert r[0] < 4 * r[2:].sum()  # recursive (c=4, l=3)
-    t02 = pd.read_csv(adult_run / "releases" / "t02" / "data.csv", dtype=str, keep_default_na=False)
+    t02 = pd.read_csv(release_dir(adult_run, "t02") / "data.csv", dtype=str, keep_default_na=False)
     assert len(t02) <= 30162 and not (t02[QIS] == "*").all(axis=1).any()
 
 
@@ -141,7 +142,7 @@ def test_unreachable_guarantee_is_refused_with_numbers(
     code, err = run(cfg, capsys)
     assert code == 4, err
     assert "k=50 needs" in err and "% suppression" in err and "limit is 5%" in err
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (internal_file(tmp_path / "out", "manifest.json")).exists()
 
 
 def test_k_larger_than_table_is_refused(
@@ -151,7 +152,7 @@ def test_k_larger_than_table_is_refused(
     project.save()
     code, err = run(project.config, capsys)
     assert code == 4 and "k=50" in err and "9 records" in err
-    assert not project.out.joinpath("manifest.json").exists()
+    assert not internal_file(project.out, "manifest.json").exists()
 
 
 def test_l_larger_than_sensitive_values_is_refused(
@@ -204,7 +205,7 @@ def test_tiny_table_k2_published_and_verified(
     project.save()
     code, err = run(project.config, capsys)
     assert code == 0, err
-    table = pd.read_csv(project.out / "releases" / "k3" / "data.csv", dtype=str)
+    table = pd.read_csv(release_dir(project.out, "k3") / "data.csv", dtype=str)
     assert list(table.columns) == ["zip", "age", "sex", "disease"]  # no person id
     assert table.groupby(["zip", "age", "sex"]).size().min() >= 3
 
@@ -232,4 +233,4 @@ def test_suppression_the_recoding_did_not_plan_is_refused(
     code, err = run(project.config, capsys)
     assert code == 4, err
     assert "recoding the rows suppressed" in err and "the plan" in err
-    assert not project.out.joinpath("manifest.json").exists()
+    assert not internal_file(project.out, "manifest.json").exists()

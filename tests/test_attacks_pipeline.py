@@ -11,6 +11,7 @@ import yaml
 
 from pipelines.cli import main
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
+from tests.layout import internal_file
 from tests.ledgers import provision_ledger
 
 QIS = list(ADULT_QIS)
@@ -54,7 +55,7 @@ def adult_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
                 "similarity", "linkage", "attribute_inference", "membership", "differencing"],
     }  # fmt: skip
     assert main(["run", str(adult_config(tmp, attacks))]) == 0
-    audit = json.loads((tmp / "out" / "audit.json").read_text())
+    audit = json.loads((internal_file(tmp / "out", "audit.json")).read_text())
     return tmp / "out", audit
 
 
@@ -70,7 +71,7 @@ def test_every_release_and_the_baseline_are_attacked(adult_run: tuple[Path, Any]
     assert set(audit["releases"]["dp"]["attacks"]) == {
         "attribute_inference", "membership", "differencing"
     }  # fmt: skip
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((internal_file(out, "manifest.json")).read_text())
     assert (
         manifest["attacks"]["k5"]["homogeneity"]
         == audit["releases"]["k5"]["attacks"]["homogeneity"]["rate"]
@@ -102,7 +103,7 @@ def test_dp_attacks_stay_within_their_bounds(adult_run: tuple[Path, Any]) -> Non
 
 def test_the_audit_names_no_raw_sensitive_value(adult_run: tuple[Path, Any]) -> None:
     out, _ = adult_run
-    text = (out / "audit.json").read_text()
+    text = (internal_file(out, "audit.json")).read_text()
     for value in ("Tech-support", "Craft-repair", "Armed-Forces", "Priv-house-serv"):
         assert value not in text
 
@@ -111,7 +112,7 @@ def test_short_list_form_from_design(tmp_path: Path) -> None:
     releases = [{"name": "k5", "kind": "k_anonymity", "k": 5, "suppression_limit": 0.05}]
     attacks = ["homogeneity", {"background_knowledge": {"eliminate": 2}}, "skewness", "similarity"]
     assert main(["run", str(adult_config(tmp_path, attacks, releases))]) == 0
-    audit = json.loads((tmp_path / "out" / "audit.json").read_text())
+    audit = json.loads((internal_file(tmp_path / "out", "audit.json")).read_text())
     assert list(audit["releases"]["k5"]["attacks"]) == [
         "homogeneity", "background_knowledge", "skewness", "similarity"
     ]  # fmt: skip

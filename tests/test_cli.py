@@ -13,6 +13,7 @@ import pytest
 
 from pipelines.cli import main
 from tests.conftest import ROWS, Project
+from tests.layout import internal_file
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -29,7 +30,7 @@ def assert_nothing_published(out: Path, before: dict[str, bytes] | None = None) 
     if before is not None:
         assert snapshot(out) == before
     else:
-        assert not (out / "manifest.json").exists()
+        assert not (internal_file(out, "manifest.json")).exists()
 
 
 def snapshot(d: Path) -> dict[str, bytes]:
@@ -39,7 +40,7 @@ def snapshot(d: Path) -> dict[str, bytes]:
 def test_run_writes_manifest(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["run", str(project.config)], capsys)
     assert code == 0, err
-    m = json.loads((project.out / "manifest.json").read_text())
+    m = json.loads((internal_file(project.out, "manifest.json")).read_text())
     assert m["status"] == "succeeded" and m["name"] == "tiny"
     assert m["rows_read"] == 9 and m["rows_rejected"] == 0 and m["rows_accepted"] == 9
     assert m["runner"] == "DirectRunner" and m["releases"] == []
@@ -57,17 +58,18 @@ def test_run_writes_manifest(project: Project, capsys: pytest.CaptureFixture[str
         "unique_share_of_persons": 1.0,
     }
     assert m["hierarchies"]["zip"]["levels"] == 6
-    assert (project.out / "rejected.csv").read_text().strip() == "file,line,reason"
+    assert (internal_file(project.out, "rejected.csv")).read_text().strip() == "file,line,reason"
     assert "9 rows accepted" in out
 
 
 def test_second_run_replaces_first(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(["run", str(project.config)], capsys)[0] == 0
-    first = json.loads((project.out / "manifest.json").read_text())["run_id"]
+    first = json.loads((internal_file(project.out, "manifest.json")).read_text())["run_id"]
     assert run_cli(["run", str(project.config)], capsys)[0] == 0
-    second = json.loads((project.out / "manifest.json").read_text())["run_id"]
+    second = json.loads((internal_file(project.out, "manifest.json")).read_text())["run_id"]
     assert first != second
-    assert sorted(os.listdir(project.out)) == ["manifest.json", "rejected.csv"]
+    assert sorted(os.listdir(project.out)) == ["internal", "public"]
+    assert sorted(os.listdir(internal_file(project.out, ""))) == ["manifest.json", "rejected.csv"]
 
 
 def test_validate_reads_no_data(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,9 +135,9 @@ def test_ragged_rows_within_limit_publish(
     project.save()
     code, _, err = run_cli(["run", str(project.config)], capsys)
     assert code == 0, err
-    m = json.loads((project.out / "manifest.json").read_text())
+    m = json.loads((internal_file(project.out, "manifest.json")).read_text())
     assert (m["rows_read"], m["rows_rejected"], m["rows_accepted"]) == (11, 2, 9)
-    rejected = (project.out / "rejected.csv").read_text().splitlines()
+    rejected = (internal_file(project.out, "rejected.csv")).read_text().splitlines()
     assert rejected[0] == "file,line,reason" and len(rejected) == 3
     assert any(",5," in r for r in rejected) and any(",6," in r for r in rejected)
     assert "abc" in "".join(rejected)  # the reason names the bad value of the typed column
@@ -220,18 +222,21 @@ def test_subprocess_exit_code_and_stderr(project: Project) -> None:
 def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["demo", "--output", str(tmp_path / "d"), "--rows", "3000"], capsys)
     assert code == 0, err
-    m = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    m = json.loads((internal_file(tmp_path / "d", "manifest.json")).read_text())
     assert m["rows_accepted"] == 3000 and m["rows_rejected"] == 0
     assert m["profile"]["columns"]["person_id"]["distinct"] < 3000  # several visits per person
     assert 0 < m["profile"]["qi_combinations"]["unique_share_of_rows"] < 1
-    assert "published to" in out
+    assert "published: k5, dp_zip, ldp_diagnosis, weekly_visits" in out
+    assert sorted(os.listdir(tmp_path / "d")) == ["budget", "input", "internal", "public"]
+    assert m["published"] == sorted(os.listdir(tmp_path / "d" / "public"), key=m["releases"].index)
     # every release attacked, the comparative report written, its path printed last
     # (continual counts are published after the attacks: their state advances last)
     assert set(m["attacks"]) == {"raw", *m["releases"]} - {"weekly_visits"}
-    report = tmp_path / "d" / "report.html"
+    report = internal_file(tmp_path / "d", "report.html")
     assert out.strip().splitlines()[-1] == f"privpipe: report: {report} (audit.json, report.md)"
-    audit = json.loads((tmp_path / "d" / "audit.json").read_text())
+    audit = json.loads((internal_file(tmp_path / "d", "audit.json")).read_text())
     assert set(audit["releases"]) == set(m["releases"])
-    # person-level spend; the continual count (ε 1) is an event-level entry beside it
-    assert m["budget"]["spent"]["epsilon"] == 4.0
+    # person-level spend of the published releases only: dp_zip 0.5 + local DP 2 x 1; the
+    # continual count (ε 1) is an event-level entry beside it
+    assert m["budget"]["spent"]["epsilon"] == 2.5
     assert m["budget"]["charged_this_run"]["weekly_visits"]["unit"] == "event"

@@ -18,6 +18,7 @@ from dp.release import dp_release
 from pipelines.cli import main
 from pipelines.dp_release import dp_jobs
 from pipelines.plan import load_plan
+from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published, snapshot
 
@@ -101,16 +102,16 @@ def test_histogram_with_partition_by_charges_max_not_sum(
 ) -> None:
     code, out, err = run(["run", str(dpp.config)], capsys)
     assert code == 0, err
-    table = pd.read_csv(dpp.out / "releases" / "hist" / "data.csv")
+    table = pd.read_csv(release_dir(dpp.out, "hist") / "data.csv")
     assert table.columns.tolist() == ["sex", "disease", "count", "ci_low", "ci_high"]
     assert len(table) == 8  # 2 sexes x 4 diseases, public from the hierarchies
-    doc = json.loads((dpp.out / "releases" / "hist" / "release.json").read_text())
+    doc = json.loads((release_dir(dpp.out, "hist") / "release.json").read_text())
     assert doc["verified"] is True
     assert doc["guarantee"]["composition"] == "parallel"
     assert doc["guarantee"]["unit"] == "id"
     # two disjoint groups at epsilon 1 each: the ledger records 1, not 2
     assert dpp.entries() == [("hist", "1", "0", "committed", None)]
-    m = json.loads((dpp.out / "manifest.json").read_text())
+    m = json.loads((internal_file(dpp.out, "manifest.json")).read_text())
     assert m["budget"]["spent"]["epsilon"] == 1.0 and m["budget"]["remaining"]["epsilon"] == 2.0
     assert m["insecure_seed"] is None
     assert m["dp_contribution_bounding"]["hist"]["hist"]["rows"] == len(dpp.frame)
@@ -142,10 +143,10 @@ def test_sequential_queries_add_up_and_runs_accumulate_until_refused(
     dpp.cfg["hierarchies"] = {}
     dpp.save()
     assert run(["run", str(dpp.config)], capsys)[0] == 0
-    doc = json.loads((dpp.out / "releases" / "two" / "release.json").read_text())
+    doc = json.loads((release_dir(dpp.out, "two") / "release.json").read_text())
     q = doc["parameters"]["queries"]
     assert (q["total"]["epsilon"], q["by_zip"]["epsilon"]) == (0.5, 1.0)
-    table = pd.read_csv(dpp.out / "releases" / "two" / "data.csv", dtype={"zip": str})
+    table = pd.read_csv(release_dir(dpp.out, "two") / "data.csv", dtype={"zip": str})
     assert table.groupby("query").size().to_dict() == {"by_zip": 4, "total": 1}
     assert run(["run", str(dpp.config)], capsys)[0] == 0
     before = snapshot(dpp.out)
@@ -174,10 +175,12 @@ def test_private_partitions_sum_mean_and_top_k_run(
         {"name": "top", "kind": "dp_top_k", "epsilon": 0.5, "value": "disease", "k": 2,
          "partition_by": "sex"},
     ]  # fmt: skip
+    dpp.cfg["publish"] = ["zips", "pay", "avg", "top"]  # published: charged to the ledger
     dpp.save()
     code, _, err = run(["run", str(dpp.config)], capsys)
     assert code == 0, err
-    rel = dpp.out / "releases"
+    rel = dpp.out / "public"
+    assert sorted(p.name for p in rel.iterdir()) == ["avg", "pay", "top", "zips"]
     zips = json.loads((rel / "zips" / "release.json").read_text())
     assert zips["parameters"]["partitions"] == "private"
     assert zips["parameters"]["selection"] == "truncated_geometric"
@@ -197,17 +200,17 @@ def test_insecure_seed_is_reproducible_recorded_and_matches_the_pure_api(
     dpp.save()
     code, _, err = run(["run", str(dpp.config), "--insecure-seed", "7"], capsys)
     assert code == 0 and "NOT private" in err
-    first = (dpp.out / "releases" / "hist" / "data.csv").read_bytes()
-    m = json.loads((dpp.out / "manifest.json").read_text())
+    first = (release_dir(dpp.out, "hist") / "data.csv").read_bytes()
+    m = json.loads((internal_file(dpp.out, "manifest.json")).read_text())
     assert m["insecure_seed"] == 7
-    doc = json.loads((dpp.out / "releases" / "hist" / "release.json").read_text())
+    doc = json.loads((release_dir(dpp.out, "hist") / "release.json").read_text())
     assert doc["insecure_seed"] == 7
     assert run(["run", str(dpp.config), "--insecure-seed", "7"], capsys)[0] == 0
-    assert (dpp.out / "releases" / "hist" / "data.csv").read_bytes() == first
+    assert (release_dir(dpp.out, "hist") / "data.csv").read_bytes() == first
     # the pure API with the same sampler seed publishes the same table
     job = dp_jobs(load_plan(dpp.config))[0]
     table, _ = dp_release(dpp.frame.astype({"salary": str}), job.spec, SeededTestSampler(7))
-    beam = pd.read_csv(dpp.out / "releases" / "hist" / "data.csv")
+    beam = pd.read_csv(release_dir(dpp.out, "hist") / "data.csv")
     pd.testing.assert_frame_equal(
         beam, table.astype({"sex": str, "disease": str}), check_dtype=False
     )
@@ -361,7 +364,7 @@ def test_consistent_histogram_levels_add_up(
     dpp.save()
     code, _, err = run(["run", str(dpp.config)], capsys)
     assert code == 0, err
-    table = pd.read_csv(dpp.out / "releases" / "hist" / "data.csv")
+    table = pd.read_csv(release_dir(dpp.out, "hist") / "data.csv")
     category = {
         "Flu": "respiratory",
         "Asthma": "respiratory",
@@ -372,7 +375,7 @@ def test_consistent_histogram_levels_add_up(
     sums = fine.groupby([fine["sex"], fine["disease"].map(category)])["count"].sum()
     coarse = table[table["query"] == "category"].set_index(["sex", "disease"])["count"]
     assert sums.sort_index().to_dict() == coarse.sort_index().to_dict()
-    doc = json.loads((dpp.out / "releases" / "hist" / "release.json").read_text())
+    doc = json.loads((release_dir(dpp.out, "hist") / "release.json").read_text())
     assert doc["parameters"]["consistent"] == {"disease": "category", "category": "disease"}
     # without a coarser query there is nothing to be consistent with
     dpp.cfg["releases"][0]["queries"] = [{"name": "disease", "group_by": ["disease"]}]

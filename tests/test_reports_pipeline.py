@@ -12,6 +12,7 @@ import yaml
 
 from pipelines.cli import main
 from pipelines.demo_data import write_csv
+from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger
 
 UNIQUE = "Zebrafish poisoning"
@@ -65,8 +66,8 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_report_files_and_structure(demo_run: tuple[Path, Path]) -> None:
     _, out = demo_run
-    audit = json.loads((out / "audit.json").read_text())
-    html = (out / "report.html").read_text()
+    audit = json.loads((internal_file(out, "audit.json")).read_text())
+    html = (internal_file(out, "report.html")).read_text()
     parser = _Svg()
     parser.feed(html)
     assert parser.tags.count("svg") >= 2 and "script" not in parser.tags
@@ -91,21 +92,21 @@ def test_report_files_and_structure(demo_run: tuple[Path, Path]) -> None:
 
 def test_the_report_never_shows_a_planted_unique_value(demo_run: tuple[Path, Path]) -> None:
     _, out = demo_run
-    published = (out / "releases" / "k5" / "data.csv").read_text()
+    published = (release_dir(out, "k5") / "data.csv").read_text()
     assert UNIQUE in published  # the k-anonymous table does publish sensitive values...
     for name in ("audit.json", "report.md", "report.html", "manifest.json"):
-        assert UNIQUE not in (out / name).read_text(), name  # ...the audit never does
+        assert UNIQUE not in internal_file(out, name).read_text(), name  # ...the audit never
 
 
 def test_report_command_rebuilds_the_same_report(demo_run: tuple[Path, Path]) -> None:
     _, out = demo_run
-    before = (out / "report.html").read_bytes()
-    audit_before = json.loads((out / "audit.json").read_text())
+    before = (internal_file(out, "report.html")).read_bytes()
+    audit_before = json.loads((internal_file(out, "audit.json")).read_text())
     assert main(["report", str(out)]) == 0
-    audit_after = json.loads((out / "audit.json").read_text())
+    audit_after = json.loads((internal_file(out, "audit.json")).read_text())
     for name, entry in audit_before["releases"].items():
         assert audit_after["releases"][name]["utility"] == entry["utility"], name
-    assert (out / "report.html").read_bytes() == before
+    assert (internal_file(out, "report.html")).read_bytes() == before
 
 
 def test_report_command_compares_runs_and_needs_an_output(
@@ -120,7 +121,9 @@ def test_report_command_compares_runs_and_needs_an_output(
     assert "give --output DIR" in capsys.readouterr().err
     assert main(["report", str(out), str(second), "--output", str(tmp_path / "cmp")]) == 0
     audit = json.loads((tmp_path / "cmp" / "audit.json").read_text())
-    assert len(audit["releases"]) > len(json.loads((out / "audit.json").read_text())["releases"])
+    assert len(audit["releases"]) > len(
+        json.loads((internal_file(out, "audit.json")).read_text())["releases"]
+    )
     assert (tmp_path / "cmp" / "report.html").is_file()
 
 
@@ -134,19 +137,20 @@ def test_sweep_expands_a_release_into_a_curve(tmp_path: Path) -> None:
     ]  # fmt: skip
     cfg["sweep"] = [{"release": "k", "k": [2, 10]}, {"release": "dp", "epsilon": [0.5, 2]}]
     cfg["attacks"] = {"targets": 500, "run": ["homogeneity", "membership"]}
+    cfg["publish"] = ["dp-epsilon0.5", "dp-epsilon2"]  # published: charged to the ledger
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     provision_ledger(config)
     assert main(["run", str(config)]) == 0
     out = tmp_path / "out"
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((internal_file(out, "manifest.json")).read_text())
     assert manifest["releases"] == ["k-k2", "k-k10", "dp-epsilon0.5", "dp-epsilon2"]
-    audit = json.loads((out / "audit.json").read_text())
+    audit = json.loads((internal_file(out, "audit.json")).read_text())
     assert audit["sweeps"] == {
         "k: k": ["k-k2", "k-k10"],
         "dp: epsilon": ["dp-epsilon0.5", "dp-epsilon2"],
     }
-    ledger = json.loads((out / "manifest.json").read_text())["budget"]
-    assert ledger["spent"]["epsilon"] == 2.5  # swept epsilons are charged like any release
+    ledger = json.loads((internal_file(out, "manifest.json")).read_text())["budget"]
+    assert ledger["spent"]["epsilon"] == 2.5  # published sweep points are charged
     k2, k10 = (audit["releases"][n]["utility"]["mean_relative_error"] for n in ("k-k2", "k-k10"))
     assert k2 < k10  # a larger k loses more utility
 
@@ -164,7 +168,7 @@ def test_bad_sweep_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "releases[0].k: must be an integer >= 2, got 1" in capsys.readouterr().err
 
 
-def test_sweeps_can_spend_from_a_separate_audit_ledger(tmp_path: Path) -> None:
+def test_candidates_can_spend_from_a_separate_audit_ledger(tmp_path: Path) -> None:
     config = demo_project(tmp_path, rows=1000)
     cfg: dict[str, Any] = yaml.safe_load(config.read_text())
     cfg["releases"] = [
@@ -173,14 +177,15 @@ def test_sweeps_can_spend_from_a_separate_audit_ledger(tmp_path: Path) -> None:
         {"name": "dp_main", "kind": "dp_count", "epsilon": 0.5, "group_by": ["sex"]},
     ]  # fmt: skip
     cfg["sweep"] = [{"release": "dp", "epsilon": [0.5, 2]}]
-    cfg["budget"]["sweep_ledger"] = str(tmp_path / "audit-ledger.sqlite")
+    cfg["publish"] = ["dp_main"]
+    cfg["budget"]["audit_ledger"] = str(tmp_path / "audit-ledger.sqlite")
     cfg["attacks"] = {"targets": 200, "run": ["membership"]}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     provision_ledger(config)
     assert main(["run", str(config)]) == 0
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["budget"]["spent"]["epsilon"] == 0.5  # only the production release
-    assert manifest["sweep_budget"]["spent"]["epsilon"] == 2.5  # the sweep's points
-    audit = json.loads((tmp_path / "out" / "audit.json").read_text())
-    assert audit["budget"]["sweep_ledger"].endswith("audit-ledger.sqlite")
-    assert "separate audit ledger" in (tmp_path / "out" / "report.html").read_text()
+    manifest = json.loads((internal_file(tmp_path / "out", "manifest.json")).read_text())
+    assert manifest["budget"]["spent"]["epsilon"] == 0.5  # only the published release
+    assert manifest["candidate_budget"]["spent"]["epsilon"] == 2.5  # the sweep's points
+    audit = json.loads((internal_file(tmp_path / "out", "audit.json")).read_text())
+    assert audit["budget"]["audit_ledger"].endswith("audit-ledger.sqlite")
+    assert "separate audit ledger" in (internal_file(tmp_path / "out", "report.html")).read_text()

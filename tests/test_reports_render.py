@@ -40,6 +40,7 @@ from reports import (
     write_reports,
 )
 from reports.render import fmt_count, fmt_rate
+from tests.layout import candidate_dir, internal_file, public_dir, release_dir
 
 PLANTED = "Zebrafish poisoning"
 QIS = ["zip", "age", "sex"]
@@ -80,7 +81,7 @@ def _make_run(root: Path, raw: pd.DataFrame, hierarchies: dict[str, Hierarchy], 
         kind="k_anonymity", qis=tuple(QIS), sensitive=SA, k=k, suppression_limit=0.05, name=f"k{k}"
     )
     anon = anonymize(raw, spec, hierarchies)
-    _write_release(root / "releases" / f"k{k}", anon.table, anon.document)
+    _write_release(public_dir(root, f"k{k}"), anon.table, anon.document)
     dp_spec = from_config_values(
         name="dp1",
         kind="dp_histogram",
@@ -93,7 +94,7 @@ def _make_run(root: Path, raw: pd.DataFrame, hierarchies: dict[str, Hierarchy], 
     )
     table, doc = dp_release(raw, dp_spec, NoNoise(), rng=0)
     table = table.assign(count=table["count"] + np.resize([2, -1, 0, 1], len(table)))
-    _write_release(root / "releases" / "dp1", table, doc)
+    _write_release(candidate_dir(root, "dp1"), table, doc)
     combos = raw.groupby(QIS).size()
     manifest = {
         "run_id": f"test-run-k{k}",
@@ -112,7 +113,8 @@ def _make_run(root: Path, raw: pd.DataFrame, hierarchies: dict[str, Hierarchy], 
             },
         },
     }
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    internal_file(root, "manifest.json").parent.mkdir(parents=True, exist_ok=True)
+    internal_file(root, "manifest.json").write_text(json.dumps(manifest))
     return root
 
 
@@ -327,7 +329,7 @@ def test_planted_unique_value_appears_nowhere(report: dict[str, Any]) -> None:
     raw = report["raw"]
     assert (raw[SA] == PLANTED).sum() == 1  # the planted record is unique
     # it was really published (the k5 table keeps SA values), so the test can fail
-    published = (report["run_dir"] / "releases" / "k5" / "data.csv").read_text()
+    published = (release_dir(report["run_dir"], "k5") / "data.csv").read_text()
     assert PLANTED in published
     for name, text in report["texts"].items():
         for needle in (PLANTED, "Zebrafish", "zebrafish"):

@@ -19,6 +19,7 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.demo_data import write_csv
+from tests.layout import internal_file
 from tests.ledgers import provision_ledger
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,7 @@ ROWS = 4_000
 
 
 def figures(out: Path) -> dict[str, object]:
-    m = json.loads((out / "manifest.json").read_text())
+    m = json.loads((internal_file(out, "manifest.json")).read_text())
     return {
         k: m[k]
         for k in (
@@ -124,7 +125,7 @@ def test_portable_runner_matches_direct(
         f"--job_endpoint=localhost:{job_service}",
         "--environment_type=LOOPBACK",
     )
-    m = json.loads((out / "manifest.json").read_text())
+    m = json.loads((internal_file(out, "manifest.json")).read_text())
     assert m["runner"] == "PortableRunner"
     assert figures(out) == direct_figures
 

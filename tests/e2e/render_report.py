@@ -56,10 +56,10 @@ def main() -> int:
             check=True,
             cwd=ROOT,
         )
-    report = run_dir / "report.html"
+    report = run_dir / "internal" / "report.html"
     if not report.is_file():
         sys.exit(f"e2e: {report} not found; run the demo first")
-    shot = run_dir / "report.png"
+    shot = report.with_name("report.png")
     shot.unlink(missing_ok=True)
     proc = subprocess.run(
         [chromium(), *FLAGS, f"--screenshot={shot}", report.as_uri()],

@@ -1,0 +1,271 @@
+"""Attacks on a publication as a whole: what releases handed out together reveal.
+
+Each release passes its own check; these ask what their *combination* gives away
+(DESIGN.md principle 7, "the publication is the unit of privacy"):
+
+- :func:`reproduced_cells` — does an anonymised table reproduce a DP count exactly?
+  When every (non-suppressed) row of the table carries each of the DP release's key
+  columns at the DP level or finer, grouping the table gives the *exact* count of every
+  DP cell, and the noise bought with ε protects nothing. Structural (levels per row, so
+  per class for Mondrian) and numerical (the table's counts against the true counts).
+- :func:`row_order_alignment` — can two tables of the same records be joined row by
+  row? If row i of both tables is the same record, their generalised values agree at
+  row i far more often than between unrelated rows (chance).
+
+Pure core: numpy/pandas and ``anonymity.hierarchy`` only, no Beam.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from anonymity.hierarchy import SUPPRESSED, Hierarchy
+
+__all__ = [
+    "Alignment",
+    "Reproduction",
+    "common_level",
+    "reproduced_cells",
+    "row_order_alignment",
+    "to_level",
+]
+
+
+def _ancestors(h: Hierarchy, level: int) -> dict[str, str]:
+    """Label (of any level <= ``level``) → its ancestor at ``level`` (lowest level wins)."""
+    top = [str(x) for x in h.labels(level)]
+    out: dict[str, str] = {}
+    for j in range(level, -1, -1):  # lower levels last: they win for a label on several
+        for lab, anc in zip(h.labels(j), top, strict=True):
+            out[str(lab)] = anc
+    return out
+
+
+def _level_of(h: Hierarchy) -> dict[str, int]:
+    """Label → the lowest level it appears at."""
+    out: dict[str, int] = {}
+    for j in range(h.height, -1, -1):
+        for lab in h.labels(j):
+            out[str(lab)] = j
+    return out
+
+
+def to_level(values: pd.Series, hierarchy: Hierarchy | None, level: int) -> pd.Series:
+    """Each published value mapped to its label at ``level``; NaN where the value is
+    coarser than ``level`` (or unknown, e.g. a Mondrian range): it cannot be counted in
+    one cell. Without a hierarchy the values are raw (level 0)."""
+    strings = values.astype(str)
+    if hierarchy is None:
+        return strings.where(strings != SUPPRESSED) if level == 0 else strings.where(False)
+    return strings.map(_ancestors(hierarchy, min(level, hierarchy.height)))
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """How far table ``table`` reproduces the cells of DP release ``release``."""
+
+    table: str
+    release: str
+    query: str
+    keys: tuple[str, ...]
+    rows: int  # rows of the table
+    suppressed: int  # rows suppressed in the table (not counted anywhere)
+    coarse: int  # other rows whose keys are coarser than the DP level
+    cells: int  # DP cells published
+    exact_cells: int  # of them, cells whose count the table gives exactly
+    missing_columns: tuple[str, ...] = ()
+
+    @property
+    def structural(self) -> bool:
+        """Every key column is in the table, every non-suppressed row at the DP level or
+        finer (so each row counts in exactly one cell)."""
+        return not self.missing_columns and self.coarse == 0 and self.rows > self.suppressed
+
+    @property
+    def linked(self) -> bool:
+        """Structurally, or numerically: some non-empty cell's exact count can be read off
+        the table (a row can only count in its own cell, so the table's count equals the
+        truth only when every row of that cell is there at the DP level or finer)."""
+        return self.structural or self.exact_cells > 0
+
+    def message(self) -> str:
+        by = ", ".join(self.keys)
+        if not self.linked:
+            return f"{self.table} does not reproduce {self.release} ({self.query})"
+        text = (
+            f"grouping table {self.table!r} by ({by}) gives the exact count of "
+            f"{self.exact_cells} of the {self.cells} cells DP release {self.release!r} "
+            f"publishes with noise ({self.query})"
+        )
+        if not self.structural:
+            text += (
+                "; the table is coarser than the DP release for some rows, but not for every "
+                "row of those cells"
+            )
+        elif self.suppressed:
+            text += (
+                f"; {self.suppressed} suppressed row(s) make the other cells inexact only "
+                "by the suppressed rows"
+            )
+        return text
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "table": self.table,
+            "release": self.release,
+            "query": self.query,
+            "keys": list(self.keys),
+            "linked": self.linked,
+            "structural": self.structural,
+            "rows": self.rows,
+            "suppressed": self.suppressed,
+            "coarse_rows": self.coarse,
+            "cells": self.cells,
+            "exact_cells": self.exact_cells,
+            "missing_columns": list(self.missing_columns),
+        }
+
+
+def reproduced_cells(
+    table: pd.DataFrame,
+    cells: pd.DataFrame,
+    truth: pd.DataFrame,
+    keys: Sequence[str],
+    levels: Mapping[str, int],
+    hierarchies: Mapping[str, Hierarchy],
+    suppressed: np.ndarray,
+    *,
+    names: tuple[str, str, str] = ("table", "release", "query"),
+) -> Reproduction:
+    """Whether grouping ``table`` by ``keys`` reproduces the DP ``cells`` exactly.
+
+    ``cells``: the DP release's published cells (their ``keys`` columns, labels at
+    ``levels``); ``truth``: the accepted input rows (raw values of ``keys``), the count
+    each cell estimates; ``suppressed``: per table row, True if the row was suppressed.
+    """
+    keys = list(keys)
+    missing = tuple(k for k in keys if k not in table.columns)
+    n = len(table)
+    n_sup = int(np.count_nonzero(suppressed))
+    if missing:
+        return Reproduction(*names, tuple(keys), n, n_sup, n - n_sup, len(cells), 0, missing)
+    mapped = pd.DataFrame(
+        {k: to_level(table[k], hierarchies.get(k), levels.get(k, 0)) for k in keys},
+        index=table.index,
+    )
+    keep = ~np.asarray(suppressed, dtype=bool)
+    coarse = int(np.count_nonzero(mapped[keep].isna().any(axis=1).to_numpy()))
+    if not keys:  # a total: the table's row count is the count
+        exact = int(n - n_sup == len(truth))
+        return Reproduction(*names, (), n, n_sup, 0, max(len(cells), 1), exact)
+    from_table = mapped[keep].dropna().value_counts()
+    true = pd.DataFrame(
+        {k: to_level(truth[k], hierarchies.get(k), levels.get(k, 0)) for k in keys}
+    ).value_counts()
+    published = cells[keys].astype(str)
+    index = pd.MultiIndex.from_frame(published)  # value_counts of a frame: a MultiIndex
+    got = from_table.reindex(index, fill_value=0).to_numpy()
+    want = true.reindex(index, fill_value=0).to_numpy()
+    exact = int(np.count_nonzero((got == want) & (want > 0)))
+    return Reproduction(*names, tuple(keys), n, n_sup, coarse, len(cells), exact)
+
+
+def common_level(
+    a: pd.Series, b: pd.Series, hierarchy: Hierarchy | None
+) -> tuple[pd.Series, pd.Series]:
+    """Both columns mapped to the coarsest level either uses (so the labels of one record
+    agree); ``*``/unknown labels become NaN (agree with anything)."""
+    sa, sb = a.astype(str).reset_index(drop=True), b.astype(str).reset_index(drop=True)
+    if hierarchy is None:
+        return sa.where(sa != SUPPRESSED), sb.where(sb != SUPPRESSED)
+    level = _level_of(hierarchy)
+    used = [level[v] for v in pd.unique(pd.concat([sa, sb])) if v in level and v != SUPPRESSED]
+    top = max(used, default=0)
+    up = _ancestors(hierarchy, top)
+    ma, mb = sa.map(up), sb.map(up)
+    return ma.where(ma != SUPPRESSED), mb.where(mb != SUPPRESSED)
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Row-by-row agreement of two tables against chance."""
+
+    first: str
+    second: str
+    rows: int
+    columns: tuple[str, ...]
+    agreement: float  # share of row indices i whose values agree in both tables
+    chance: float  # the same share between row i and an unrelated row
+    threshold: float
+
+    @property
+    def aligned(self) -> bool:
+        return self.rows > 0 and bool(self.columns) and self.agreement > self.threshold
+
+    def message(self) -> str:
+        return (
+            f"tables {self.first!r} and {self.second!r} are in the same row order: row i of "
+            f"both agrees on ({', '.join(self.columns)}) for {self.agreement:.1%} of rows "
+            f"against {self.chance:.1%} by chance, so they join row by row"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "tables": [self.first, self.second],
+            "aligned": self.aligned,
+            "rows": self.rows,
+            "columns": list(self.columns),
+            "agreement": self.agreement,
+            "chance": self.chance,
+            "threshold": self.threshold,
+        }
+
+
+def _agree(a: pd.DataFrame, b: pd.DataFrame) -> np.ndarray:
+    ok = np.ones(len(a), dtype=bool)
+    for col in a.columns:
+        x, y = a[col].to_numpy(dtype=object), b[col].to_numpy(dtype=object)
+        wild = pd.isna(x) | pd.isna(y)
+        ok &= wild | (x == y)
+    return ok
+
+
+def row_order_alignment(
+    first: pd.DataFrame,
+    second: pd.DataFrame,
+    hierarchies: Mapping[str, Hierarchy],
+    *,
+    names: tuple[str, str] = ("first", "second"),
+    max_rows: int = 200_000,
+    shifts: int = 8,
+) -> Alignment:
+    """Whether row i of ``first`` and of ``second`` are the same record more often than
+    chance. Chance is measured on the same tables with ``second`` cyclically shifted by
+    ``shifts`` offsets spread over the rows (unrelated rows, same value frequencies); the
+    agreement is "aligned" when it exceeds chance by 5 standard errors plus 1 point."""
+    n = min(len(first), len(second), max_rows)
+    cols = [c for c in first.columns if c in second.columns]
+    mapped_a: dict[str, pd.Series] = {}
+    mapped_b: dict[str, pd.Series] = {}
+    for c in cols:
+        a, b = common_level(first[c].iloc[:n], second[c].iloc[:n], hierarchies.get(c))
+        if a.notna().any() and b.notna().any() and a.nunique() + b.nunique() > 2:
+            mapped_a[c], mapped_b[c] = a, b  # a column that is one label says nothing
+    used = tuple(mapped_a)
+    if n < 2 or not used:
+        return Alignment(*names, n, used, 0.0, 0.0, 1.0)
+    fa, fb = pd.DataFrame(mapped_a), pd.DataFrame(mapped_b)
+    agreement = float(_agree(fa, fb).mean())
+    offsets = sorted({max(1, (n * (j + 1)) // (shifts + 1)) % n or 1 for j in range(shifts)})
+    rates = []
+    for s in offsets:  # row i against row i - s: unrelated records
+        shifted = pd.DataFrame({c: np.roll(fb[c].to_numpy(dtype=object), s) for c in used})
+        rates.append(float(_agree(fa, shifted).mean()))
+    chance = float(np.mean(rates))
+    se = math.sqrt(max(chance * (1 - chance), 1e-12) / n)
+    return Alignment(*names, n, used, agreement, chance, min(1.0, chance + 5 * se + 0.01))

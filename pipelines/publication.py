@@ -1,0 +1,255 @@
+"""The publication boundary of a run: what goes to ``public/``, and whether it may.
+
+- :func:`split_document` — a published release's release.json keeps only declared
+  parameters, figures of the artefact itself and charged DP quantities; everything
+  else (timings, input row counts, search statistics, bounding figures) goes to the
+  operator's manifest.
+- :func:`check_private_paths` — the ledger, the audit ledger, continual state files and
+  the scratch folder never lie inside ``DIR/public`` or ``DIR/internal`` (the commit
+  replaces those folders as wholes; the public one is handed out).
+- :func:`check_combination` — the releases published together (``publish:``) are
+  attacked as one publication (``attacks.publication``); a linked pair is refused
+  (exit 4) unless ``accept_linked_releases: true``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
+from attacks.publication import reproduced_cells, row_order_alignment, to_level
+from dp.budget import ApproxBudget
+from dp.ledger import Ledger
+from dp.ledger_auth import LedgerKey
+from pipelines.config import ANONYMITY_KINDS
+from pipelines.output import INTERNAL, PUBLIC
+from pipelines.plan import Plan
+from privpipe.errors import ConfigError, PrivacyRefusal
+
+COUNT_KINDS = ("dp_count", "dp_histogram", "dp_continual_count")
+
+# per kind group: the top-level keys of release.json that may be handed out
+_PUBLIC_KEYS = {
+    "anonymity": ("name", "kind", "parameters", "guarantee", "transformation", "verified"),
+    "central": (
+        "name",
+        "kind",
+        "parameters",
+        "guarantee",
+        "charged",
+        "verification",
+        "insecure_seed",
+        "verified",
+    ),
+    "local_dp": ("name", "kind", "parameters", "guarantee", "insecure_seed", "verified"),
+    "dp_continual_count": (
+        "name",
+        "kind",
+        "parameters",
+        "guarantee",
+        "metrics",
+        "insecure_seed",
+        "verified",
+    ),
+}
+
+
+def _group(kind: str) -> str:
+    if kind in ANONYMITY_KINDS:
+        return "anonymity"
+    if kind in ("local_dp", "dp_continual_count"):
+        return kind
+    return "central"
+
+
+def split_document(doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(public release.json, the rest for the internal manifest) of one published release.
+
+    Public: declared parameters, the guarantee, what was charged, data-independent
+    figures (noise scales, interval widths) and figures of the artefact itself (cells
+    published; for a table its published and suppressed record counts). Not public:
+    anything measured on the input (records in, rows kept by bounding, reports, search
+    and verification statistics, seconds).
+    """
+    group = _group(str(doc.get("kind")))
+    public = {k: doc[k] for k in _PUBLIC_KEYS[group] if k in doc}
+    internal = {k: v for k, v in doc.items() if k not in public}
+    if group == "anonymity":
+        records = doc.get("records") or {}
+        public["records"] = {  # the table itself: its rows, its suppressed (*) rows
+            k: records[k] for k in ("published", "suppressed", "suppressed_as") if k in records
+        }
+    elif group == "central":
+        metrics = doc.get("metrics") or {}
+        public["metrics"] = {k: metrics[k] for k in ("cells_published",) if k in metrics}
+    elif group == "dp_continual_count":
+        check = doc.get("verification") or {}
+        public["verification"] = {k: check[k] for k in ("ok", "node_scale") if k in check}
+    if group == "local_dp":
+        public["verification"] = {"ok": (doc.get("verification") or {}).get("ok")}
+    return public, internal
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def check_private_paths(plan: Plan, extra: Iterable[tuple[str, Path]] = ()) -> None:
+    """ConfigError (exit 2) if an operator-only file lies inside DIR/public or DIR/internal."""
+    b = plan.config.budget
+    paths: list[tuple[str, Path]] = []
+    if plan.ledger_path is not None:
+        paths.append(("budget.ledger", plan.ledger_path))
+    if b is not None and b.audit_ledger:
+        paths.append(("budget.audit_ledger", plan.resolve(b.audit_ledger)))
+    work = plan.config.output.work_dir
+    if work and _inside(plan.resolve(work), plan.output_dir):
+        raise ConfigError(
+            f"output.work_dir: {plan.resolve(work)} lies inside the output folder "
+            f"{plan.output_dir}; the scratch folder holds row-level data and must stay out "
+            "of it: choose another folder (default: the system temp folder)"
+        )
+    paths += list(extra)
+    for key, path in paths:
+        for folder in (PUBLIC, INTERNAL):
+            if _inside(path, plan.output_dir / folder):
+                raise ConfigError(
+                    f"{key}: {path} lies inside the output's {folder}/ folder, which every "
+                    f"run replaces as a whole{' and hands out' if folder == PUBLIC else ''}; "
+                    f"put it outside {plan.output_dir / folder} (e.g. in "
+                    f"{plan.output_dir / 'budget'})"
+                )
+
+
+def _suppressed_rows(table: pd.DataFrame, qis: Sequence[str]) -> np.ndarray:
+    cols = [q for q in qis if q in table.columns]
+    if not cols:
+        return np.zeros(len(table), dtype=bool)
+    return np.asarray((table[cols].astype(str) == SUPPRESSED).all(axis=1).to_numpy())
+
+
+def check_combination(
+    plan: Plan,
+    folder: Path,
+    loaded: Mapping[str, Any],
+    published: Sequence[str],
+    raw: pd.DataFrame | None,
+    hierarchies: Mapping[str, Hierarchy],
+    dp_keys: Mapping[str, Sequence[tuple[str, Sequence[str], Mapping[str, int]]]],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Attack the published releases as one publication; refuse (PrivacyRefusal) a linked
+    combination unless the config accepts it. Returns the findings for manifest/audit.
+
+    ``folder``: where the releases are staged (``<name>/``); ``loaded``: those already
+    read (reports.Release by name); ``raw``: the accepted rows (QIs and SA) for the
+    numerical check; ``dp_keys``: per DP count release, its queries as (query name, key
+    columns, levels). A count not staged yet (a continual count, published last) is
+    checked against every key combination of the data.
+    """
+    from reports import load_release
+
+    qis = list(plan.config.schema_.quasi_identifiers)
+    kinds = {r.name: r.kind for r in plan.config.releases}
+    releases = {
+        n: loaded.get(n) or load_release(folder / n)
+        for n in published
+        if n in loaded or (folder / n / "release.json").is_file()
+    }
+    tables = [n for n in published if kinds[n] in ANONYMITY_KINDS]
+    counts = [n for n in published if n in dp_keys]
+    findings: dict[str, Any] = {"reproduced_cells": [], "row_order": []}
+    problems: list[str] = []
+    for t in tables:
+        table = releases[t].data
+        suppressed = _suppressed_rows(table, qis)
+        for d in counts:
+            for query, keys, levels in dp_keys[d]:
+                truth = pd.DataFrame(
+                    {k: canonical_column(raw[k]) for k in keys if raw is not None and k in raw}
+                )
+                if raw is None or len(truth.columns) < len(keys):
+                    truth = pd.DataFrame(columns=list(keys))
+                if d in releases:
+                    cells = releases[d].data
+                    mine = cells[cells["query"] == query] if "query" in cells.columns else cells
+                else:  # not staged yet: every cell of the data
+                    mine = pd.DataFrame(
+                        {k: to_level(truth[k], hierarchies.get(k), levels.get(k, 0)) for k in keys}
+                    ).drop_duplicates()
+                found = reproduced_cells(
+                    table, mine, truth, keys, levels, hierarchies, suppressed,
+                    names=(t, d, query),
+                )  # fmt: skip
+                findings["reproduced_cells"].append(found.as_dict())
+                if found.linked:
+                    problems.append(found.message())
+    for i, a in enumerate(tables):
+        for b in tables[i + 1 :]:
+            aligned = row_order_alignment(
+                releases[a].data, releases[b].data, hierarchies, names=(a, b)
+            )
+            findings["row_order"].append(aligned.as_dict())
+            if aligned.aligned:
+                problems.append(aligned.message())
+    findings["linked"] = problems
+    findings["accepted"] = bool(problems) and plan.config.accept_linked_releases
+    if problems and not plan.config.accept_linked_releases:
+        raise PrivacyRefusal(
+            "the releases to publish are linked: "
+            + "; ".join(problems)
+            + ". Publish fewer of them (publish: [...]), generalise the table above the DP "
+            "release's level, or set accept_linked_releases: true to publish them anyway "
+            "(the report flags it). Nothing was published"
+        )
+    for p in problems:
+        log(f"privpipe: WARNING linked releases published (accept_linked_releases): {p}")
+    return findings
+
+
+def dp_count_keys(
+    jobs: Iterable[Any],
+) -> dict[str, list[tuple[str, list[str], dict[str, int]]]]:
+    """Per DP count release (central or continual job): its queries as (query name, key
+    columns: partition_by then group_by, levels)."""
+    out: dict[str, list[tuple[str, list[str], dict[str, int]]]] = {}
+    for job in jobs:
+        spec = job.spec
+        if spec.kind not in COUNT_KINDS:
+            continue
+        parts = list(getattr(spec, "partition_by", ()) or ())
+        out[job.name] = [
+            (q.name, list(dict.fromkeys([*parts, *q.group_by])), dict(q.levels))
+            for q in spec.queries
+        ]
+    return out
+
+
+def uncharged_ledger(plan: Plan, jobs: Sequence[Any]) -> Ledger:
+    """A throw-away ledger for DP candidates without budget.audit_ledger: the noise is drawn
+    and verified as for any release, but nothing is recorded in any lasting ledger, because
+    a candidate never leaves the operator (it can never reach public/). It lives in a
+    private temporary folder (own random key and heads file) removed when it is closed."""
+    eps = sum((Fraction(j.budget().epsilon) for j in jobs), Fraction(0))
+    dlt = sum((Fraction(j.budget().delta) for j in jobs), Fraction(0))
+    delta = min(dlt * 2 + Fraction(1, 10**9), Fraction(1, 2))
+    folder = Path(tempfile.mkdtemp(prefix="privpipe-candidates-"))
+    key = LedgerKey(os.urandom(32), "throw-away key (candidates)", folder / "heads.json")
+    path = Ledger.create(folder / "ledger.sqlite", plan.name, ApproxBudget(eps + 1, delta), key)
+    ledger = Ledger.open(path, plan.name, key)
+    weakref.finalize(ledger, shutil.rmtree, folder, True)
+    return ledger

@@ -1,0 +1,140 @@
+"""The publication-level attacks (attacks/publication.py) and release.json's public split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from anonymity.hierarchy import Hierarchy
+from attacks.publication import reproduced_cells, row_order_alignment
+from pipelines.publication import split_document
+
+AGE = Hierarchy(
+    "age",
+    np.array([[str(a), f"{a // 10 * 10}-{a // 10 * 10 + 9}", "*"] for a in range(20, 60)]),
+)
+SEX = Hierarchy("sex", np.array([["F", "*"], ["M", "*"]], dtype=object))
+HIER = {"age": AGE, "sex": SEX}
+
+
+def _records(n: int = 600, seed: int = 3) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)  # test data only (no released noise here)
+    return pd.DataFrame(
+        {
+            "age": rng.integers(20, 60, n).astype(str),
+            "sex": rng.choice(["F", "M"], n),
+            "dx": rng.choice(["flu", "cold", "gout", "acne"], n),
+        }
+    )
+
+
+def _decade(ages: pd.Series) -> pd.Series:
+    return ages.map(lambda a: f"{int(a) // 10 * 10}-{int(a) // 10 * 10 + 9}")
+
+
+def test_unshuffled_pair_is_aligned_and_a_shuffled_pair_is_not() -> None:
+    raw = _records()
+    fine = raw.assign(age=_decade(raw["age"]), sex="*")  # one generalisation
+    coarse = raw.assign(age="*")  # another, of the same records in the same order
+    same = row_order_alignment(fine, coarse, HIER, names=("a", "b"))
+    assert same.aligned, same
+    assert "same row order" in same.message() and same.agreement == 1.0
+    order = np.random.default_rng(9).permutation(len(raw))
+    shuffled = coarse.iloc[order].reset_index(drop=True)
+    other = row_order_alignment(fine, shuffled, HIER, names=("a", "b"))
+    assert not other.aligned, other
+    assert abs(other.agreement - other.chance) < 0.1
+
+
+def test_table_keeping_the_dp_keys_reproduces_every_cell() -> None:
+    raw = _records()
+    table = raw.assign(age=_decade(raw["age"]))  # sex and dx as they are
+    cells = raw.groupby(["sex", "dx"]).size().reset_index()[["sex", "dx"]]
+    none = np.zeros(len(table), dtype=bool)
+    found = reproduced_cells(table, cells, raw, ["sex", "dx"], {}, HIER, none)
+    assert found.linked and found.exact_cells == found.cells == 8
+    # the DP release at the decade level of age: the table at that level reproduces it too
+    by_decade = pd.DataFrame({"age": sorted(_decade(raw["age"]).unique())})
+    assert reproduced_cells(table, by_decade, raw, ["age"], {"age": 1}, HIER, none).linked
+
+
+def test_table_coarser_than_the_dp_release_does_not_reproduce_it() -> None:
+    raw = _records()
+    table = raw.assign(age=_decade(raw["age"]), sex="*")
+    cells = raw.groupby(["sex", "dx"]).size().reset_index()[["sex", "dx"]]
+    none = np.zeros(len(table), dtype=bool)
+    found = reproduced_cells(table, cells, raw, ["sex", "dx"], {}, HIER, none)
+    assert not found.linked and found.coarse == len(table)
+    ages = pd.DataFrame({"age": sorted(raw["age"].unique())})  # raw ages, table has decades
+    assert not reproduced_cells(table, ages, raw, ["age"], {}, HIER, none).linked
+    missing = reproduced_cells(table, cells, raw, ["sex", "zip"], {}, HIER, none)
+    assert not missing.linked and missing.missing_columns == ("zip",)
+
+
+def test_suppressed_rows_are_named_in_the_message() -> None:
+    raw = _records()
+    table = raw.copy()
+    table.loc[:9, ["age", "sex"]] = "*"
+    suppressed = np.zeros(len(table), dtype=bool)
+    suppressed[:10] = True
+    cells = raw.groupby(["sex"]).size().reset_index()[["sex"]]
+    found = reproduced_cells(table, cells, raw, ["sex"], {}, HIER, suppressed)
+    assert found.linked and found.suppressed == 10
+    assert "10 suppressed row(s)" in found.message()
+    assert found.exact_cells < found.cells  # the suppressed rows are missing from the counts
+
+
+def test_public_release_json_keeps_no_exact_figure() -> None:
+    dp_doc = {
+        "name": "d",
+        "kind": "dp_count",
+        "parameters": {"epsilon": 1.0},
+        "guarantee": {"epsilon": 1.0},
+        "charged": {"epsilon": 1.0, "delta": 0.0},
+        "metrics": {"seconds": 12.5, "cells_published": {"d": 3}},
+        "verification": {"epsilon": 1.0, "delta": 0.0, "method": "basic"},
+        "verified": True,
+    }
+    public, internal = split_document(dp_doc)
+    assert public["metrics"] == {"cells_published": {"d": 3}}
+    assert internal["metrics"]["seconds"] == 12.5 and public["verified"] is True
+    ldp_doc = {
+        "name": "l",
+        "kind": "local_dp",
+        "parameters": {"epsilon": 1.0},
+        "guarantee": {"epsilon": 1.0},
+        "metrics": {"reports": 2011},
+        "verification": {"ok": True, "n": 2011},
+        "seconds": 3.0,
+        "verified": True,
+    }
+    public, internal = split_document(ldp_doc)
+    assert "2011" not in str(public) and "seconds" not in public
+    assert internal["metrics"]["reports"] == 2011
+    table_doc = {
+        "name": "k",
+        "kind": "k_anonymity",
+        "parameters": {"k": 5},
+        "guarantee": {"k": 5},
+        "transformation": {"levels": {"age": 1}},
+        "search": {"seconds": 0.2, "nodes_checked": 17},
+        "records": {"input": 4321, "published": 4300, "suppressed": 21, "suppressed_as": "drop"},
+        "metrics": {"input": {"x": 1}, "output": {"x": 2}},
+        "verification": {"checked": ["records: 4300 published + 21 dropped = 4321 input"]},
+        "verified": True,
+    }
+    public, internal = split_document(table_doc)
+    assert "4321" not in str(public) and "search" not in public
+    assert public["records"] == {"published": 4300, "suppressed": 21, "suppressed_as": "drop"}
+
+
+def test_one_cell_read_off_exactly_is_linked_even_if_other_rows_are_coarse() -> None:
+    raw = _records()
+    table = raw.copy()
+    table.loc[table["dx"] != "flu", "sex"] = "*"  # sex kept only beside flu
+    cells = raw.groupby(["sex", "dx"]).size().reset_index()[["sex", "dx"]]
+    none = np.zeros(len(table), dtype=bool)
+    found = reproduced_cells(table, cells, raw, ["sex", "dx"], {}, HIER, none)
+    assert not found.structural and found.linked
+    assert found.exact_cells == 2  # (F, flu) and (M, flu)
+    assert "not for every row" in found.message()
