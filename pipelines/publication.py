@@ -94,7 +94,9 @@ def split_document(doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, An
         public["metrics"] = {k: metrics[k] for k in ("cells_published",) if k in metrics}
     elif group == "dp_continual_count":
         check = doc.get("verification") or {}
-        public["verification"] = {k: check[k] for k in ("ok", "node_scale") if k in check}
+        public["verification"] = {
+            k: check[k] for k in ("ok", "node_scale", "l1_bound") if k in check
+        }
     if group == "local_dp":
         public["verification"] = {"ok": (doc.get("verification") or {}).get("ok")}
     return public, internal

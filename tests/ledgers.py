@@ -39,8 +39,11 @@ def config_key(config: Path, dataset: str | None = None) -> LedgerKey:
 
 def provision_ledger(config: Path, epsilon: float | None = None) -> Path:
     """Create the ledger (and audit ledger) ``config``'s budget section names, with its
-    lifetime (or ``epsilon`` when the config gives none); an existing one is kept."""
+    lifetime (or ``epsilon`` when the config gives none); an existing one is kept, and so is
+    a dataset the heads file already knows (the run then finds it moved or deleted)."""
     cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    if not cfg.get("budget"):
+        return Path()
     b, name = cfg["budget"], str(cfg["name"])
     eps = b.get("lifetime_epsilon", epsilon)
     assert eps is not None, "the config has no lifetime_epsilon: pass epsilon="
@@ -52,8 +55,9 @@ def provision_ledger(config: Path, epsilon: float | None = None) -> Path:
         path = config.parent / os.path.expanduser(b[key])
         if path.is_dir():
             path = ledger_path(path, dataset)
-        if not path.exists():
-            Ledger.create(path, dataset, life, config_key(config, dataset))
+        key = config_key(config, dataset)
+        if not path.exists() and dataset not in key.read_heads():  # never restart a lifetime
+            Ledger.create(path, dataset, life, key)
         made = made if key == "audit_ledger" else path.resolve()
     return made
 

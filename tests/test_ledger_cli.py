@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main
+from tests.layout import internal_file
 from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published, snapshot
 from tests.test_dp_pipeline import DPProject
@@ -46,7 +47,7 @@ def test_a_run_never_creates_a_ledger_and_says_how(
     assert stat.S_IMODE(dpp.ledger.stat().st_mode) == 0o600
     code, _, err = cli(["run", str(dpp.config)], capsys)
     assert code == 0, err
-    head = json.loads((dpp.out / "manifest.json").read_text())["budget"]["ledger_head"]
+    head = json.loads(internal_file(dpp.out, "manifest.json").read_text())["budget"]["ledger_head"]
     assert head["entries"] == 1 and head["dataset"] == "visits" and len(head["mac"]) == 64
 
 

@@ -103,9 +103,9 @@ def test_every_protocol_runs_reports_round_trip_and_parties_compare_models(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     p = LDPProject(tmp_path)
-    # a comparison run: every release a candidate (full release.json), charged to an audit
-    # ledger that is here the dataset's own file, so the entries below are all there
-    p.cfg["budget"]["audit_ledger"] = "ledger.sqlite"
+    # a comparison run: every release a candidate (full release.json), charged to the
+    # audit ledger (its own dataset id, visits.audit)
+    p.cfg["budget"]["audit_ledger"] = "audit.sqlite"
     p.save(ALL_PROTOCOLS)
     code, out, err = run(["run", str(p.config), "--insecure-seed", "11"], capsys)
     assert code == 0, err
