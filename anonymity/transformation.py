@@ -24,6 +24,14 @@ Recoding a batch of rows (next step of the pipeline): encode each QI with its hi
 marked in ``Assessment.suppressed``; generalise the others with
 ``Hierarchy.generalize(codes, level)``.
 
+Privacy units: when the summary carries unit codes (``Summary.unit_codes``), a class's
+size for the models is its number of distinct persons, and a cell's count the number of
+distinct persons of the class with that SA value (a person with several SA values in a
+class counts once for each of them). ``Evaluator.in_units`` gives that view of any
+classes, recomputed from the (person, tuple) summary rows of the node (never summed from
+a finer node: one person's rows can merge into one class). Rows stay the unit of the
+suppression limit and of the utility metrics.
+
 Pure core: numpy, pandas and the standard library only (no Beam).
 """
 
@@ -44,7 +52,7 @@ from anonymity.lattice import Lattice, Node
 from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
 from privpipe.errors import ConfigError, InputDataError
 
-__all__ = ["EquivalenceClasses", "Evaluator", "QIArrays", "describe_node"]
+__all__ = ["EquivalenceClasses", "Evaluator", "QIArrays", "count_units", "describe_node"]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -146,6 +154,9 @@ class EquivalenceClasses:
         "_cell_keys",
         "_class_keys",
         "_local",
+        "_sa_p",
+        "_units",
+        "in_units",
         "cell_class",
         "cell_count",
         "cell_sa",
@@ -176,6 +187,9 @@ class EquivalenceClasses:
         self._cell_keys = cell_keys
         self._class_keys = class_keys
         self._local = local_labels
+        self._sa_p: FloatArray | None = None
+        self._units: EquivalenceClasses | None = None
+        self.in_units = False  # True for the person-counted view (``Evaluator.in_units``)
 
     def __repr__(self) -> str:
         return (
@@ -197,6 +211,19 @@ class EquivalenceClasses:
     def n_records(self) -> int:
         """Number of records (all classes)."""
         return self.evaluator.n_records
+
+    @property
+    def sa_distribution(self) -> FloatArray | None:
+        """p, the SA distribution of the whole table in this view's unit (t-closeness)."""
+        return self._sa_p if self._sa_p is not None else self.evaluator.sa_distribution
+
+    def sa_totals(self) -> IntArray:
+        """Per class: the sum of its cell counts (the denominator of q_E). Equals
+        ``sizes`` for records; for persons, a person with m SA values counts m times."""
+        if not self.in_units:
+            return self.sizes
+        totals = np.bincount(self.cell_class, weights=self.cell_count, minlength=self.n_classes)
+        return np.rint(totals).astype(np.int64)
 
     def local_labels(self, qi: int) -> IntArray:
         """Per class: the evaluator-local label id of QI ``qi`` (see ``Evaluator``)."""
@@ -356,6 +383,17 @@ class Evaluator:
         self.sa_distribution: FloatArray | None = None
         if self.use_sa:
             self.sa_distribution = summary.sa_counts().astype(np.float64) / summary.n_records
+        self.units: IntArray | None = None  # dense unit id per summary row
+        self.n_units = summary.n_records
+        self.unit_sa_distribution: FloatArray | None = None
+        if summary.unit_codes is not None:
+            distinct, dense = np.unique(summary.unit_codes, return_inverse=True)
+            self.units = dense.ravel().astype(np.int64)
+            self.n_units = max(int(distinct.shape[0]), 1)
+            if self.use_sa:
+                pairs = np.unique(self._row_sa * self.n_units + self.units)
+                persons = np.bincount(pairs // self.n_units, minlength=self.sa_radix)
+                self.unit_sa_distribution = persons.astype(np.float64) / persons.sum()
 
     def __repr__(self) -> str:
         return (
@@ -402,6 +440,59 @@ class Evaluator:
         return Evaluator(
             self.summary, self.hierarchies, use_sa=False, packed=self.packed, _shared=self._qi
         )
+
+    # ----------------------------------------------------------------- privacy units
+
+    def in_units(self, classes: EquivalenceClasses) -> EquivalenceClasses:
+        """``classes`` counted in persons (module docstring); the classes themselves when
+        the summary has no privacy unit. Cached on ``classes``."""
+        if self.units is None or classes.in_units:
+            return classes
+        if classes._units is None:
+            view = count_units(
+                classes, classes.row_classes(), self._row_sa, self.units, self.n_units
+            )
+            view._sa_p = self.unit_sa_distribution
+            classes._units = view
+        return classes._units
+
+    def block(self, classes: EquivalenceClasses, suppressed: BoolArray) -> EquivalenceClasses:
+        """The suppressed records as one class (an attacker who finds no kept class for a
+        target knows it is among them), counted in this evaluator's unit."""
+        node = classes.levels
+        if self.units is None:
+            mask = suppressed[classes.cell_class]
+            if classes.cell_sa is None:
+                total = np.array([int(classes.sizes[suppressed].sum())], dtype=np.int64)
+                return EquivalenceClasses(self, node, total, np.zeros(1, np.int64), None, total)
+            tally = np.bincount(
+                classes.cell_sa[mask], weights=classes.cell_count[mask], minlength=self.sa_radix
+            )
+            present = np.flatnonzero(tally)
+            counts = np.rint(tally[present]).astype(np.int64)
+            size = np.array([int(counts.sum())], dtype=np.int64)
+            zeros = np.zeros(present.shape[0], dtype=np.int64)
+            return EquivalenceClasses(self, node, size, zeros, present.astype(np.int64), counts)
+        rows = suppressed[classes.row_classes()]
+        one = np.zeros(int(rows.sum()), dtype=np.int64)
+        whole = EquivalenceClasses(
+            self,
+            node,
+            np.array([0], dtype=np.int64),
+            np.zeros(0, np.int64),
+            None if not self.use_sa else np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+        )
+        sa = self._row_sa[rows]
+        if self.use_sa:
+            present = np.unique(sa)
+            whole.cell_class = np.zeros(present.shape[0], dtype=np.int64)
+            whole.cell_sa = present.astype(np.int64)
+        else:
+            whole.cell_class = np.zeros(1, dtype=np.int64)
+        view = count_units(whole, one, sa, self.units[rows], self.n_units)
+        view._sa_p = self.unit_sa_distribution
+        return view
 
     # ----------------------------------------------------------------- evaluation
 
@@ -570,6 +661,44 @@ class Evaluator:
             cell_keys=cell_keys,
             class_keys=class_of_cell[starts],
         )
+
+
+def count_units(
+    classes: EquivalenceClasses,
+    row_class: IntArray,
+    row_sa: IntArray,
+    row_unit: IntArray,
+    n_units: int,
+) -> EquivalenceClasses:
+    """The person-counted view of ``classes`` from (class, SA, unit) of its summary rows:
+    class size = distinct units, cell count = distinct units of the class with that SA
+    value. Cells (and keys, labels) are those of ``classes``: every cell has a person."""
+    n_classes = classes.n_classes
+    radix = max(int(n_units), 1)
+    pairs = np.unique(np.asarray(row_class, np.int64) * radix + row_unit)
+    persons = np.bincount(pairs // radix, minlength=n_classes).astype(np.int64)
+    if classes.cell_sa is None:
+        cell_count = persons
+    else:
+        sa_radix = classes.evaluator.sa_radix
+        cell_key = classes.cell_class * sa_radix + classes.cell_sa
+        row_cell = np.searchsorted(cell_key, np.asarray(row_class, np.int64) * sa_radix + row_sa)
+        cell_pairs = np.unique(row_cell * radix + row_unit)
+        cell_count = np.bincount(cell_pairs // radix, minlength=classes.n_cells)
+        cell_count = cell_count.astype(np.int64)
+    view = EquivalenceClasses(
+        classes.evaluator,
+        classes.levels,
+        persons,
+        classes.cell_class,
+        classes.cell_sa,
+        cell_count,
+        cell_keys=classes._cell_keys,
+        class_keys=classes._class_keys,
+        local_labels=classes._local,
+    )
+    view.in_units = True
+    return view
 
 
 def _starts(sorted_keys: IntArray) -> IntArray:
