@@ -22,9 +22,10 @@ Privacy units: when the evaluator's summary carries a privacy unit, the models a
 on the person-counted view of the classes (``Evaluator.in_units``): k counts distinct
 persons; the SA counts of a class are distinct persons per SA value (a person with m
 values in the class counts once for each, so q_E(s) = n_persons(E, s) / sum_s
-n_persons(E, s), and p likewise over the table); and an l-diversity model (l >= 2) also
+n_persons(E, s), and p likewise over the table); and an l-diversity model (l > 1) also
 fails a class in which one SA value is held by every person, because the attacker then
-learns with certainty that the target has it. The suppression limit stays in records.
+learns with certainty that the target has it (with one record per person that class is
+homogeneous, which l > 1 excludes anyway). The suppression limit stays in records.
 
 Monotonicity (``PrivacyModel.monotone``): if a node satisfies the model, so does every
 generalisation of it, also with a suppression limit. True for k-anonymity and distinct
@@ -319,7 +320,8 @@ class DistinctLDiversity(PrivacyModel):
         object.__setattr__(self, "l", _positive_int(self.l, "l"))
 
     def violating(self, classes: EquivalenceClasses) -> BoolArray:
-        return (class_distinct(classes) < self.l) | shared_by_all(classes)
+        bad = class_distinct(classes) < self.l
+        return bad | shared_by_all(classes) if self.l >= 2 else bad
 
     def describe(self) -> str:
         return f"l={self.l} (distinct)"
@@ -339,7 +341,8 @@ class EntropyLDiversity(PrivacyModel):
         object.__setattr__(self, "l", _number(self.l, "l", 1.0))
 
     def violating(self, classes: EquivalenceClasses) -> BoolArray:
-        return (class_entropy(classes) < math.log(self.l) - EPSILON) | shared_by_all(classes)
+        bad = class_entropy(classes) < math.log(self.l) - EPSILON
+        return bad | shared_by_all(classes) if self.l > 1 else bad
 
     def describe(self) -> str:
         return f"l={self.l:g} (entropy)"
@@ -362,7 +365,8 @@ class RecursiveCLDiversity(PrivacyModel):
         object.__setattr__(self, "l", _positive_int(self.l, "l"))
 
     def violating(self, classes: EquivalenceClasses) -> BoolArray:
-        return ~recursive_cl_holds(classes, self.c, self.l) | shared_by_all(classes)
+        bad = ~recursive_cl_holds(classes, self.c, self.l)
+        return bad | shared_by_all(classes) if self.l >= 2 else bad
 
     def describe(self) -> str:
         return f"(c={self.c:g}, l={self.l})-diversity (recursive)"
@@ -498,6 +502,10 @@ def assess(
     items = (models,) if isinstance(models, PrivacyModel) else tuple(models)
     cap = max_suppressed(suppression_limit, classes.n_records)
     evaluator = classes.evaluator
+    if evaluator.units is not None and not classes.in_units:
+        early = _fails_in_records(classes, items, suppression_limit, cap)
+        if early is not None:
+            return early
     view = evaluator.in_units(classes)  # the classes themselves without a privacy unit
     violating = np.zeros(classes.n_classes, dtype=bool)
     violations: dict[str, int] = {}
@@ -526,4 +534,44 @@ def assess(
         tuple(masks),
         block,
         "person" if view.in_units else "rows",
+    )
+
+
+def _fails_in_records(
+    classes: EquivalenceClasses,
+    models: tuple[PrivacyModel, ...],
+    limit: float,
+    cap: int,
+) -> Assessment | None:
+    """A shortcut for person-counted classes: a class violating k or distinct l in records
+    violates it in persons too (persons <= records; the same SA values), so when those
+    violations alone exceed the limit the node fails without counting persons. The
+    assessment then holds the record-level violations (a lower bound of the suppression
+    the node needs), and those models' masks are subsets of the person-level ones.
+    None when the shortcut does not decide."""
+    bounded = [m for m in models if isinstance(m, KAnonymity | DistinctLDiversity)]
+    if not bounded:
+        return None
+    masks = []
+    violating = np.zeros(classes.n_classes, dtype=bool)
+    for model in models:
+        bad = model.violating(classes) if model in bounded else np.zeros_like(violating)
+        masks.append(bad)
+        violating |= bad
+    needed = int(classes.sizes[violating].sum())
+    if needed <= cap:
+        return None
+    violations = {m.describe(): int(classes.sizes[b].sum()) for m, b in zip(models, masks)}
+    return Assessment(
+        classes,
+        models,
+        float(limit),
+        violating,
+        needed,
+        cap,
+        False,
+        violations,
+        tuple(masks),
+        (),
+        "person",
     )

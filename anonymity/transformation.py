@@ -488,8 +488,10 @@ class Evaluator:
             present = np.unique(sa)
             whole.cell_class = np.zeros(present.shape[0], dtype=np.int64)
             whole.cell_sa = present.astype(np.int64)
+            whole.cell_count = np.zeros(present.shape[0], dtype=np.int64)  # counted below
         else:
             whole.cell_class = np.zeros(1, dtype=np.int64)
+            whole.cell_count = np.zeros(1, dtype=np.int64)
         view = count_units(whole, one, sa, self.units[rows], self.n_units)
         view._sa_p = self.unit_sa_distribution
         return view
@@ -675,17 +677,27 @@ def count_units(
     value. Cells (and keys, labels) are those of ``classes``: every cell has a person."""
     n_classes = classes.n_classes
     radix = max(int(n_units), 1)
-    pairs = np.unique(np.asarray(row_class, np.int64) * radix + row_unit)
-    persons = np.bincount(pairs // radix, minlength=n_classes).astype(np.int64)
+    row_class = np.asarray(row_class, np.int64)
+    persons = _distinct_per_group(row_class, row_unit, radix, n_classes)
     if classes.cell_sa is None:
         cell_count = persons
     else:
+        # distinct (class, SA, unit) triples, sorted: their runs of equal (class, SA) are
+        # the cells in order (cells are sorted by class then SA, and each has a row)
         sa_radix = classes.evaluator.sa_radix
-        cell_key = classes.cell_class * sa_radix + classes.cell_sa
-        row_cell = np.searchsorted(cell_key, np.asarray(row_class, np.int64) * sa_radix + row_sa)
-        cell_pairs = np.unique(row_cell * radix + row_unit)
-        cell_count = np.bincount(cell_pairs // radix, minlength=classes.n_cells)
-        cell_count = cell_count.astype(np.int64)
+        row_cell = row_class * sa_radix + row_sa
+        if n_classes * sa_radix * radix < _KEY_LIMIT:
+            triples = np.sort(row_cell * radix + row_unit)
+            first = np.ones(triples.shape[0], dtype=bool)
+            np.not_equal(triples[1:], triples[:-1], out=first[1:])
+            cells = triples[first] // radix
+            cell_count = np.diff(np.append(_starts(cells), cells.shape[0])).astype(np.int64)
+        else:  # pragma: no cover - astronomically many classes x persons
+            cell_key = classes.cell_class * sa_radix + classes.cell_sa
+            index = np.searchsorted(cell_key, row_cell)
+            cell_count = _distinct_per_group(index, row_unit, radix, classes.n_cells)
+        if cell_count.shape[0] != classes.n_cells:
+            raise RuntimeError("person counts do not match the cells of the classes")
     view = EquivalenceClasses(
         classes.evaluator,
         classes.levels,
@@ -699,6 +711,14 @@ def count_units(
     )
     view.in_units = True
     return view
+
+
+def _distinct_per_group(group: IntArray, unit: IntArray, radix: int, n_groups: int) -> IntArray:
+    """Per group: the number of distinct units among its rows (a sort of packed pairs)."""
+    pairs = np.sort(group * radix + unit)
+    first = np.ones(pairs.shape[0], dtype=bool)
+    np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
+    return np.bincount(pairs[first] // radix, minlength=n_groups).astype(np.int64)
 
 
 def _starts(sorted_keys: IntArray) -> IntArray:
