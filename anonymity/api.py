@@ -173,25 +173,18 @@ def _risk(sizes: IntArray, suppressed: int, unit: str = "rows") -> dict[str, Any
     }
 
 
-def person_class_sizes(recoding: Recoding, summary: Summary, *, identity: bool = False) -> IntArray:
+def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     """Distinct persons per published class of ``recoding`` (kept classes only; suppressed
-    tuples left out as the record-level risk does). ``identity``: every QI at level 0."""
+    tuples left out as the record-level risk does)."""
     assert summary.unit_codes is not None
-    tuples = recoding.codes
-    row = _tuple_of_rows(summary, tuples)
-    if identity:
-        cls = row
-        kept = np.ones(row.shape[0], dtype=bool)
-    else:
-        labels = pd.MultiIndex.from_arrays(
-            [recoding.labels[:, j].astype(str) for j in range(recoding.labels.shape[1])]
-        )
-        class_of_tuple = np.asarray(labels.factorize()[0], dtype=np.int64)
-        cls = class_of_tuple[row]
-        kept = ~np.asarray(recoding.suppressed, dtype=bool)[row]
+    row = _tuple_of_rows(summary, recoding.codes)
+    labels = pd.MultiIndex.from_arrays(
+        [recoding.labels[:, j].astype(str) for j in range(recoding.labels.shape[1])]
+    )
+    cls = np.asarray(labels.factorize()[0], dtype=np.int64)[row]
+    kept = ~np.asarray(recoding.suppressed, dtype=bool)[row]
     pairs = pd.DataFrame({"cls": cls[kept], "unit": summary.unit_codes[kept]}).drop_duplicates()
-    sizes = pairs.groupby("cls").size().to_numpy(np.int64)
-    return np.asarray(sizes, dtype=np.int64)
+    return np.asarray(pairs.groupby("cls").size().to_numpy(np.int64), dtype=np.int64)
 
 
 def _tuple_of_rows(summary: Summary, tuples: IntArray) -> IntArray:
@@ -310,7 +303,7 @@ def plan_recoding(
         )
     info["unit"] = spec.unit
     if summary.has_units:  # risk per person: 1 / persons in the class
-        input_sizes = person_class_sizes(identity_recoding(summary, hierarchies), summary, identity=True)
+        input_sizes = person_class_sizes(identity_recoding(summary, hierarchies), summary)
         output_sizes = person_class_sizes(recoding, summary)
     return RecodingPlan(
         recoding,

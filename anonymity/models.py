@@ -69,10 +69,10 @@ __all__ = [
     "check_models",
     "class_distinct",
     "class_entropy",
-    "shared_by_all",
     "describe_models",
     "max_suppressed",
     "recursive_cl_holds",
+    "shared_by_all",
     "t_distance",
 ]
 
@@ -561,7 +561,8 @@ def _fails_in_records(
     needed = int(classes.sizes[violating].sum())
     if needed <= cap:
         return None
-    violations = {m.describe(): int(classes.sizes[b].sum()) for m, b in zip(models, masks)}
+    pairs = zip(models, masks, strict=True)
+    violations = {m.describe(): int(classes.sizes[b].sum()) for m, b in pairs}
     return Assessment(
         classes,
         models,

@@ -508,7 +508,8 @@ def unit_hashes(column: pd.Series, name: str) -> IntArray:
             "every row needs one (fill or drop them)"
         )
     hashed = pd.util.hash_array(np.array(strings, dtype=object), categorize=False)
-    return np.asarray(hashed, dtype=np.uint64).view(np.int64)[codes]
+    units: IntArray = np.asarray(hashed, dtype=np.uint64).view(np.int64)[codes]
+    return units
 
 
 def _merged_sa_values(parts: Sequence[Summary]) -> tuple[ObjArray, bool]:

@@ -156,11 +156,11 @@ class EquivalenceClasses:
         "_local",
         "_sa_p",
         "_units",
-        "in_units",
         "cell_class",
         "cell_count",
         "cell_sa",
         "evaluator",
+        "in_units",
         "levels",
         "sizes",
     )

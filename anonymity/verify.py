@@ -320,8 +320,10 @@ def verify_counts(
                 _report(
                     failures,
                     every,
-                    lambda c: f"class {names[c]}: one {sa} value is held by all its {sizes[c]} "
-                    "persons (certain disclosure)",
+                    lambda c: (
+                        f"class {names[c]}: one {sa} value is held by all its {sizes[c]} "
+                        "persons (certain disclosure)"
+                    ),
                     "person-level l-diversity",
                 )
         else:

@@ -104,9 +104,7 @@ def test_dropped_records_count_towards_the_input() -> None:
     assert ok.ok, ok.failures
     assert any("6 published + 3 dropped = 9 input" in line for line in ok.checked)
     # the dropped block is a class too: two dropped records are fewer than k=3
-    two = verify_table(
-        GOOD, spec, input_records=8, suppressed_records=2, dropped=dropped.iloc[:2]
-    )
+    two = verify_table(GOOD, spec, input_records=8, suppressed_records=2, dropped=dropped.iloc[:2])
     assert not two.ok and two.failures == ["class [zip=*, age=*] has 2 records, fewer than k=3"]
     # without the dropped records' counts the block cannot be checked: fail closed
     blind = verify_table(GOOD, spec, input_records=9, suppressed_records=3)

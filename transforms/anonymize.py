@@ -230,9 +230,7 @@ def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver
     persons = records if unit is None else int(value_counts[unit].shape[0])
     spec.check_feasible(persons, None if sa_counts is None else int((sa_counts > 0).sum()))
     qi_h = {q: hierarchies[q] for q in spec.qis}
-    summary = Summary.from_frame(
-        freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit
-    )
+    summary = Summary.from_frame(freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit)
     plan = plan_recoding(summary, spec, qi_h, sa_hierarchy)
     return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
 
