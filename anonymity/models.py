@@ -25,7 +25,9 @@ values in the class counts once for each, so q_E(s) = n_persons(E, s) / sum_s
 n_persons(E, s), and p likewise over the table); and an l-diversity model (l > 1) also
 fails a class in which one SA value is held by every person, because the attacker then
 learns with certainty that the target has it (with one record per person that class is
-homogeneous, which l > 1 excludes anyway). The suppression limit stays in records.
+homogeneous, which l > 1 excludes anyway). That last condition is not monotone, so it is
+checked per node beside the models (``certain_values``), never used for pruning. The
+suppression limit stays in records.
 
 Monotonicity (``PrivacyModel.monotone``): if a node satisfies the model, so does every
 generalisation of it, also with a suppression limit. True for k-anonymity and distinct
@@ -66,6 +68,7 @@ __all__ = [
     "RecursiveCLDiversity",
     "TCloseness",
     "assess",
+    "certain_values",
     "check_models",
     "class_distinct",
     "class_entropy",
@@ -102,6 +105,27 @@ def shared_by_all(classes: EquivalenceClasses) -> BoolArray:
     top = np.zeros(classes.n_classes, dtype=np.int64)
     np.maximum.at(top, classes.cell_class, classes.cell_count)
     return np.asarray(top >= classes.sizes, dtype=np.bool_)
+
+
+CERTAIN: Final = "no SA value held by every person"
+"""The person-level l-diversity condition's name in ``Assessment.violations``."""
+
+
+def certain_values(classes: EquivalenceClasses, models: Sequence[PrivacyModel]) -> BoolArray | None:
+    """Per class of a person-counted view: whether one SA value is held by every person,
+    when some l-diversity model (l > 1) asks for l-diversity; None when not applicable.
+
+    Kept apart from the models' own checks because it is not monotone: two classes in
+    which no value is shared by all can merge into one where one is (p1 {a}, p2 {b} and
+    p1 {b}, p2 {a} give p1, p2 {a, b}), so it must never take part in the search's
+    pruning by monotonicity."""
+    wanted = any(
+        isinstance(m, DistinctLDiversity | EntropyLDiversity | RecursiveCLDiversity) and m.l > 1
+        for m in models
+    )
+    if not wanted or not classes.in_units:
+        return None
+    return shared_by_all(classes)
 
 
 def class_distinct(classes: EquivalenceClasses) -> IntArray:
@@ -320,8 +344,7 @@ class DistinctLDiversity(PrivacyModel):
         object.__setattr__(self, "l", _positive_int(self.l, "l"))
 
     def violating(self, classes: EquivalenceClasses) -> BoolArray:
-        bad = class_distinct(classes) < self.l
-        return bad | shared_by_all(classes) if self.l >= 2 else bad
+        return class_distinct(classes) < self.l
 
     def describe(self) -> str:
         return f"l={self.l} (distinct)"
@@ -341,8 +364,7 @@ class EntropyLDiversity(PrivacyModel):
         object.__setattr__(self, "l", _number(self.l, "l", 1.0))
 
     def violating(self, classes: EquivalenceClasses) -> BoolArray:
-        bad = class_entropy(classes) < math.log(self.l) - EPSILON
-        return bad | shared_by_all(classes) if self.l > 1 else bad
+        return class_entropy(classes) < math.log(self.l) - EPSILON
 
     def describe(self) -> str:
         return f"l={self.l:g} (entropy)"
@@ -365,8 +387,7 @@ class RecursiveCLDiversity(PrivacyModel):
         object.__setattr__(self, "l", _positive_int(self.l, "l"))
 
     def violating(self, classes: EquivalenceClasses) -> BoolArray:
-        bad = ~recursive_cl_holds(classes, self.c, self.l)
-        return bad | shared_by_all(classes) if self.l >= 2 else bad
+        return ~recursive_cl_holds(classes, self.c, self.l)
 
     def describe(self) -> str:
         return f"(c={self.c:g}, l={self.l})-diversity (recursive)"
@@ -515,13 +536,22 @@ def assess(
         violations[model.describe()] = int(classes.sizes[bad].sum())
         violating |= bad
         masks.append(bad)
+    certain = certain_values(view, items)
+    if certain is not None:  # not a model's mask: it is not monotone (certain_values)
+        violations[CERTAIN] = int(classes.sizes[certain].sum())
+        violating |= certain
     needed = (
-        int(classes.sizes[violating].sum()) if len(items) > 1 else violations[items[0].describe()]
+        int(classes.sizes[violating].sum())
+        if len(items) > 1 or certain is not None
+        else violations[items[0].describe()]
     )
     block: tuple[str, ...] = ()
     if needed and needed <= cap:  # the suppressed records are one more class
         whole = evaluator.block(classes, violating)
         block = tuple(m.describe() for m in items if bool(m.violating(whole)[0]))
+        certain = certain_values(whole, items)
+        if certain is not None and bool(certain[0]):
+            block += (CERTAIN,)
     return Assessment(
         classes,
         items,
@@ -533,7 +563,7 @@ def assess(
         violations,
         tuple(masks),
         block,
-        "person" if view.in_units else "rows",
+        "person" if evaluator.summary.has_units else "rows",
     )
 
 

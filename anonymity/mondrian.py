@@ -59,7 +59,13 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.hierarchy import Hierarchy
-from anonymity.models import PrivacyModel, check_models, describe_models, max_suppressed
+from anonymity.models import (
+    PrivacyModel,
+    certain_values,
+    check_models,
+    describe_models,
+    max_suppressed,
+)
 from anonymity.recoding import Recoding
 from anonymity.summary import Summary, resolve_hierarchies
 from anonymity.transformation import EquivalenceClasses, Evaluator, count_units
@@ -285,7 +291,8 @@ class _Checker:
         bad = np.zeros(n_classes, dtype=bool)
         for model in self.models:
             bad |= model.violating(classes)
-        return bad
+        certain = certain_values(classes, self.models)
+        return bad if certain is None else bad | certain
 
 
 # --------------------------------------------------------------------------- Mondrian
@@ -446,6 +453,10 @@ def mondrian(
     if checker.violating(everything, root, 1)[0]:
         classes = checker.classes(everything, root, 1)
         failing = [m.describe() for m in items if bool(m.violating(classes)[0])]
+        certain = certain_values(classes, items)
+        failing += (
+            ["no SA value held by every person"] if certain is not None and certain[0] else []
+        )
         # suppressing everything would not help: the suppressed block is a class too
         # (an attacker knows the target is among the '*' rows), here the whole table
         raise PrivacyRefusal(

@@ -54,6 +54,7 @@ import numpy.typing as npt
 from anonymity.lattice import MAX_OPTIMAL_NODES, Lattice, Node, node_key
 from anonymity.metrics import Metric, Metrics, all_metrics, get_metric
 from anonymity.models import (
+    CERTAIN,
     Assessment,
     PrivacyModel,
     assess,
@@ -435,8 +436,8 @@ class _OptimalState:
         if self.monotone:
             needed = (
                 result.suppressed_records
-                if len(self.mono) == len(self.models)
-                else result.needed_for(self.mono)
+                if len(self.mono) == len(self.models) and CERTAIN not in result.violations
+                else result.needed_for(self.mono)  # the monotone models' records alone
             )
             if needed > self.cap:
                 self._mark(rank, self.fails, up=False, itself=True)

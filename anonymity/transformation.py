@@ -388,9 +388,12 @@ class Evaluator:
         self.unit_sa_distribution: FloatArray | None = None
         if summary.unit_codes is not None:
             distinct, dense = np.unique(summary.unit_codes, return_inverse=True)
-            self.units = dense.ravel().astype(np.int64)
             self.n_units = max(int(distinct.shape[0]), 1)
-            if self.use_sa:
+            # one record per person (persons == records): every count is already in
+            # persons, so the classes are their own person view (no recount per node)
+            if self.n_units < summary.n_records:
+                self.units = dense.ravel().astype(np.int64)
+            if self.units is not None and self.use_sa:
                 pairs = np.unique(self._row_sa * self.n_units + self.units)
                 persons = np.bincount(pairs // self.n_units, minlength=self.sa_radix)
                 self.unit_sa_distribution = persons.astype(np.float64) / persons.sum()

@@ -136,6 +136,28 @@ def test_person_l_diversity_counts_each_person_once_per_value() -> None:
     assert verify_table(table, rows, input_records=7, suppressed_records=0).ok
 
 
+def test_a_value_held_by_everyone_can_appear_by_merging_classes() -> None:
+    """Person-level l-diversity is not monotone: in z1 p1 has flu and p2 cold, in z2 the
+    other way round; each class is fine, but merged (z*, the top) both persons have both values.
+    The search must not prune with it: the optimum is level 0, not a refusal."""
+    df = pd.DataFrame(
+        {
+            "pid": ["p1", "p2", "p1", "p2"],
+            "zip": ["z1", "z1", "z2", "z2"],
+            "disease": ["flu", "cold", "cold", "flu"],
+        }
+    )
+    ev = Evaluator(
+        Summary.from_frame(df, ["zip"], "disease", {"zip": ZIP}, unit="pid"), {"zip": ZIP}
+    )
+    models = [KAnonymity(2), DistinctLDiversity(2)]
+    assert assess(ev.classes((0,)), models).satisfied
+    top = assess(ev.classes((1,)), models)
+    assert not top.satisfied and top.violations["no SA value held by every person"] == 4
+    assert optimal(ev, models).transformation == (0,)
+    assert optimal(ev, models, probe=False).transformation == (0,)
+
+
 def test_unit_person_needs_a_privacy_unit() -> None:
     with pytest.raises(ConfigError, match=r"schema\.privacy_unit"):
         AnonymizationSpec("k_anonymity", ("zip",), k=2, unit="person")
@@ -363,6 +385,9 @@ def test_unit_rows_on_one_row_per_person_reproduces_the_arx_optimum() -> None:
     )
     rows = anonymize(df, base, hier)
     persons = anonymize(df, replace(base, unit="person"), hier)
+    # persons == records: the search counts nothing more per node (as fast as rows)
+    summary = Summary.from_frame(df, qis, "occupation", hier, unit="pid")
+    assert summary.has_units and Evaluator(summary, hier).units is None
     assert rows.document["transformation"] == persons.document["transformation"]
     assert rows.document["records"] == persons.document["records"]
     assert rows.table.equals(persons.table)
