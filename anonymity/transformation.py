@@ -159,6 +159,7 @@ class EquivalenceClasses:
         "cell_class",
         "cell_count",
         "cell_sa",
+        "cell_single",
         "evaluator",
         "in_units",
         "levels",
@@ -189,6 +190,9 @@ class EquivalenceClasses:
         self._local = local_labels
         self._sa_p: FloatArray | None = None
         self._units: EquivalenceClasses | None = None
+        # per cell: summary rows of persons with a single summary row (privacy units only;
+        # carried through roll-ups so persons are recounted only from the other rows)
+        self.cell_single: IntArray | None = None
         self.in_units = False  # True for the person-counted view (``Evaluator.in_units``)
 
     def __repr__(self) -> str:
@@ -384,6 +388,8 @@ class Evaluator:
         if self.use_sa:
             self.sa_distribution = summary.sa_counts().astype(np.float64) / summary.n_records
         self.units: IntArray | None = None  # dense unit id per summary row
+        self._single: IntArray | None = None  # 1 for rows whose unit has no other row
+        self._multi: IntArray = np.zeros(0, dtype=np.int64)  # the other rows
         self.n_units = summary.n_records
         self.unit_sa_distribution: FloatArray | None = None
         if summary.unit_codes is not None:
@@ -393,6 +399,10 @@ class Evaluator:
             # persons, so the classes are their own person view (no recount per node)
             if self.n_units < summary.n_records:
                 self.units = dense.ravel().astype(np.int64)
+                rows_per_unit = np.bincount(self.units, minlength=self.n_units)
+                single = rows_per_unit[self.units] == 1
+                self._single = single.astype(np.int64)
+                self._multi = np.flatnonzero(~single).astype(np.int64)
             if self.units is not None and self.use_sa:
                 pairs = np.unique(self._row_sa * self.n_units + self.units)
                 persons = np.bincount(pairs // self.n_units, minlength=self.sa_radix)
@@ -446,18 +456,94 @@ class Evaluator:
 
     # ----------------------------------------------------------------- privacy units
 
+    def _block_from_singles(
+        self, classes: EquivalenceClasses, suppressed: BoolArray
+    ) -> EquivalenceClasses:
+        """``block`` from the carried single-row counts and the multi-row persons."""
+        assert self.units is not None and classes.cell_single is not None
+        cells = suppressed[classes.cell_class]
+        rows = self._multi[suppressed[self._multi_row_classes(classes)]]
+        units = self.units[rows]
+        n_persons = int(classes.cell_single[cells].sum()) + int(np.unique(units).shape[0])
+        size = np.array([n_persons], dtype=np.int64)
+        if classes.cell_sa is None:
+            block = EquivalenceClasses(
+                self, classes.levels, size, np.zeros(1, np.int64), None, size
+            )
+        else:
+            radix = self.n_units
+            per_sa = np.bincount(
+                classes.cell_sa[cells], weights=classes.cell_single[cells], minlength=self.sa_radix
+            )
+            per_sa = np.rint(per_sa).astype(np.int64)
+            per_sa += _distinct_per_group(self._row_sa[rows], units, radix, self.sa_radix)
+            present = np.flatnonzero(per_sa)
+            zeros = np.zeros(present.shape[0], dtype=np.int64)
+            block = EquivalenceClasses(
+                self, classes.levels, size, zeros, present.astype(np.int64), per_sa[present]
+            )
+        block.in_units = True
+        block._sa_p = self.unit_sa_distribution
+        return block
+
     def in_units(self, classes: EquivalenceClasses) -> EquivalenceClasses:
         """``classes`` counted in persons (module docstring); the classes themselves when
         the summary has no privacy unit. Cached on ``classes``."""
         if self.units is None or classes.in_units:
             return classes
         if classes._units is None:
-            view = count_units(
-                classes, classes.row_classes(), self._row_sa, self.units, self.n_units
-            )
+            if classes.cell_single is not None and classes._class_keys is not None:
+                view = self._units_from_singles(classes)
+            else:
+                view = count_units(
+                    classes, classes.row_classes(), self._row_sa, self.units, self.n_units
+                )
             view._sa_p = self.unit_sa_distribution
             classes._units = view
         return classes._units
+
+    def _multi_row_classes(self, classes: EquivalenceClasses) -> IntArray:
+        """Class index of the summary rows of persons with several rows (packed mode)."""
+        assert classes._class_keys is not None
+        rows = self._multi
+        keys = np.zeros(rows.shape[0], dtype=np.int64)
+        for j, level in enumerate(classes.levels):
+            stride = self.strides[j] // self.sa_radix
+            keys += np.multiply(self._labels_of_rows(j, level)[rows], stride, dtype=np.int64)
+        return np.searchsorted(classes._class_keys, keys).astype(np.int64)
+
+    def _units_from_singles(self, classes: EquivalenceClasses) -> EquivalenceClasses:
+        """The person view from the carried single-row counts plus distinct persons among
+        the rows of persons with several rows (the only ones that can repeat a person)."""
+        assert self.units is not None and classes.cell_single is not None
+        radix = self.n_units
+        rows = self._multi
+        row_class = self._multi_row_classes(classes)
+        units = self.units[rows]
+        singles = classes.cell_single
+        persons = np.bincount(classes.cell_class, weights=singles, minlength=classes.n_classes)
+        persons = np.rint(persons).astype(np.int64)
+        persons += _distinct_per_group(row_class, units, radix, classes.n_classes)
+        if classes.cell_sa is None:
+            cell_count = persons
+        else:
+            sa_radix = self.sa_radix
+            cell_key = classes.cell_class * sa_radix + classes.cell_sa
+            index = np.searchsorted(cell_key, row_class * sa_radix + self._row_sa[rows])
+            cell_count = singles + _distinct_per_group(index, units, radix, classes.n_cells)
+        view = EquivalenceClasses(
+            self,
+            classes.levels,
+            persons,
+            classes.cell_class,
+            classes.cell_sa,
+            cell_count.astype(np.int64),
+            cell_keys=classes._cell_keys,
+            class_keys=classes._class_keys,
+            local_labels=classes._local,
+        )
+        view.in_units = True
+        return view
 
     def block(self, classes: EquivalenceClasses, suppressed: BoolArray) -> EquivalenceClasses:
         """The suppressed records as one class (an attacker who finds no kept class for a
@@ -476,6 +562,8 @@ class Evaluator:
             size = np.array([int(counts.sum())], dtype=np.int64)
             zeros = np.zeros(present.shape[0], dtype=np.int64)
             return EquivalenceClasses(self, node, size, zeros, present.astype(np.int64), counts)
+        if classes.cell_single is not None and classes._class_keys is not None:
+            return self._block_from_singles(classes, suppressed)
         rows = suppressed[classes.row_classes()]
         one = np.zeros(int(rows.sum()), dtype=np.int64)
         whole = EquivalenceClasses(
@@ -519,16 +607,24 @@ class Evaluator:
             tally = np.bincount(dense, weights=self.summary.counts, minlength=space)
             present = np.flatnonzero(tally)
             counts = np.rint(tally[present]).astype(np.int64)
+            singles = None
+            if self._single is not None:
+                ones = np.bincount(dense, weights=self._single, minlength=space)
+                singles = np.rint(ones[present]).astype(np.int64)
             keys = present % self.sa_radix
             rest = present // self.sa_radix
             for j in range(len(node) - 1, -1, -1):
                 keys += (rest % radices[j]) * self.strides[j]
                 rest //= radices[j]
-            return self._from_cells(node, keys, counts)
+            return self._from_cells(node, keys, counts, singles)
         keys = self._row_keys(node)
         cell_keys, _, inverse = unique_first_inverse(keys)
         tally = np.bincount(inverse.ravel(), weights=self.summary.counts)
-        return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64))
+        singles = None
+        if self._single is not None:
+            ones = np.bincount(inverse.ravel(), weights=self._single)
+            singles = np.rint(ones).astype(np.int64)
+        return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64), singles)
 
     def classes_with_rows(self, levels: Sequence[int]) -> tuple[EquivalenceClasses, IntArray]:
         """Classes of ``levels`` and the class index of every summary row."""
@@ -577,7 +673,7 @@ class Evaluator:
             return self.classes(node)
         info = self._qi[qi]
         if info.identity[level]:
-            return EquivalenceClasses(
+            same = EquivalenceClasses(
                 self,
                 node,
                 classes.sizes,
@@ -587,6 +683,8 @@ class Evaluator:
                 cell_keys=classes._cell_keys,
                 class_keys=classes._class_keys,
             )
+            same.cell_single = classes.cell_single
+            return same
         keys = classes._cell_keys
         stride = self.strides[qi]
         digit = (keys // stride) % self.radices[qi]
@@ -595,7 +693,10 @@ class Evaluator:
         keys = keys[order]
         counts = classes.cell_count[order]
         starts = _starts(keys)
-        return self._from_cells(node, keys[starts], np.add.reduceat(counts, starts))
+        singles = None
+        if classes.cell_single is not None:
+            singles = np.add.reduceat(classes.cell_single[order], starts)
+        return self._from_cells(node, keys[starts], np.add.reduceat(counts, starts), singles)
 
     def row_class_keys(self, levels: Sequence[int]) -> IntArray:
         """Packed class key of every summary row at ``levels`` (packed mode only)."""
@@ -637,7 +738,16 @@ class Evaluator:
             keys += np.multiply(self._labels_of_rows(j, level), self.strides[j], dtype=np.int64)
         return keys if with_sa else keys // self.sa_radix
 
-    def _from_cells(self, node: Node, cell_keys: IntArray, counts: IntArray) -> EquivalenceClasses:
+    def _from_cells(
+        self, node: Node, cell_keys: IntArray, counts: IntArray, singles: IntArray | None = None
+    ) -> EquivalenceClasses:
+        classes = self._cells_to_classes(node, cell_keys, counts)
+        classes.cell_single = singles
+        return classes
+
+    def _cells_to_classes(
+        self, node: Node, cell_keys: IntArray, counts: IntArray
+    ) -> EquivalenceClasses:
         if not self.use_sa:  # cells are the classes
             return EquivalenceClasses(
                 self,
