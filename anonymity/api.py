@@ -54,6 +54,7 @@ __all__ = [
     "anonymize",
     "identity_recoding",
     "input_sa_distribution",
+    "person_class_sizes",
     "plan_recoding",
     "publish",
     "recoding_from_search",
@@ -143,23 +144,57 @@ def identity_recoding(
 
 def input_sa_distribution(summary: Summary) -> dict[str, float] | None:
     """SA value -> share of all input records, over the whole SA domain, in code order
-    (the order ordered t-closeness uses); None without an SA."""
+    (the order ordered t-closeness uses); None without an SA. With privacy units, the
+    share of (person, value) pairs: distinct persons with the value over the sum of
+    that over all values (the p of person-level t-closeness)."""
     if not summary.has_sa:
         return None
     counts = summary.sa_counts()
+    if summary.unit_codes is not None:
+        assert summary.sa_codes is not None
+        pairs = pd.DataFrame({"sa": summary.sa_codes, "unit": summary.unit_codes})
+        persons = pairs.drop_duplicates()["sa"].to_numpy(np.int64)
+        counts = np.bincount(persons, minlength=summary.sa_domain).astype(np.int64)
     values = summary.sa_values
     names = [str(v) for v in values] if values is not None else [str(i) for i in range(len(counts))]
     total = float(counts.sum())
     return {name: float(count) / total for name, count in zip(names, counts, strict=True)}
 
 
-def _risk(sizes: IntArray, suppressed: int) -> dict[str, Any]:
+def _risk(sizes: IntArray, suppressed: int, unit: str = "rows") -> dict[str, Any]:
+    """Risk figures of classes of ``sizes`` (records, or persons with ``unit: person``:
+    a person's prosecutor risk is 1 / persons in the class)."""
     return {
         "prosecutor": prosecutor(sizes).as_dict(),
         "journalist": journalist(sizes).as_dict(),
         "marketer": marketer(sizes),
         "suppressed_records": int(suppressed),
+        "unit": unit,
     }
+
+
+def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
+    """Distinct persons per published class of ``recoding`` (kept classes only; suppressed
+    tuples left out as the record-level risk does)."""
+    assert summary.unit_codes is not None
+    row = _tuple_of_rows(summary, recoding.codes)
+    labels = pd.MultiIndex.from_arrays(
+        [recoding.labels[:, j].astype(str) for j in range(recoding.labels.shape[1])]
+    )
+    cls = np.asarray(labels.factorize()[0], dtype=np.int64)[row]
+    kept = ~np.asarray(recoding.suppressed, dtype=bool)[row]
+    pairs = pd.DataFrame({"cls": cls[kept], "unit": summary.unit_codes[kept]}).drop_duplicates()
+    return np.asarray(pairs.groupby("cls").size().to_numpy(np.int64), dtype=np.int64)
+
+
+def _tuple_of_rows(summary: Summary, tuples: IntArray) -> IntArray:
+    """Index in ``tuples`` (distinct raw QI tuples) of every summary row."""
+    index = pd.MultiIndex.from_arrays([tuples[:, j] for j in range(tuples.shape[1])])
+    rows = pd.MultiIndex.from_arrays([summary.qi_codes[:, j] for j in range(summary.n_qi)])
+    position = np.asarray(index.get_indexer(rows), dtype=np.int64)
+    if (position < 0).any():
+        raise RuntimeError("a QI tuple of the summary is not in the recoding")
+    return position
 
 
 # --------------------------------------------------------------------------- planning
@@ -177,6 +212,12 @@ def _check_summary(summary: Summary, spec: AnonymizationSpec) -> None:
         )
     if summary.n_records == 0:
         raise InputDataError("no records to anonymise: the input has no rows")
+    if (spec.unit == "person") != summary.has_units:
+        raise ConfigError(
+            f"the release counts {spec.unit} but the summary was built "
+            f"{'with' if summary.has_units else 'without'} a privacy unit; summarise with "
+            "Summary.from_frame(..., unit=spec.unit_by)"
+        )
 
 
 def plan_recoding(
@@ -193,7 +234,7 @@ def plan_recoding(
     """
     _check_summary(summary, spec)
     distinct_sa = int((summary.sa_counts() > 0).sum()) if summary.has_sa else None
-    spec.check_feasible(summary.n_records, distinct_sa)
+    spec.check_feasible(summary.n_units, distinct_sa)
     models = spec.models(sa_hierarchy)
     started = time.perf_counter()
     info: dict[str, Any]
@@ -260,13 +301,17 @@ def plan_recoding(
             f"the recoding suppresses {suppressed} records but the {info['algorithm']} "
             f"result reports {info['suppressed_records']}; nothing is published"
         )
+    info["unit"] = spec.unit
+    if summary.has_units:  # risk per person: 1 / persons in the class
+        input_sizes = person_class_sizes(identity_recoding(summary, hierarchies), summary)
+        output_sizes = person_class_sizes(recoding, summary)
     return RecodingPlan(
         recoding,
         info,
         _plain(metrics_input),
         _plain(metrics_output),
-        _risk(input_sizes, 0),
-        _risk(output_sizes, suppressed),
+        _risk(input_sizes, 0, spec.unit),
+        _risk(output_sizes, suppressed, spec.unit),
         summary.n_records,
         input_sa_distribution(summary),
     )
@@ -284,14 +329,25 @@ def publish(
     """Recode a frame (or a batch) for publication: the QI and SA columns only, QIs as
     published labels, suppressed rows all ``*`` or dropped. Returns the table and the
     number of suppressed records in it."""
+    table, suppressed = _recode(frame, spec, recoding, hierarchies)
+    if spec.suppressed == "drop":
+        table = table.loc[~suppressed]
+    return table.reset_index(drop=True), int(suppressed.sum())
+
+
+def _recode(
+    frame: pd.DataFrame,
+    spec: AnonymizationSpec,
+    recoding: Recoding,
+    hierarchies: Mapping[str, Hierarchy],
+) -> tuple[pd.DataFrame, npt.NDArray[np.bool_]]:
+    """Every row recoded (suppressed ones as ``*``) and which rows are suppressed."""
     columns = [*spec.qis, *([spec.sensitive] if spec.sensitive else [])]
     absent = [c for c in columns if c not in frame.columns]
     if absent:
         raise InputDataError(f"column(s) {absent} not in the data; fix the schema or the input")
     recoded, suppressed = recoding.apply(frame[columns], hierarchies)
-    if spec.suppressed == "drop":
-        recoded = recoded.loc[~suppressed]
-    return recoded[columns].reset_index(drop=True), int(suppressed.sum())
+    return recoded[columns], np.asarray(suppressed, dtype=bool)
 
 
 def _transformation(spec: AnonymizationSpec, plan: RecodingPlan) -> dict[str, Any]:
@@ -370,9 +426,17 @@ def anonymize(
     verification, InputDataError (exit 3) for values missing from a hierarchy.
     """
     sa = spec.sensitive
-    summary = Summary.from_frame(df, spec.qis, sa, hierarchies, sa_hierarchy if sa else None)
+    unit = spec.unit_by
+    summary = Summary.from_frame(
+        df, spec.qis, sa, hierarchies, sa_hierarchy if sa else None, unit=unit
+    )
     plan = plan_recoding(summary, spec, hierarchies, sa_hierarchy)
-    table, suppressed = publish(df, spec, plan.recoding, hierarchies)
+    recoded, mask = _recode(df, spec, plan.recoding, hierarchies)
+    suppressed = int(mask.sum())
+    keep = ~mask if spec.suppressed == "drop" else np.ones(len(df), dtype=bool)
+    table = recoded.loc[keep].reset_index(drop=True)
+    others = [c for c in (sa, unit) if c is not None]
+    dropped = df.loc[mask, others] if spec.suppressed == "drop" else None
     verification = verify_table(
         table,
         spec,
@@ -380,6 +444,8 @@ def anonymize(
         suppressed_records=suppressed,
         input_sa_distribution=plan.input_sa_distribution,
         sa_hierarchy=sa_hierarchy,
+        units=None if unit is None else df[unit].to_numpy()[keep],
+        dropped=dropped,
     )
     if suppressed != plan.suppressed_records:
         raise PrivacyRefusal(

@@ -7,8 +7,27 @@ satisfies the models when their number is at most ``floor(limit * |D|)``. The re
 classes then satisfy every model, because each check depends only on the class itself
 and, for t-closeness, on the fixed distribution p of the *whole* table D: as ARX does,
 p is taken over the original table (suppressed records included) and is not recomputed
-after suppression. Suppressed records, as in ARX, do not form an equivalence class of
-their own for the models.
+after suppression.
+
+The suppressed block is a class (unlike ARX). An attacker who knows the target is in the
+table and finds no kept class matching its QIs knows it is among the suppressed records
+(published as ``*`` rows, or dropped: the attacker then knows it was dropped). So when
+anything is suppressed, ``assess`` checks the block of all suppressed records as one more
+class, and a node whose block violates a model does *not* satisfy the models (it is not
+made safe by suppressing more: more suppressed records give a different node a chance,
+and the search simply takes the best node whose block is safe). Where the block already
+satisfies the models, the outcome is ARX's.
+
+Privacy units: when the evaluator's summary carries a privacy unit, the models are checked
+on the person-counted view of the classes (``Evaluator.in_units``): k counts distinct
+persons; the SA counts of a class are distinct persons per SA value (a person with m
+values in the class counts once for each, so q_E(s) = n_persons(E, s) / sum_s
+n_persons(E, s), and p likewise over the table); and an l-diversity model (l > 1) also
+fails a class in which one SA value is held by every person, because the attacker then
+learns with certainty that the target has it (with one record per person that class is
+homogeneous, which l > 1 excludes anyway). That last condition is not monotone, so it is
+checked per node beside the models (``certain_values``), never used for pruning. The
+suppression limit stays in records.
 
 Monotonicity (``PrivacyModel.monotone``): if a node satisfies the model, so does every
 generalisation of it, also with a suppression limit. True for k-anonymity and distinct
@@ -49,12 +68,14 @@ __all__ = [
     "RecursiveCLDiversity",
     "TCloseness",
     "assess",
+    "certain_values",
     "check_models",
     "class_distinct",
     "class_entropy",
     "describe_models",
     "max_suppressed",
     "recursive_cl_holds",
+    "shared_by_all",
     "t_distance",
 ]
 
@@ -76,6 +97,37 @@ def _needs_sa(classes: EquivalenceClasses, what: str) -> IntArray:
     return classes.cell_sa
 
 
+def shared_by_all(classes: EquivalenceClasses) -> BoolArray:
+    """Per class: whether one SA value is held by every unit of the class. Only possible
+    for a person-counted view (else it is a homogeneous class); all False for records."""
+    if not classes.in_units or classes.cell_sa is None:
+        return np.zeros(classes.n_classes, dtype=bool)
+    top = np.zeros(classes.n_classes, dtype=np.int64)
+    np.maximum.at(top, classes.cell_class, classes.cell_count)
+    return np.asarray(top >= classes.sizes, dtype=np.bool_)
+
+
+CERTAIN: Final = "no SA value held by every person"
+"""The person-level l-diversity condition's name in ``Assessment.violations``."""
+
+
+def certain_values(classes: EquivalenceClasses, models: Sequence[PrivacyModel]) -> BoolArray | None:
+    """Per class of a person-counted view: whether one SA value is held by every person,
+    when some l-diversity model (l > 1) asks for l-diversity; None when not applicable.
+
+    Kept apart from the models' own checks because it is not monotone: two classes in
+    which no value is shared by all can merge into one where one is (p1 {a}, p2 {b} and
+    p1 {b}, p2 {a} give p1, p2 {a, b}), so it must never take part in the search's
+    pruning by monotonicity."""
+    wanted = any(
+        isinstance(m, DistinctLDiversity | EntropyLDiversity | RecursiveCLDiversity) and m.l > 1
+        for m in models
+    )
+    if not wanted or not classes.in_units:
+        return None
+    return shared_by_all(classes)
+
+
 def class_distinct(classes: EquivalenceClasses) -> IntArray:
     """Number of distinct SA values per class."""
     _needs_sa(classes, "l-diversity")
@@ -88,8 +140,8 @@ def _wsum(index: IntArray, weights: npt.ArrayLike, length: int) -> FloatArray:
 
 
 def _shares(classes: EquivalenceClasses) -> FloatArray:
-    """q_E(s) of every cell: its count over its class size."""
-    return classes.cell_count / classes.sizes[classes.cell_class]
+    """q_E(s) of every cell: its count over its class's total (its size, for records)."""
+    return classes.cell_count / classes.sa_totals()[classes.cell_class]
 
 
 def class_entropy(classes: EquivalenceClasses) -> FloatArray:
@@ -130,7 +182,7 @@ def t_distance(
     All three are sparse: only cells present in a class are visited.
     """
     _needs_sa(classes, "t-closeness")
-    p = classes.evaluator.sa_distribution
+    p = classes.sa_distribution
     assert p is not None
     if distance == "equal":
         return _hierarchical(classes, p, None)
@@ -187,7 +239,7 @@ def _ordered(classes: EquivalenceClasses, p: FloatArray) -> FloatArray:
     cumulative_p = np.cumsum(p)[: m - 1]  # P(i), i = 0..m-2, non-decreasing
     prefix = np.concatenate([[0.0], np.cumsum(cumulative_p)])  # prefix[x] = sum_{i<x} P(i)
     cls = classes.cell_class
-    sizes = classes.sizes
+    sizes = classes.sa_totals()
     starts = classes.class_starts()
     # Q_E after each cell (exact integer cumulative counts, one division)
     running = np.cumsum(classes.cell_count)
@@ -420,8 +472,10 @@ class Assessment:
     """The outcome of checking a node: which classes are suppressed and whether it passes.
 
     ``suppressed`` marks the classes violating at least one model (their records are
-    suppressed); ``satisfied`` is True when ``suppressed_records <= max_suppressed``.
-    ``violations`` gives, per model, the records in classes violating it.
+    suppressed); ``satisfied`` is True when ``suppressed_records <= max_suppressed`` and
+    the suppressed block, as one class, satisfies every model (``block_violations``
+    lists the models it violates). ``violations`` gives, per model, the records in
+    classes violating it. ``unit`` is ``person`` when classes were counted in persons.
     """
 
     classes: EquivalenceClasses
@@ -433,6 +487,8 @@ class Assessment:
     satisfied: bool
     violations: dict[str, int]
     masks: tuple[BoolArray, ...]
+    block_violations: tuple[str, ...] = ()
+    unit: str = "rows"
 
     def needed_for(self, models: Sequence[PrivacyModel]) -> int:
         """Records that would be suppressed for a subset of ``models`` alone."""
@@ -466,17 +522,36 @@ def assess(
     """Check ``models`` on every class and apply the suppression limit (module docstring)."""
     items = (models,) if isinstance(models, PrivacyModel) else tuple(models)
     cap = max_suppressed(suppression_limit, classes.n_records)
+    evaluator = classes.evaluator
+    if evaluator.units is not None and not classes.in_units:
+        early = _fails_in_records(classes, items, suppression_limit, cap)
+        if early is not None:
+            return early
+    view = evaluator.in_units(classes)  # the classes themselves without a privacy unit
     violating = np.zeros(classes.n_classes, dtype=bool)
     violations: dict[str, int] = {}
     masks = []
     for model in items:
-        bad = model.violating(classes)
+        bad = model.violating(view)
         violations[model.describe()] = int(classes.sizes[bad].sum())
         violating |= bad
         masks.append(bad)
+    certain = certain_values(view, items)
+    if certain is not None:  # not a model's mask: it is not monotone (certain_values)
+        violations[CERTAIN] = int(classes.sizes[certain].sum())
+        violating |= certain
     needed = (
-        int(classes.sizes[violating].sum()) if len(items) > 1 else violations[items[0].describe()]
+        int(classes.sizes[violating].sum())
+        if len(items) > 1 or certain is not None
+        else violations[items[0].describe()]
     )
+    block: tuple[str, ...] = ()
+    if needed and needed <= cap:  # the suppressed records are one more class
+        whole = evaluator.block(classes, violating)
+        block = tuple(m.describe() for m in items if bool(m.violating(whole)[0]))
+        certain = certain_values(whole, items)
+        if certain is not None and bool(certain[0]):
+            block += (CERTAIN,)
     return Assessment(
         classes,
         items,
@@ -484,7 +559,50 @@ def assess(
         violating,
         needed,
         cap,
-        needed <= cap,
+        needed <= cap and not block,
         violations,
         tuple(masks),
+        block,
+        "person" if evaluator.summary.has_units else "rows",
+    )
+
+
+def _fails_in_records(
+    classes: EquivalenceClasses,
+    models: tuple[PrivacyModel, ...],
+    limit: float,
+    cap: int,
+) -> Assessment | None:
+    """A shortcut for person-counted classes: a class violating k or distinct l in records
+    violates it in persons too (persons <= records; the same SA values), so when those
+    violations alone exceed the limit the node fails without counting persons. The
+    assessment then holds the record-level violations (a lower bound of the suppression
+    the node needs), and those models' masks are subsets of the person-level ones.
+    None when the shortcut does not decide."""
+    bounded = [m for m in models if isinstance(m, KAnonymity | DistinctLDiversity)]
+    if not bounded:
+        return None
+    masks = []
+    violating = np.zeros(classes.n_classes, dtype=bool)
+    for model in models:
+        bad = model.violating(classes) if model in bounded else np.zeros_like(violating)
+        masks.append(bad)
+        violating |= bad
+    needed = int(classes.sizes[violating].sum())
+    if needed <= cap:
+        return None
+    pairs = zip(models, masks, strict=True)
+    violations = {m.describe(): int(classes.sizes[b].sum()) for m, b in pairs}
+    return Assessment(
+        classes,
+        models,
+        float(limit),
+        violating,
+        needed,
+        cap,
+        False,
+        violations,
+        tuple(masks),
+        (),
+        "person",
     )

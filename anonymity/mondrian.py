@@ -29,8 +29,12 @@ published, they form one class, which still satisfies the models (k, the l varia
 t-closeness are all preserved by merging classes that satisfy them).
 
 Suppression: every kept split leaves both halves valid, so only the whole table can
-violate the models; then all its records are suppressed if the limit allows it (limit 1),
-else ``PrivacyRefusal``.
+violate the models; then ``PrivacyRefusal``: suppressing it all would not help, since the
+suppressed block is itself a class for an attacker (``models``), the whole table.
+
+Privacy units: with a summary carrying person ids, halves are checked counted in persons
+(``Evaluator.in_units``' definitions: k distinct persons, SA counts in distinct persons).
+Split points still balance records.
 
 How it is fast: partitions advance together in rounds (breadth-first). In a round, every
 open partition picks its QI and split point with segment reductions over the tuples
@@ -54,11 +58,17 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED, Hierarchy
-from anonymity.models import PrivacyModel, check_models, describe_models, max_suppressed
+from anonymity.hierarchy import Hierarchy
+from anonymity.models import (
+    PrivacyModel,
+    certain_values,
+    check_models,
+    describe_models,
+    max_suppressed,
+)
 from anonymity.recoding import Recoding
 from anonymity.summary import Summary, resolve_hierarchies
-from anonymity.transformation import EquivalenceClasses, Evaluator
+from anonymity.transformation import EquivalenceClasses, Evaluator, count_units
 from privpipe.errors import ConfigError, PrivacyRefusal
 
 __all__ = ["MondrianResult", "mondrian", "numeric_values", "parse_range", "range_label"]
@@ -221,7 +231,26 @@ class _Checker:
         self.row_start = (np.cumsum(per_tuple) - per_tuple).astype(np.int64)
 
     def classes(self, tuples: IntArray, of_tuple: IntArray, n_classes: int) -> EquivalenceClasses:
-        """The classes ``0..n_classes-1`` given by the class ``of_tuple`` of each of ``tuples``."""
+        """The classes ``0..n_classes-1`` given by the class ``of_tuple`` of each of ``tuples``
+        (counted in persons when the summary has a privacy unit)."""
+        classes = self._record_classes(tuples, of_tuple, n_classes)
+        ev = self.evaluator
+        if ev.units is None:
+            return classes
+        lengths = self.n_rows[tuples]
+        offsets = np.cumsum(lengths) - lengths
+        within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)
+        rows = self.rows[np.repeat(self.row_start[tuples], lengths) + within]
+        sa = ev.summary.sa_codes
+        row_sa = sa[rows] if ev.use_sa and sa is not None else np.zeros(rows.shape[0], np.int64)
+        row_class = np.repeat(of_tuple, lengths)
+        view = count_units(classes, row_class, row_sa, ev.units[rows], ev.n_units)
+        view._sa_p = ev.unit_sa_distribution
+        return view
+
+    def _record_classes(
+        self, tuples: IntArray, of_tuple: IntArray, n_classes: int
+    ) -> EquivalenceClasses:
         ev = self.evaluator
         if not ev.use_sa:
             tally = np.bincount(of_tuple, weights=self.weights[tuples], minlength=n_classes)
@@ -262,7 +291,8 @@ class _Checker:
         bad = np.zeros(n_classes, dtype=bool)
         for model in self.models:
             bad |= model.violating(classes)
-        return bad
+        certain = certain_values(classes, self.models)
+        return bad if certain is None else bad | certain
 
 
 # --------------------------------------------------------------------------- Mondrian
@@ -296,11 +326,6 @@ def _numeric_names(names: Sequence[str], numeric: Collection[str]) -> frozenset[
             f"quasi-identifiers ({', '.join(names)}); fix the names"
         )
     return frozenset(numeric)
-
-
-def _pct(share: float) -> str:
-    text = f"{share * 100:.1f}".rstrip("0").rstrip(".")
-    return f"{text}%"
 
 
 def _run(
@@ -398,8 +423,8 @@ def mondrian(
 
     ``numeric`` names the QIs published as ``[lo, hi]`` ranges (their raw values must be
     numbers; ConfigError otherwise); the others get the LCA label of their hierarchy.
-    Raises PrivacyRefusal when the whole table violates the models and suppressing it
-    exceeds ``suppression_limit``.
+    Raises PrivacyRefusal when the whole table violates the models (suppressing it all
+    would leave a violating suppressed block).
     """
     started = time.perf_counter()
     names = summary.qi_names
@@ -408,7 +433,7 @@ def mondrian(
     items = check_models(models, evaluator)
     if not any(model.needs_sa for model in items):
         evaluator = evaluator.without_sa()
-    cap = max_suppressed(suppression_limit, summary.n_records)
+    max_suppressed(suppression_limit, summary.n_records)  # ConfigError for a bad limit
     numbers = _numeric_names(names, numeric)
     tuple_of_row, first = evaluator.qi_tuples()
     codes = np.ascontiguousarray(summary.qi_codes[first])
@@ -428,18 +453,18 @@ def mondrian(
     if checker.violating(everything, root, 1)[0]:
         classes = checker.classes(everything, root, 1)
         failing = [m.describe() for m in items if bool(m.violating(classes)[0])]
-        if n > cap:
-            raise PrivacyRefusal(
-                f"{', '.join(failing)}: the whole table ({n} records) violates it, and "
-                f"Mondrian cannot split a table that does, so all {n} records (100%) would "
-                f"have to be suppressed; the suppression limit is {_pct(suppression_limit)} "
-                f"({cap} records). Relax the model(s) (e.g. a smaller k or l) or add records"
-            )
-        labels = np.full(codes.shape, SUPPRESSED, dtype=object)
-        suppressed = np.ones(codes.shape[0], dtype=bool)
-        description.update(partitions=0, suppressed_records=n)
-        recoding = Recoding(names, codes, labels, suppressed, description)
-        return MondrianResult(recoding, 0, time.perf_counter() - started, n)
+        certain = certain_values(classes, items)
+        failing += (
+            ["no SA value held by every person"] if certain is not None and certain[0] else []
+        )
+        # suppressing everything would not help: the suppressed block is a class too
+        # (an attacker knows the target is among the '*' rows), here the whole table
+        raise PrivacyRefusal(
+            f"{', '.join(failing)}: the whole table ({n} records) violates it, and "
+            "Mondrian cannot split a table that does; suppressing all records would not "
+            "help either, since the suppressed block (the whole table) is itself a class "
+            "that violates it. Relax the model(s) (e.g. a smaller k or l) or add records"
+        )
 
     keys = np.ascontiguousarray(np.stack([dim.key for dim in dims], axis=1))
     part = _run(dims, keys, weights, checker)

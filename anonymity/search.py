@@ -24,7 +24,13 @@ Monotonicity is used only where it is valid (REFERENCE.md):
   generalisations (they satisfy with nothing suppressed too and their metric is not
   lower), which are skipped.
 Nothing else is inferred: with suppression, metrics are not monotone, and entropy or
-recursive l-diversity and t-closeness are checked on each node itself.
+recursive l-diversity and t-closeness are checked on each node itself. The check of the
+suppressed block (``models.assess``: a node whose block violates a model does not
+satisfy) is not monotone either, so it never marks other nodes: ``fails`` and
+``mono_ok`` are decided by the number of records to suppress alone, which is monotone.
+With a privacy unit, classes are counted in persons (``Evaluator.in_units``); distinct
+persons per class are monotone along generalisation like records, so the same pruning
+holds.
 
 Ties: values within a relative 1e-9 are equal; the winner is then the node with the
 lower sum of levels, then the lexicographically smaller level vector.
@@ -48,6 +54,7 @@ import numpy.typing as npt
 from anonymity.lattice import MAX_OPTIMAL_NODES, Lattice, Node, node_key
 from anonymity.metrics import Metric, Metrics, all_metrics, get_metric
 from anonymity.models import (
+    CERTAIN,
     Assessment,
     PrivacyModel,
     assess,
@@ -194,6 +201,12 @@ def _refusal(
         f"{describe_node(names, lattice.top)}; the suppression limit is {_pct(limit)} "
         f"({top.max_suppressed} records)"
     )
+    if top.block_violations:
+        text += (
+            f", but those {top.suppressed_records} suppressed records, one class for an "
+            f"attacker who knows the target is in the table, violate "
+            f"{', '.join(top.block_violations)}"
+        )
     least = watch.least
     if least is not None and least.suppressed_records < top.suppressed_records:
         scope = "any transformation" if complete else "any transformation checked"
@@ -423,8 +436,8 @@ class _OptimalState:
         if self.monotone:
             needed = (
                 result.suppressed_records
-                if len(self.mono) == len(self.models)
-                else result.needed_for(self.mono)
+                if len(self.mono) == len(self.models) and CERTAIN not in result.violations
+                else result.needed_for(self.mono)  # the monotone models' records alone
             )
             if needed > self.cap:
                 self._mark(rank, self.fails, up=False, itself=True)

@@ -44,12 +44,14 @@ Variant: TypeAlias = Literal["distinct", "entropy", "recursive"]
 Distance: TypeAlias = Literal["equal", "ordered", "hierarchical"]
 Algorithm: TypeAlias = Literal["optimal", "heuristic", "mondrian"]
 SuppressedAs: TypeAlias = Literal["star", "drop"]
+Unit: TypeAlias = Literal["person", "rows"]
 
 KINDS: Final = ("k_anonymity", "l_diversity", "t_closeness")
 VARIANTS: Final = ("distinct", "entropy", "recursive")
 DISTANCES: Final = ("equal", "ordered", "hierarchical")
 ALGORITHMS: Final = ("optimal", "heuristic", "mondrian")
 SUPPRESSED_AS: Final = ("star", "drop")
+UNITS: Final = ("person", "rows")
 
 
 def _is_number(value: object) -> bool:
@@ -73,6 +75,8 @@ class AnonymizationSpec:
     every QI ``*``, ``"drop"`` leaves them out. ``numeric`` lists QIs Mondrian publishes
     as ranges (Mondrian only). ``min_levels``/``max_levels`` bound the lattice per QI
     (full-domain algorithms). ``name`` is the release's name, for release.json.
+    ``unit``: ``"person"`` counts every class in distinct persons of ``unit_column`` (the
+    privacy unit; required then), ``"rows"`` in records (ARX's semantics).
     """
 
     kind: Kind
@@ -93,6 +97,8 @@ class AnonymizationSpec:
     suppressed: SuppressedAs = "star"
     numeric: tuple[str, ...] = ()
     name: str | None = None
+    unit: Unit = "rows"
+    unit_column: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -149,6 +155,21 @@ class AnonymizationSpec:
         object.__setattr__(self, "numeric", numeric)
         if self.name is not None and not isinstance(self.name, str):
             raise ConfigError(f"name must be a string, got {self.name!r}")
+        _choice(self.unit, UNITS, "unit")
+        if self.unit == "person" and not self.unit_column:
+            raise ConfigError(
+                "unit: person needs schema.privacy_unit (the column of the person id); set "
+                "it, or use unit: rows"
+            )
+        if self.unit_column is not None and self.unit_column in (*qis, self.sensitive):
+            raise ConfigError(
+                f"the privacy unit {self.unit_column!r} is also a QI or the sensitive attribute"
+            )
+
+    @property
+    def unit_by(self) -> str | None:
+        """The column classes are counted by (the person id), None for records."""
+        return self.unit_column if self.unit == "person" else None
 
     def _validate_l(self) -> None:
         if self.kind != "l_diversity":
@@ -247,6 +268,7 @@ class AnonymizationSpec:
             out["t"] = self.t
             out["distance"] = self.distance
         out["suppression_limit"] = self.suppression_limit
+        out["unit"] = self.unit
         return out
 
     def describe(self) -> str:

@@ -12,6 +12,17 @@ else the index of the value in an explicit order (``sa_order``), else the index 
 sorted distinct values of the data (numerically when every value is a number, else by
 string). ``sa_values`` holds the value of each SA code, so merged batches agree on codes.
 
+Privacy units (``schema.privacy_unit``): a summary built with ``unit=<column>`` counts the
+distinct (QI codes, SA code, unit) tuples instead, and ``unit_codes[i]`` is the unit of
+row ``i`` as a 64-bit hash of its value (the same in every batch, so partial summaries
+merge without a dictionary). A hash collision can only make two persons look like one,
+which undercounts persons: the models are then checked more strictly, never less. The
+size grows from distinct (QI, SA) tuples to distinct (person, QI, SA) tuples; what person
+counting needs at a generalised node (distinct persons per class and per (class, SA))
+is recomputed from these (person, tuple) rows rolled up to the node
+(``transformation.Evaluator.in_units``), never summed, since one person's rows can merge
+into one class at a coarser node.
+
 Pure core: numpy, pandas and the standard library only (no Beam).
 """
 
@@ -30,7 +41,7 @@ from anonymity.arrays import unique_first_inverse
 from anonymity.hierarchy import Hierarchy, canonical_scalar
 from privpipe.errors import ConfigError, InputDataError
 
-__all__ = ["Hierarchies", "Summary", "group_rows", "resolve_hierarchies"]
+__all__ = ["Hierarchies", "Summary", "group_rows", "resolve_hierarchies", "unit_hashes"]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
 ObjArray: TypeAlias = npt.NDArray[np.object_]
@@ -137,6 +148,7 @@ class Summary:
     sa_values: ObjArray | None = None
     sa_fixed: bool = False
     qi_domains: tuple[int, ...] = ()
+    unit_codes: IntArray | None = None
     n_records: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -179,6 +191,11 @@ class Summary:
         object.__setattr__(self, "sa_codes", None if sa is None else _readonly(sa))
         object.__setattr__(self, "sa_values", values)
         object.__setattr__(self, "qi_domains", tuple(int(d) for d in self.qi_domains))
+        if self.unit_codes is not None:
+            units = np.array(self.unit_codes, dtype=np.int64, copy=True).ravel()
+            if units.shape[0] != codes.shape[0]:
+                raise ValueError("unit_codes must have one entry per distinct tuple")
+            object.__setattr__(self, "unit_codes", _readonly(units))
         object.__setattr__(self, "n_records", int(counts.sum()))
 
     def __repr__(self) -> str:
@@ -204,6 +221,18 @@ class Summary:
         """Whether an SA is summarised."""
         return self.sa_codes is not None
 
+    @property
+    def has_units(self) -> bool:
+        """Whether rows are (QI, SA, privacy unit) tuples: classes count persons."""
+        return self.unit_codes is not None
+
+    @property
+    def n_units(self) -> int:
+        """Distinct privacy units (persons); the number of records without units."""
+        if self.unit_codes is None:
+            return self.n_records
+        return int(np.unique(self.unit_codes).shape[0])
+
     def sa_counts(self) -> IntArray:
         """Records per SA code over the whole table (length ``sa_domain``)."""
         if self.sa_codes is None:
@@ -223,7 +252,12 @@ class Summary:
         if self.sa_codes is None:
             return self
         return Summary.from_codes(
-            self.qi_names, self.qi_codes, None, self.counts, qi_domains=self.qi_domains
+            self.qi_names,
+            self.qi_codes,
+            None,
+            self.counts,
+            qi_domains=self.qi_domains,
+            unit_codes=self.unit_codes,
         )
 
     def to_frame(self, hierarchies: Hierarchies | None = None) -> pd.DataFrame:
@@ -255,8 +289,10 @@ class Summary:
         sa_values: npt.ArrayLike | None = None,
         sa_fixed: bool = False,
         qi_domains: Sequence[int] = (),
+        unit_codes: npt.ArrayLike | None = None,
     ) -> Summary:
-        """Group code tuples (one per record, or weighted by ``counts``) into a summary."""
+        """Group code tuples (one per record, or weighted by ``counts``) into a summary;
+        with ``unit_codes`` (one unit hash per tuple) distinct (QI, SA, unit) tuples."""
         names = tuple(qi_names)
         codes = np.asarray(qi_codes, dtype=np.int64).reshape(-1, len(names))
         n = codes.shape[0]
@@ -273,10 +309,14 @@ class Summary:
                 domain = int(values.shape[0])
             else:
                 domain = int(sa.max()) + 1 if sa.size else 0
+        units = None if unit_codes is None else np.asarray(unit_codes, dtype=np.int64).ravel()
+        if units is not None and units.shape != (n,):
+            raise ValueError("unit_codes must have one entry per tuple")
         keep = weights > 0
         if not keep.all():
             codes, weights = codes[keep], weights[keep]
             sa = None if sa is None else sa[keep]
+            units = None if units is None else units[keep]
         if codes.shape[0] == 0:
             return cls(
                 names,
@@ -288,12 +328,17 @@ class Summary:
                 values,
                 sa_fixed,
                 tuple(qi_domains),
+                None if units is None else np.zeros(0, dtype=np.int64),
             )
         columns = [codes[:, j] for j in range(len(names))]
         radices = [int(c.max()) + 1 for c in columns]
         if sa is not None:
             columns.append(sa)
             radices.append(max(domain, 1))
+        if units is not None:  # hashes: densify to non-negative codes for the packed key
+            distinct, dense = np.unique(units, return_inverse=True)
+            columns.append(dense.ravel().astype(np.int64))
+            radices.append(max(int(distinct.shape[0]), 1))
         group, first = group_rows(columns, radices)
         n_groups = first.shape[0]
         summed = np.rint(np.bincount(group, weights=weights, minlength=n_groups))
@@ -307,6 +352,7 @@ class Summary:
             values,
             sa_fixed,
             tuple(qi_domains),
+            None if units is None else units[first],
         )
 
     @classmethod
@@ -320,6 +366,7 @@ class Summary:
         *,
         sa_order: Sequence[object] | None = None,
         weights: str | None = None,
+        unit: str | None = None,
     ) -> Summary:
         """Summarise a DataFrame: encode each QI with its hierarchy, count distinct tuples.
 
@@ -330,6 +377,10 @@ class Summary:
         number of rows. The SA is encoded by ``sa_hierarchy`` if given, else by
         ``sa_order`` (the SA domain in order, e.g. for ordered t-closeness), else by its
         sorted distinct values; a missing SA value is an InputDataError.
+
+        ``unit`` names the privacy-unit column (person id): the summary then holds
+        distinct (QI, SA, unit) tuples (module docstring); a missing id is an
+        InputDataError.
         """
         names = tuple(qis)
         if not names:
@@ -338,7 +389,10 @@ class Summary:
             raise ConfigError(f"quasi-identifiers listed twice: {list(names)}")
         if sensitive is not None and sensitive in names:
             raise ConfigError(f"{sensitive!r} is both a quasi-identifier and the sensitive one")
+        if unit is not None and (unit in names or unit == sensitive):
+            raise ConfigError(f"the privacy unit {unit!r} is also a QI or the sensitive attribute")
         wanted = [*names, *([sensitive] if sensitive is not None else [])]
+        wanted += [unit] if unit is not None else []
         absent = [c for c in wanted if c not in df.columns]
         if absent:
             raise InputDataError(
@@ -362,8 +416,9 @@ class Summary:
                 )
             codes[:, j] = encoded
         domains = tuple(h.domain_size for h in resolved)
+        units = None if unit is None else unit_hashes(df[unit], unit)
         if sensitive is None:
-            return cls.from_codes(names, codes, counts=w, qi_domains=domains)
+            return cls.from_codes(names, codes, counts=w, qi_domains=domains, unit_codes=units)
         sa_codes, sa_values, fixed = _encode_sa(df[sensitive], sensitive, sa_hierarchy, sa_order)
         return cls.from_codes(
             names,
@@ -375,6 +430,7 @@ class Summary:
             sa_values=sa_values,
             sa_fixed=fixed,
             qi_domains=domains,
+            unit_codes=units,
         )
 
     @classmethod
@@ -396,11 +452,20 @@ class Summary:
                 raise ValueError("cannot merge summaries of different sensitive attributes")
             if part.qi_domains and first.qi_domains and part.qi_domains != first.qi_domains:
                 raise ValueError("cannot merge summaries encoded with different hierarchies")
+            if part.has_units != first.has_units:
+                raise ValueError("cannot merge summaries with and without privacy units")
         domains = next((p.qi_domains for p in parts if p.qi_domains), ())
         codes = np.concatenate([p.qi_codes for p in parts], axis=0)
         counts = np.concatenate([p.counts for p in parts])
+        units = (
+            np.concatenate([p.unit_codes for p in parts if p.unit_codes is not None])
+            if first.has_units
+            else None
+        )
         if not first.has_sa:
-            return cls.from_codes(first.qi_names, codes, None, counts, qi_domains=domains)
+            return cls.from_codes(
+                first.qi_names, codes, None, counts, qi_domains=domains, unit_codes=units
+            )
         values, fixed = _merged_sa_values(parts)
         index = pd.Index(values, dtype=object)
         remapped = []
@@ -425,7 +490,26 @@ class Summary:
             sa_values=values,
             sa_fixed=fixed,
             qi_domains=domains,
+            unit_codes=units,
         )
+
+
+def unit_hashes(column: pd.Series, name: str) -> IntArray:
+    """A 64-bit hash of each privacy-unit id (as its canonical string), the same in every
+    batch; a missing id is an InputDataError (every record needs its person)."""
+    codes, uniques = pd.factorize(column, use_na_sentinel=True)
+    codes = np.asarray(codes, dtype=np.int64)
+    strings = [canonical_scalar(v) for v in np.asarray(uniques, dtype=object)]
+    empty = [i for i, v in enumerate(strings) if v == ""]
+    n_missing = int((codes < 0).sum()) + sum(int((codes == i).sum()) for i in empty)
+    if n_missing:
+        raise InputDataError(
+            f"column {name!r} (schema.privacy_unit): {n_missing} rows without a person id; "
+            "every row needs one (fill or drop them)"
+        )
+    hashed = pd.util.hash_array(np.array(strings, dtype=object), categorize=False)
+    units: IntArray = np.asarray(hashed, dtype=np.uint64).view(np.int64)[codes]
+    return units
 
 
 def _merged_sa_values(parts: Sequence[Summary]) -> tuple[ObjArray, bool]:

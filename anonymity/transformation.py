@@ -24,6 +24,14 @@ Recoding a batch of rows (next step of the pipeline): encode each QI with its hi
 marked in ``Assessment.suppressed``; generalise the others with
 ``Hierarchy.generalize(codes, level)``.
 
+Privacy units: when the summary carries unit codes (``Summary.unit_codes``), a class's
+size for the models is its number of distinct persons, and a cell's count the number of
+distinct persons of the class with that SA value (a person with several SA values in a
+class counts once for each of them). ``Evaluator.in_units`` gives that view of any
+classes, recomputed from the (person, tuple) summary rows of the node (never summed from
+a finer node: one person's rows can merge into one class). Rows stay the unit of the
+suppression limit and of the utility metrics.
+
 Pure core: numpy, pandas and the standard library only (no Beam).
 """
 
@@ -44,7 +52,7 @@ from anonymity.lattice import Lattice, Node
 from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
 from privpipe.errors import ConfigError, InputDataError
 
-__all__ = ["EquivalenceClasses", "Evaluator", "QIArrays", "describe_node"]
+__all__ = ["EquivalenceClasses", "Evaluator", "QIArrays", "count_units", "describe_node"]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -146,10 +154,14 @@ class EquivalenceClasses:
         "_cell_keys",
         "_class_keys",
         "_local",
+        "_sa_p",
+        "_units",
         "cell_class",
         "cell_count",
         "cell_sa",
+        "cell_single",
         "evaluator",
+        "in_units",
         "levels",
         "sizes",
     )
@@ -176,6 +188,12 @@ class EquivalenceClasses:
         self._cell_keys = cell_keys
         self._class_keys = class_keys
         self._local = local_labels
+        self._sa_p: FloatArray | None = None
+        self._units: EquivalenceClasses | None = None
+        # per cell: summary rows of persons with a single summary row (privacy units only;
+        # carried through roll-ups so persons are recounted only from the other rows)
+        self.cell_single: IntArray | None = None
+        self.in_units = False  # True for the person-counted view (``Evaluator.in_units``)
 
     def __repr__(self) -> str:
         return (
@@ -197,6 +215,19 @@ class EquivalenceClasses:
     def n_records(self) -> int:
         """Number of records (all classes)."""
         return self.evaluator.n_records
+
+    @property
+    def sa_distribution(self) -> FloatArray | None:
+        """p, the SA distribution of the whole table in this view's unit (t-closeness)."""
+        return self._sa_p if self._sa_p is not None else self.evaluator.sa_distribution
+
+    def sa_totals(self) -> IntArray:
+        """Per class: the sum of its cell counts (the denominator of q_E). Equals
+        ``sizes`` for records; for persons, a person with m SA values counts m times."""
+        if not self.in_units:
+            return self.sizes
+        totals = np.bincount(self.cell_class, weights=self.cell_count, minlength=self.n_classes)
+        return np.rint(totals).astype(np.int64)
 
     def local_labels(self, qi: int) -> IntArray:
         """Per class: the evaluator-local label id of QI ``qi`` (see ``Evaluator``)."""
@@ -356,6 +387,26 @@ class Evaluator:
         self.sa_distribution: FloatArray | None = None
         if self.use_sa:
             self.sa_distribution = summary.sa_counts().astype(np.float64) / summary.n_records
+        self.units: IntArray | None = None  # dense unit id per summary row
+        self._single: IntArray | None = None  # 1 for rows whose unit has no other row
+        self._multi: IntArray = np.zeros(0, dtype=np.int64)  # the other rows
+        self.n_units = summary.n_records
+        self.unit_sa_distribution: FloatArray | None = None
+        if summary.unit_codes is not None:
+            distinct, dense = np.unique(summary.unit_codes, return_inverse=True)
+            self.n_units = max(int(distinct.shape[0]), 1)
+            # one record per person (persons == records): every count is already in
+            # persons, so the classes are their own person view (no recount per node)
+            if self.n_units < summary.n_records:
+                self.units = dense.ravel().astype(np.int64)
+                rows_per_unit = np.bincount(self.units, minlength=self.n_units)
+                single = rows_per_unit[self.units] == 1
+                self._single = single.astype(np.int64)
+                self._multi = np.flatnonzero(~single).astype(np.int64)
+            if self.units is not None and self.use_sa:
+                pairs = np.unique(self._row_sa * self.n_units + self.units)
+                persons = np.bincount(pairs // self.n_units, minlength=self.sa_radix)
+                self.unit_sa_distribution = persons.astype(np.float64) / persons.sum()
 
     def __repr__(self) -> str:
         return (
@@ -403,6 +454,139 @@ class Evaluator:
             self.summary, self.hierarchies, use_sa=False, packed=self.packed, _shared=self._qi
         )
 
+    # ----------------------------------------------------------------- privacy units
+
+    def _block_from_singles(
+        self, classes: EquivalenceClasses, suppressed: BoolArray
+    ) -> EquivalenceClasses:
+        """``block`` from the carried single-row counts and the multi-row persons."""
+        assert self.units is not None and classes.cell_single is not None
+        cells = suppressed[classes.cell_class]
+        rows = self._multi[suppressed[self._multi_row_classes(classes)]]
+        units = self.units[rows]
+        n_persons = int(classes.cell_single[cells].sum()) + int(np.unique(units).shape[0])
+        size = np.array([n_persons], dtype=np.int64)
+        if classes.cell_sa is None:
+            block = EquivalenceClasses(
+                self, classes.levels, size, np.zeros(1, np.int64), None, size
+            )
+        else:
+            radix = self.n_units
+            per_sa = np.bincount(
+                classes.cell_sa[cells], weights=classes.cell_single[cells], minlength=self.sa_radix
+            )
+            per_sa = np.rint(per_sa).astype(np.int64)
+            per_sa += _distinct_per_group(self._row_sa[rows], units, radix, self.sa_radix)
+            present = np.flatnonzero(per_sa)
+            zeros = np.zeros(present.shape[0], dtype=np.int64)
+            block = EquivalenceClasses(
+                self, classes.levels, size, zeros, present.astype(np.int64), per_sa[present]
+            )
+        block.in_units = True
+        block._sa_p = self.unit_sa_distribution
+        return block
+
+    def in_units(self, classes: EquivalenceClasses) -> EquivalenceClasses:
+        """``classes`` counted in persons (module docstring); the classes themselves when
+        the summary has no privacy unit. Cached on ``classes``."""
+        if self.units is None or classes.in_units:
+            return classes
+        if classes._units is None:
+            if classes.cell_single is not None and classes._class_keys is not None:
+                view = self._units_from_singles(classes)
+            else:
+                view = count_units(
+                    classes, classes.row_classes(), self._row_sa, self.units, self.n_units
+                )
+            view._sa_p = self.unit_sa_distribution
+            classes._units = view
+        return classes._units
+
+    def _multi_row_classes(self, classes: EquivalenceClasses) -> IntArray:
+        """Class index of the summary rows of persons with several rows (packed mode)."""
+        assert classes._class_keys is not None
+        rows = self._multi
+        keys = np.zeros(rows.shape[0], dtype=np.int64)
+        for j, level in enumerate(classes.levels):
+            stride = self.strides[j] // self.sa_radix
+            keys += np.multiply(self._labels_of_rows(j, level)[rows], stride, dtype=np.int64)
+        return np.searchsorted(classes._class_keys, keys).astype(np.int64)
+
+    def _units_from_singles(self, classes: EquivalenceClasses) -> EquivalenceClasses:
+        """The person view from the carried single-row counts plus distinct persons among
+        the rows of persons with several rows (the only ones that can repeat a person)."""
+        assert self.units is not None and classes.cell_single is not None
+        radix = self.n_units
+        rows = self._multi
+        row_class = self._multi_row_classes(classes)
+        units = self.units[rows]
+        singles = classes.cell_single
+        persons = np.bincount(classes.cell_class, weights=singles, minlength=classes.n_classes)
+        persons = np.rint(persons).astype(np.int64)
+        persons += _distinct_per_group(row_class, units, radix, classes.n_classes)
+        if classes.cell_sa is None:
+            cell_count = persons
+        else:
+            sa_radix = self.sa_radix
+            cell_key = classes.cell_class * sa_radix + classes.cell_sa
+            index = np.searchsorted(cell_key, row_class * sa_radix + self._row_sa[rows])
+            cell_count = singles + _distinct_per_group(index, units, radix, classes.n_cells)
+        view = EquivalenceClasses(
+            self,
+            classes.levels,
+            persons,
+            classes.cell_class,
+            classes.cell_sa,
+            cell_count.astype(np.int64),
+            cell_keys=classes._cell_keys,
+            class_keys=classes._class_keys,
+            local_labels=classes._local,
+        )
+        view.in_units = True
+        return view
+
+    def block(self, classes: EquivalenceClasses, suppressed: BoolArray) -> EquivalenceClasses:
+        """The suppressed records as one class (an attacker who finds no kept class for a
+        target knows it is among them), counted in this evaluator's unit."""
+        node = classes.levels
+        if self.units is None:
+            mask = suppressed[classes.cell_class]
+            if classes.cell_sa is None:
+                total = np.array([int(classes.sizes[suppressed].sum())], dtype=np.int64)
+                return EquivalenceClasses(self, node, total, np.zeros(1, np.int64), None, total)
+            tally = np.bincount(
+                classes.cell_sa[mask], weights=classes.cell_count[mask], minlength=self.sa_radix
+            )
+            present = np.flatnonzero(tally)
+            counts = np.rint(tally[present]).astype(np.int64)
+            size = np.array([int(counts.sum())], dtype=np.int64)
+            zeros = np.zeros(present.shape[0], dtype=np.int64)
+            return EquivalenceClasses(self, node, size, zeros, present.astype(np.int64), counts)
+        if classes.cell_single is not None and classes._class_keys is not None:
+            return self._block_from_singles(classes, suppressed)
+        rows = suppressed[classes.row_classes()]
+        one = np.zeros(int(rows.sum()), dtype=np.int64)
+        whole = EquivalenceClasses(
+            self,
+            node,
+            np.array([0], dtype=np.int64),
+            np.zeros(0, np.int64),
+            None if not self.use_sa else np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+        )
+        sa = self._row_sa[rows]
+        if self.use_sa:
+            present = np.unique(sa)
+            whole.cell_class = np.zeros(present.shape[0], dtype=np.int64)
+            whole.cell_sa = present.astype(np.int64)
+            whole.cell_count = np.zeros(present.shape[0], dtype=np.int64)  # counted below
+        else:
+            whole.cell_class = np.zeros(1, dtype=np.int64)
+            whole.cell_count = np.zeros(1, dtype=np.int64)
+        view = count_units(whole, one, sa, self.units[rows], self.n_units)
+        view._sa_p = self.unit_sa_distribution
+        return view
+
     # ----------------------------------------------------------------- evaluation
 
     def classes(self, levels: Sequence[int]) -> EquivalenceClasses:
@@ -423,16 +607,24 @@ class Evaluator:
             tally = np.bincount(dense, weights=self.summary.counts, minlength=space)
             present = np.flatnonzero(tally)
             counts = np.rint(tally[present]).astype(np.int64)
+            singles = None
+            if self._single is not None:
+                ones = np.bincount(dense, weights=self._single, minlength=space)
+                singles = np.rint(ones[present]).astype(np.int64)
             keys = present % self.sa_radix
             rest = present // self.sa_radix
             for j in range(len(node) - 1, -1, -1):
                 keys += (rest % radices[j]) * self.strides[j]
                 rest //= radices[j]
-            return self._from_cells(node, keys, counts)
+            return self._from_cells(node, keys, counts, singles)
         keys = self._row_keys(node)
         cell_keys, _, inverse = unique_first_inverse(keys)
         tally = np.bincount(inverse.ravel(), weights=self.summary.counts)
-        return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64))
+        singles = None
+        if self._single is not None:
+            ones = np.bincount(inverse.ravel(), weights=self._single)
+            singles = np.rint(ones).astype(np.int64)
+        return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64), singles)
 
     def classes_with_rows(self, levels: Sequence[int]) -> tuple[EquivalenceClasses, IntArray]:
         """Classes of ``levels`` and the class index of every summary row."""
@@ -481,7 +673,7 @@ class Evaluator:
             return self.classes(node)
         info = self._qi[qi]
         if info.identity[level]:
-            return EquivalenceClasses(
+            same = EquivalenceClasses(
                 self,
                 node,
                 classes.sizes,
@@ -491,6 +683,8 @@ class Evaluator:
                 cell_keys=classes._cell_keys,
                 class_keys=classes._class_keys,
             )
+            same.cell_single = classes.cell_single
+            return same
         keys = classes._cell_keys
         stride = self.strides[qi]
         digit = (keys // stride) % self.radices[qi]
@@ -499,7 +693,10 @@ class Evaluator:
         keys = keys[order]
         counts = classes.cell_count[order]
         starts = _starts(keys)
-        return self._from_cells(node, keys[starts], np.add.reduceat(counts, starts))
+        singles = None
+        if classes.cell_single is not None:
+            singles = np.add.reduceat(classes.cell_single[order], starts)
+        return self._from_cells(node, keys[starts], np.add.reduceat(counts, starts), singles)
 
     def row_class_keys(self, levels: Sequence[int]) -> IntArray:
         """Packed class key of every summary row at ``levels`` (packed mode only)."""
@@ -541,7 +738,16 @@ class Evaluator:
             keys += np.multiply(self._labels_of_rows(j, level), self.strides[j], dtype=np.int64)
         return keys if with_sa else keys // self.sa_radix
 
-    def _from_cells(self, node: Node, cell_keys: IntArray, counts: IntArray) -> EquivalenceClasses:
+    def _from_cells(
+        self, node: Node, cell_keys: IntArray, counts: IntArray, singles: IntArray | None = None
+    ) -> EquivalenceClasses:
+        classes = self._cells_to_classes(node, cell_keys, counts)
+        classes.cell_single = singles
+        return classes
+
+    def _cells_to_classes(
+        self, node: Node, cell_keys: IntArray, counts: IntArray
+    ) -> EquivalenceClasses:
         if not self.use_sa:  # cells are the classes
             return EquivalenceClasses(
                 self,
@@ -570,6 +776,62 @@ class Evaluator:
             cell_keys=cell_keys,
             class_keys=class_of_cell[starts],
         )
+
+
+def count_units(
+    classes: EquivalenceClasses,
+    row_class: IntArray,
+    row_sa: IntArray,
+    row_unit: IntArray,
+    n_units: int,
+) -> EquivalenceClasses:
+    """The person-counted view of ``classes`` from (class, SA, unit) of its summary rows:
+    class size = distinct units, cell count = distinct units of the class with that SA
+    value. Cells (and keys, labels) are those of ``classes``: every cell has a person."""
+    n_classes = classes.n_classes
+    radix = max(int(n_units), 1)
+    row_class = np.asarray(row_class, np.int64)
+    persons = _distinct_per_group(row_class, row_unit, radix, n_classes)
+    if classes.cell_sa is None:
+        cell_count = persons
+    else:
+        # distinct (class, SA, unit) triples, sorted: their runs of equal (class, SA) are
+        # the cells in order (cells are sorted by class then SA, and each has a row)
+        sa_radix = classes.evaluator.sa_radix
+        row_cell = row_class * sa_radix + row_sa
+        if n_classes * sa_radix * radix < _KEY_LIMIT:
+            triples = np.sort(row_cell * radix + row_unit)
+            first = np.ones(triples.shape[0], dtype=bool)
+            np.not_equal(triples[1:], triples[:-1], out=first[1:])
+            cells = triples[first] // radix
+            cell_count = np.diff(np.append(_starts(cells), cells.shape[0])).astype(np.int64)
+        else:  # pragma: no cover - astronomically many classes x persons
+            cell_key = classes.cell_class * sa_radix + classes.cell_sa
+            index = np.searchsorted(cell_key, row_cell)
+            cell_count = _distinct_per_group(index, row_unit, radix, classes.n_cells)
+        if cell_count.shape[0] != classes.n_cells:
+            raise RuntimeError("person counts do not match the cells of the classes")
+    view = EquivalenceClasses(
+        classes.evaluator,
+        classes.levels,
+        persons,
+        classes.cell_class,
+        classes.cell_sa,
+        cell_count,
+        cell_keys=classes._cell_keys,
+        class_keys=classes._class_keys,
+        local_labels=classes._local,
+    )
+    view.in_units = True
+    return view
+
+
+def _distinct_per_group(group: IntArray, unit: IntArray, radix: int, n_groups: int) -> IntArray:
+    """Per group: the number of distinct units among its rows (a sort of packed pairs)."""
+    pairs = np.sort(group * radix + unit)
+    first = np.ones(pairs.shape[0], dtype=bool)
+    np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
+    return np.bincount(pairs[first] // radix, minlength=n_groups).astype(np.int64)
 
 
 def _starts(sorted_keys: IntArray) -> IntArray:

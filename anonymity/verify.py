@@ -15,12 +15,19 @@ passes (REFERENCE.md, "Privacy models"):
 - at most floor(suppression_limit * input_records) records are suppressed;
 - no record is lost or invented: published + dropped = input records.
 
-Suppressed records (ARX's convention, which the search follows) are not an equivalence
-class and are exempt from the models. In the table they are the rows whose QIs are all
-``*``; with ``suppressed: drop`` they are absent, so the number of suppressed records is
-always passed explicitly. When the table holds *more* all-``*`` records than were
-suppressed (a genuine class generalised to ``*`` everywhere), the whole all-``*`` group is
-checked as a class, which is what a reader of the table sees.
+Suppressed records are a class (unlike ARX): an attacker who finds no kept class for a
+target knows it is among them. With ``suppressed: star`` they are the rows whose QIs are
+all ``*``, and the whole all-``*`` group (with any genuine class generalised to ``*``
+everywhere) is checked as one class, which is what a reader of the table sees. With
+``suppressed: drop`` they are absent from the table; their counts are passed separately
+(``dropped_counts``) and checked as one class, and without them the check fails. The
+number of suppressed records is always passed explicitly.
+
+Privacy units (``spec.unit == "person"``): the counts carry the person id column
+(``spec.unit_column``), and every class must hold >= k distinct persons; the SA counts
+of a class are distinct persons per SA value (q_E(s) = persons with s / sum over s), an
+l-diversity class fails when one SA value is held by every person in it, and p is the
+input's person-level distribution (``input_sa_distribution``, as the plan computes it).
 
 Ordered distance orders the SA values numerically when all are numbers, else in the order
 of ``input_sa_distribution``'s keys (pass them in the SA domain's order). SA values are
@@ -126,16 +133,36 @@ def verify_table(
     suppressed_records: int,
     input_sa_distribution: Mapping[str, float] | None = None,
     sa_hierarchy: Hierarchy | None = None,
+    units: npt.ArrayLike | None = None,
+    dropped: pd.DataFrame | None = None,
 ) -> Verification:
     """Verify a published table (one row per published record): count, then
     ``verify_counts``. Columns other than the QIs and the SA are a failure: nothing
-    else may be published."""
+    else may be published. With ``spec.unit == "person"``, ``units`` holds the person id
+    of every row of ``table`` (kept apart: it is never published). ``dropped`` holds the
+    rows dropped by ``suppressed: drop`` (their SA and person id columns)."""
     wanted = [*spec.qis, *([spec.sensitive] if spec.sensitive else [])]
     extra = [str(c) for c in table.columns if c not in wanted]
     absent = [c for c in wanted if c not in table.columns]
     if absent:
         return _broken(f"the table lacks column(s) {absent}", suppressed_records)
-    counts = table.groupby(wanted, sort=False, dropna=False).size().reset_index(name="count")
+    frame = table[wanted]
+    unit = spec.unit_by
+    keys = list(wanted)
+    if unit is not None:
+        if units is None:
+            return _broken(f"unit: person but no person ids ({unit}) given", suppressed_records)
+        frame = frame.assign(**{unit: np.asarray(units, dtype=object)})
+        keys.append(unit)
+    counts = frame.groupby(keys, sort=False, dropna=False).size().reset_index(name="count")
+    dropped_counts = None
+    if dropped is not None:
+        rest = [c for c in keys if c not in spec.qis]
+        dropped_counts = (
+            dropped.groupby(rest, sort=False, dropna=False).size().reset_index(name="count")
+            if rest
+            else pd.DataFrame({"count": [len(dropped)]})
+        )
     result = verify_counts(
         counts,
         spec,
@@ -143,6 +170,7 @@ def verify_table(
         suppressed_records=suppressed_records,
         input_sa_distribution=input_sa_distribution,
         sa_hierarchy=sa_hierarchy,
+        dropped_counts=dropped_counts,
     )
     if not extra:
         return result
@@ -175,11 +203,14 @@ def verify_counts(
     suppressed_records: int,
     input_sa_distribution: Mapping[str, float] | None = None,
     sa_hierarchy: Hierarchy | None = None,
+    dropped_counts: pd.DataFrame | None = None,
 ) -> Verification:
     """Verify the counts of each (published QI labels, SA value) of a table to publish.
 
-    ``class_counts`` has the QI columns, the SA column (if the spec has one) and
-    ``count``. ``suppressed_records`` is how many records were suppressed (present as
+    ``class_counts`` has the QI columns, the SA column (if the spec has one), the person
+    id column with ``unit: person``, and ``count``. ``dropped_counts`` (SA, person id,
+    ``count``; no QIs) are the records ``suppressed: drop`` leaves out, checked as the
+    suppressed block. ``suppressed_records`` is how many records were suppressed (present as
     all-``*`` rows with ``suppressed: star``, absent with ``drop``). ``input_records``
     is |D| of the input; ``input_sa_distribution`` (SA value -> share of D) is needed
     for t-closeness, ``sa_hierarchy`` for the hierarchical distance.
@@ -187,10 +218,20 @@ def verify_counts(
     qis = list(spec.qis)
     sa = spec.sensitive
     needs_sa = spec.kind != "k_anonymity"
-    wanted = [*qis, *([sa] if sa and needs_sa else []), "count"]
+    unit = spec.unit_by
+    wanted = [*qis, *([sa] if sa and needs_sa else []), *([unit] if unit else []), "count"]
     absent = [c for c in wanted if c not in class_counts.columns]
     if absent:
         return _broken(f"the class counts lack column(s) {absent}", suppressed_records)
+    if spec.suppressed == "drop" and suppressed_records > 0:
+        if dropped_counts is None:
+            return _broken(
+                f"{suppressed_records} records were dropped but their counts were not given; "
+                "the dropped block (a class for an attacker) cannot be checked",
+                suppressed_records,
+            )
+        block = dropped_counts.assign(**dict.fromkeys(qis, SUPPRESSED))
+        class_counts = pd.concat([class_counts, block[wanted]], ignore_index=True)
     count = pd.to_numeric(class_counts["count"], errors="coerce")
     if count.isna().any() or (count < 0).any() or (count != np.floor(count)).any():
         return _broken("the class counts must be non-negative integers", suppressed_records)
@@ -203,8 +244,8 @@ def verify_counts(
     labels = np.stack([_strings(frame[q]) for q in qis], axis=1)
     all_star = (labels == SUPPRESSED).all(axis=1)
     star_records = int(counts[all_star].sum())
-    published = int(counts.sum())
     dropped = suppressed_records if spec.suppressed == "drop" else 0
+    published = int(counts.sum()) - (dropped if dropped_counts is not None else 0)
     if suppressed_records < 0:
         failures.append(f"suppressed_records is negative ({suppressed_records})")
     if published + dropped != input_records:
@@ -225,15 +266,12 @@ def verify_counts(
         f"suppression: {suppressed_records} <= {cap} "
         f"({_pct(spec.suppression_limit)} of {input_records} records)"
     )
-    in_class = np.ones(labels.shape[0], dtype=bool)
-    if spec.suppressed == "star":
-        if star_records < suppressed_records:
-            failures.append(
-                f"{suppressed_records} records were suppressed but the table has only "
-                f"{star_records} rows with every quasi-identifier '*'"
-            )
-        elif star_records == suppressed_records:
-            in_class = ~all_star  # exactly the suppressed records: not a class
+    in_class = np.ones(labels.shape[0], dtype=bool)  # the all-'*' block is a class too
+    if spec.suppressed == "star" and star_records < suppressed_records:
+        failures.append(
+            f"{suppressed_records} records were suppressed but the table has only "
+            f"{star_records} rows with every quasi-identifier '*'"
+        )
 
     # ------------------------------------------------------------- classes
     kept = frame.loc[in_class]
@@ -246,6 +284,13 @@ def verify_counts(
     )
     n_classes = int(class_of.max()) + 1 if class_of.size else 0
     sizes = np.bincount(class_of, weights=kept_counts, minlength=n_classes).astype(np.int64)
+    person = None
+    if unit is not None:  # distinct persons: one (class, person) pair each
+        person = _strings(kept[unit])
+        pairs = pd.DataFrame({"cls": class_of, "person": person}).drop_duplicates()
+        sizes = np.bincount(pairs["cls"].to_numpy(np.int64), minlength=n_classes)
+        sizes = sizes.astype(np.int64)
+    what = "persons" if unit is not None else "records"
     first = np.zeros(n_classes, dtype=np.int64)
     if n_classes:
         first[class_of[::-1]] = np.arange(class_of.shape[0])[::-1]
@@ -255,18 +300,32 @@ def verify_counts(
     _report(
         failures,
         np.flatnonzero(sizes < spec.k),
-        lambda c: f"class {names[c]} has {sizes[c]} records, fewer than k={spec.k}",
+        lambda c: f"class {names[c]} has {sizes[c]} {what}, fewer than k={spec.k}",
         f"k={spec.k}",
     )
-    checked.append(f"k={spec.k} on {n_classes} classes (smallest {smallest})")
+    checked.append(f"k={spec.k} on {n_classes} classes (smallest {smallest} {what})")
 
     distances: dict[str, float] = {}
     if needs_sa and sa is not None and n_classes:
         sa_values = _strings(kept[sa])
         cells = pd.DataFrame({"cls": class_of, "sa": sa_values, "n": kept_counts})
+        if person is not None:  # n = distinct persons of the class with the value
+            cells = cells.assign(person=person, n=1).drop_duplicates(["cls", "sa", "person"])
         cells = cells.groupby(["cls", "sa"], sort=True).agg(n=("n", "sum")).reset_index()
         if spec.kind == "l_diversity":
             _check_l(spec, cells, sizes, names, failures, checked)
+            if person is not None:
+                top = cells.groupby("cls")["n"].max().reindex(range(n_classes), fill_value=0)
+                every = np.flatnonzero(top.to_numpy(np.int64) >= sizes)
+                _report(
+                    failures,
+                    every,
+                    lambda c: (
+                        f"class {names[c]}: one {sa} value is held by all its {sizes[c]} "
+                        "persons (certain disclosure)"
+                    ),
+                    "person-level l-diversity",
+                )
         else:
             distances = _check_t(
                 spec, cells, sizes, names, input_sa_distribution, sa_hierarchy, failures, checked
@@ -327,7 +386,8 @@ def _check_l(
         _report(failures, np.flatnonzero(distinct < spec.l), few, what)
         checked.append(f"l={spec.l:g} (distinct) on {n_classes} classes")
     elif spec.variant == "entropy":
-        q = n / sizes[cls]
+        totals = np.bincount(cls, weights=n, minlength=n_classes)  # = sizes for records
+        q = n / totals[cls]
         entropy = -np.bincount(cls, weights=q * np.log(q), minlength=n_classes)
         floor = math.log(spec.l)
         _report(
@@ -425,6 +485,7 @@ def _check_t(
     cls = cells["cls"].to_numpy(dtype=np.int64)
     n = cells["n"].to_numpy(dtype=np.float64)
     n_classes = sizes.shape[0]
+    totals = np.bincount(cls, weights=n, minlength=n_classes)  # = sizes for records
     m = p.shape[0]
     distance = np.zeros(n_classes, dtype=np.float64)
     step = max(1, _CHUNK_CELLS // max(m, 1))
@@ -433,7 +494,7 @@ def _check_t(
         stop = min(start + step, n_classes)
         lo, hi = int(bounds[i]), int(bounds[i + 1])
         q = np.zeros((stop - start, m), dtype=np.float64)
-        q[cls[lo:hi] - start, column[lo:hi]] = n[lo:hi] / sizes[cls[lo:hi]]
+        q[cls[lo:hi] - start, column[lo:hi]] = n[lo:hi] / totals[cls[lo:hi]]
         if spec.distance == "equal":
             distance[start:stop] = 0.5 * np.abs(q - p).sum(axis=1)
         elif spec.distance == "ordered":

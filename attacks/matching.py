@@ -7,7 +7,10 @@ level), is ``*``, or is a Mondrian range ``[lo, hi]`` holding the numeric value.
 when every label covers the target's value. Full-domain releases give one class per
 target; local recodings (Mondrian) may give several, which the attacker pools. The
 attacker's view of a target is the SA distribution pooled over the rows of every
-covering class; suppressed rows (all QIs ``*``) carry no QI information and are left out.
+covering class. Suppressed rows (all QIs ``*``) are not matched by their labels, but
+they are a class of their own: an attacker who knows the target is in the table and
+finds no kept class covering it knows it is among the suppressed rows, so such a target
+is matched to the suppressed block (``block_targets`` counts them).
 
 How it is fast: everything runs on distinct values, never per target. Per QI a sparse
 coverage relation (distinct raw values x distinct labels) is built; distinct target
@@ -204,6 +207,7 @@ class TargetView:
     published_rows: int
     suppressed_rows: int
     class_counts: IntArray
+    block_targets: int = 0
 
     @property
     def n_targets(self) -> int:
@@ -256,19 +260,23 @@ def match_targets(
         hidden = np.asarray(suppressed, dtype=bool)
     kept = published.loc[~hidden]
 
-    # SA domain: published values, then true values of targets absent from the release
+    # SA domain: published values (kept and suppressed rows), then true values of
+    # targets absent from the release
     sa_codes, sa_names = canonical_strings(kept[sa].to_numpy(dtype=object))
+    b_codes, b_names = canonical_strings(published.loc[hidden, sa].to_numpy(dtype=object))
+    seen = np.union1d(sa_names.astype(str), b_names.astype(str))
     truth: IntArray | None = None
     if sa in targets.columns:
         t_codes, t_names = canonical_strings(targets[sa].to_numpy(dtype=object))
-        extra = np.setdiff1d(t_names.astype(str), sa_names.astype(str))
-        domain = np.sort(np.concatenate([sa_names.astype(str), extra])).astype(object)
+        extra = np.setdiff1d(t_names.astype(str), seen)
+        domain = np.sort(np.concatenate([seen, extra])).astype(object)
         index = pd.Index(domain, dtype=object)
         truth = np.asarray(index.get_indexer(t_names), dtype=np.int64)[t_codes]
     else:
-        domain = np.sort(sa_names.astype(str)).astype(object)
+        domain = np.sort(seen).astype(object)
         index = pd.Index(domain, dtype=object)
     sa_codes = np.asarray(index.get_indexer(sa_names), dtype=np.int64)[sa_codes]
+    b_codes = np.asarray(index.get_indexer(b_names), dtype=np.int64)[b_codes]
     m = domain.shape[0]
 
     # distinct classes over the known QIs, and distinct target tuples
@@ -306,6 +314,11 @@ def match_targets(
     )
     counts = np.asarray(link @ class_counts, dtype=np.int64).reshape(n_u, m)
     n_classes = np.bincount(pair_t, minlength=n_u).astype(np.int64)
+    orphans = np.zeros(n_u, dtype=bool)
+    if b_codes.size:  # no kept class covers it: the target is in the suppressed block
+        orphans = n_classes == 0
+        counts[orphans] = np.bincount(b_codes, minlength=m).astype(np.int64)
+        n_classes[orphans] = 1
     totals = np.bincount(sa_codes, minlength=m).astype(np.float64)
     overall = totals / totals.sum() if n_rows else np.zeros(m, dtype=np.float64)
     rows = np.arange(n_t, dtype=np.int64) if target_rows is None else np.asarray(target_rows)
@@ -322,4 +335,5 @@ def match_targets(
         published_rows=int(n_rows),
         suppressed_rows=int(hidden.sum()),
         class_counts=class_counts,
+        block_targets=int(orphans[np.asarray(tuple_of_target, dtype=np.int64)].sum()),
     )

@@ -156,6 +156,7 @@ def _view_details(view: TargetView) -> dict[str, Any]:
     return {
         "published_rows": view.published_rows,
         "suppressed_rows": view.suppressed_rows,
+        "block_targets": view.block_targets,
         "known_qis": list(view.qis),
         "targets_without_candidates": int((sizes == 0).sum()),
         "mean_candidate_rows": float(sizes.mean()) if sizes.size else 0.0,

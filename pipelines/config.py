@@ -208,6 +208,20 @@ class _AnonymityRelease(_Release):
     suppressed: Literal["star", "drop"] = Field(
         default="star", description="Suppressed records as '*' rows, or dropped."
     )
+    unit: Literal["person", "rows"] | None = Field(
+        default=None,
+        description=(
+            "What k and the SA counts of a class count: distinct persons "
+            "(schema.privacy_unit) or rows (ARX). Default: person with a privacy_unit, "
+            "else rows."
+        ),
+    )
+
+    def counts_in(self, privacy_unit: str | None) -> Literal["person", "rows"]:
+        """The unit classes are counted in (the default resolved)."""
+        if self.unit is not None:
+            return self.unit
+        return "person" if privacy_unit else "rows"
 
 
 class KAnonymityRelease(_AnonymityRelease):
@@ -935,6 +949,11 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
         if isinstance(r, LDiversityRelease | TClosenessRelease) and not s.sensitive:
             out.append(f"releases[{i}]: kind {r.kind} needs schema.sensitive")
         if isinstance(r, _AnonymityRelease):
+            if r.unit == "person" and not s.privacy_unit:
+                out.append(
+                    f"releases[{i}].unit: person needs schema.privacy_unit (the column of "
+                    "the person id); set it, or use unit: rows"
+                )
             for key in ("min_levels", "max_levels"):
                 for col in getattr(r, key):
                     if col not in qis:

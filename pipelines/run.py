@@ -106,6 +106,8 @@ def anonymization_spec(release: Any, plan: Plan) -> AnonymizationSpec:
         suppressed=release.suppressed,
         numeric=numeric if release.algorithm == "mondrian" else (),
         name=release.name,
+        unit=release.counts_in(s.privacy_unit),
+        unit_column=s.privacy_unit,
     )
 
 

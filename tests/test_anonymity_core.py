@@ -510,37 +510,44 @@ def test_optimal_refuses_lattices_above_a_million_nodes() -> None:
 # --------------------------------------------------------------------------- monotonicity
 
 
-def one_qi(values: Sequence[str], sa: Sequence[str]) -> Evaluator:
-    """QI A: a1, a2 -> g12; a3 -> g3; -> *."""
-    hierarchy = build_grouping("A", [{"a1": "g12", "a2": "g12", "a3": "g3"}])
+def five_values(values: Sequence[str], sa: Sequence[str]) -> Evaluator:
+    """QI A: a1, a2 -> g12; a3, a4, a5 -> g345; -> *."""
+    groups = {"a1": "g12", "a2": "g12", "a3": "g345", "a4": "g345", "a5": "g345"}
+    hierarchy = build_grouping("A", [groups])
     df = pd.DataFrame({"A": list(values), "S": list(sa)})
     return Evaluator(Summary.from_frame(df, ["A"], "S", {"A": hierarchy}), {"A": hierarchy})
 
 
 def test_entropy_l_diversity_is_not_monotone_with_suppression() -> None:
-    # a1: x x x x (entropy 0); a2: x y z (entropy ln 3); a3: x y z
-    ev = one_qi(["a1"] * 4 + ["a2"] * 3 + ["a3"] * 3, list("xxxx") + list("xyz") * 2)
+    # a1: xxx, a4: yyy, a5: zzz violate (entropy 0), their block xxxyyyzzz does not;
+    # a2, a3: xyz (entropy ln 3); g12 = x4 y z and g345 = x y4 z4 violate; * is x5 y5 z5
+    ev = five_values(
+        ["a1"] * 3 + ["a2"] * 3 + ["a3"] * 3 + ["a4"] * 3 + ["a5"] * 3,
+        list("xxx" + "xyz" + "xyz" + "yyy" + "zzz"),
+    )
     model = EntropyLDiversity(3)
-    limit = 0.4  # 4 of 10 records
-    assert assess(ev.classes((0,)), model, limit).satisfied  # suppress a1
-    assert not assess(ev.classes((1,)), model, limit).satisfied  # g12 = x*5 y z violates
+    limit = 0.6  # 9 of 15 records
+    assert assess(ev.classes((0,)), model, limit).satisfied  # suppress a1, a4, a5
+    assert not assess(ev.classes((1,)), model, limit).satisfied  # all 15 would go
+    assert assess(ev.classes((2,)), model, limit).satisfied
     assert not EntropyLDiversity.monotone and not RecursiveCLDiversity.monotone
     result = optimal(ev, model, suppression_limit=limit)
     assert result.transformation == (0,)
 
 
 def test_t_closeness_is_not_monotone_with_suppression() -> None:
-    # p(x) = 0.6; a1: x x (distance 0.4); a2: x y (0.1); a3: x x x y y y (0.1); g12: 0.15
-    ev = one_qi(["a1"] * 2 + ["a2"] * 2 + ["a3"] * 6, list("xx") + list("xy") + list("xxxyyy"))
+    # p(x) = 0.5; a1: xx (0.5), a2: xy (0), a3: xxxyyy (0), a4: yy (0.5); block xxyy (0);
+    # g12 = x3 y (0.25), g345 = x3 y5 (0.125)
+    ev = five_values(["a1"] * 2 + ["a2"] * 2 + ["a3"] * 6 + ["a4"] * 2, list("xxxyxxxyyyyy"))
     model = TCloseness(0.12)
-    np.testing.assert_allclose(t_distance(ev.classes((0,)), "equal"), [0.4, 0.1, 0.1])
-    np.testing.assert_allclose(t_distance(ev.classes((1,)), "equal"), [0.15, 0.1])
-    assert assess(ev.classes((0,)), model, 0.2).satisfied
-    assert not assess(ev.classes((1,)), model, 0.2).satisfied
-    assert assess(ev.classes((2,)), model, 0.2).satisfied
+    np.testing.assert_allclose(t_distance(ev.classes((0,)), "equal"), [0.5, 0, 0, 0.5])
+    np.testing.assert_allclose(t_distance(ev.classes((1,)), "equal"), [0.25, 0.125])
+    assert assess(ev.classes((0,)), model, 0.34).satisfied
+    assert not assess(ev.classes((1,)), model, 0.34).satisfied
+    assert assess(ev.classes((2,)), model, 0.34).satisfied
     assert not TCloseness.monotone
     assert KAnonymity.monotone and DistinctLDiversity.monotone
-    assert optimal(ev, model, suppression_limit=0.2).transformation == (0,)
+    assert optimal(ev, model, suppression_limit=0.34).transformation == (0,)
 
 
 # --------------------------------------------------------------------------- summary, lattice

@@ -105,7 +105,11 @@ def test_manifest_lists_verified_releases(adult_run: Path) -> None:
     m = json.loads((internal_file(adult_run, "manifest.json")).read_text())
     assert m["releases"] == [r["name"] for r in RELEASES]
     assert all(s["verified"] for s in m["release_summaries"].values())
-    assert m["release_summaries"]["k5"]["guarantee"] == {"k": 5, "suppression_limit": 0.05}
+    assert m["release_summaries"]["k5"]["guarantee"] == {
+        "k": 5,
+        "suppression_limit": 0.05,
+        "unit": "rows",
+    }
 
 
 def test_published_table_satisfies_claims_on_its_own(adult_run: Path) -> None:

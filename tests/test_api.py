@@ -99,7 +99,7 @@ def test_spec_errors_name_the_release() -> None:
 
 
 def test_guarantee_is_exactly_designs_shape() -> None:
-    assert spec(k=5).guarantee() == {"k": 5, "suppression_limit": 0.0}
+    assert spec(k=5).guarantee() == {"k": 5, "suppression_limit": 0.0, "unit": "rows"}
     recursive = spec(kind="l_diversity", k=5, l=3, variant="recursive", c=4)
     assert recursive.guarantee() == {
         "k": 5,
@@ -107,6 +107,7 @@ def test_guarantee_is_exactly_designs_shape() -> None:
         "variant": "recursive",
         "c": 4,
         "suppression_limit": 0.0,
+        "unit": "rows",
     }
     closeness = spec(kind="t_closeness", k=5, t=0.2, distance="hierarchical")
     assert closeness.guarantee() == {
@@ -114,12 +115,14 @@ def test_guarantee_is_exactly_designs_shape() -> None:
         "t": 0.2,
         "distance": "hierarchical",
         "suppression_limit": 0.0,
+        "unit": "rows",
     }
     assert spec(kind="l_diversity", l=3, suppression_limit=0.05).guarantee() == {
         "k": 2,
         "l": 3,
         "variant": "distinct",
         "suppression_limit": 0.05,
+        "unit": "rows",
     }
     json.dumps(recursive.parameters())
 
@@ -191,7 +194,7 @@ def test_anonymize_small_k_anonymity(small: tuple[pd.DataFrame, dict[str, Hierar
     assert table["disease"].tolist() == df["disease"].tolist()  # rows keep their order
     doc = release.document
     assert doc["name"] == "k3" and doc["kind"] == "k_anonymity"
-    assert doc["guarantee"] == {"k": 3, "suppression_limit": 0.0}
+    assert doc["guarantee"] == {"k": 3, "suppression_limit": 0.0, "unit": "rows"}
     assert doc["transformation"]["type"] == "full_domain"
     assert set(doc["transformation"]["levels"]) == set(QIS)
     assert doc["records"] == {

@@ -307,15 +307,24 @@ def test_a_homogeneous_class_is_no_correct_disclosure_for_a_non_member() -> None
     assert result.rates["accuracy"] == 0.0
 
 
-def test_suppressed_targets_are_not_disclosed() -> None:
+def test_suppressed_targets_are_matched_to_the_suppressed_block() -> None:
     published = LI_PUBLISHED.copy()
     published.loc[6:8, ["zip", "age"]] = "*"  # the 3* class suppressed
     carl = targets([("47673", 36, CA)], ["zip", "age", "disease"])
     view = match_targets(published, carl, ["zip", "age"], "disease", LI_H)
     assert view.suppressed_rows == 3 and view.published_rows == 6
-    assert view.counts.sum() == 0
-    assert homogeneity(view, CERTAIN).rate == 0.0
-    assert linkage(view).rate == 0.0
+    # no kept class covers Carl, so he is one of the three '*' rows
+    block = published.loc[6:8, "disease"].value_counts()
+    got = dict(zip(view.sa_values.tolist(), view.counts[0].tolist(), strict=True))
+    assert {k: v for k, v in got.items() if v} == block.to_dict()
+    assert view.block_targets == 1
+    assert linkage(view).rate == pytest.approx(1 / 3)
+    # a homogeneous block discloses the target's value with certainty
+    homogeneous = published.copy()
+    homogeneous.loc[6:8, "disease"] = CA
+    view = match_targets(homogeneous, carl, ["zip", "age"], "disease", LI_H)
+    assert homogeneity(view, CERTAIN).rate == 1.0
+    # dropped rows publish no SA values: nothing to pool
     dropped = LI_PUBLISHED.iloc[:6]
     view = match_targets(dropped, carl, ["zip", "age"], "disease", LI_H)
     assert view.counts.sum() == 0

@@ -71,14 +71,23 @@ def test_a_class_of_k_minus_one_fails_naming_the_class() -> None:
     assert result.smallest_class == 2
 
 
-def test_suppressed_star_rows_are_not_a_class_but_count_against_the_limit() -> None:
-    starred = pd.concat([GOOD, table([("*", "*", "Flu")])], ignore_index=True)
-    ok = verify_table(starred, k_spec(3, limit=0.2), input_records=7, suppressed_records=1)
+def test_suppressed_star_rows_are_a_class_and_count_against_the_limit() -> None:
+    stars = table([("*", "*", "Flu"), ("*", "*", "Cancer"), ("*", "*", "Flu")])
+    starred = pd.concat([GOOD, stars], ignore_index=True)
+    ok = verify_table(starred, k_spec(3, limit=0.4), input_records=9, suppressed_records=3)
     assert ok.ok, ok.failures
-    assert ok.suppressed_records == 1 and ok.classes == 2
-    too_many = verify_table(starred, k_spec(3, limit=0.1), input_records=7, suppressed_records=1)
+    assert ok.suppressed_records == 3 and ok.classes == 3
+    too_many = verify_table(starred, k_spec(3, limit=0.3), input_records=9, suppressed_records=3)
     assert not too_many.ok
-    assert too_many.failures == ["1 records suppressed, more than the limit floor(0.1 x 7) = 0"]
+    assert too_many.failures == ["3 records suppressed, more than the limit floor(0.3 x 9) = 2"]
+
+
+def test_a_suppressed_block_smaller_than_k_fails() -> None:
+    # an attacker who finds no kept class for the target knows it is the one '*' row
+    starred = pd.concat([GOOD, table([("*", "*", "Flu")])], ignore_index=True)
+    bad = verify_table(starred, k_spec(3, limit=0.2), input_records=7, suppressed_records=1)
+    assert not bad.ok
+    assert bad.failures == ["class [zip=*, age=*] has 1 records, fewer than k=3"]
 
 
 def test_star_rows_not_matching_the_suppressed_count_fail() -> None:
@@ -89,10 +98,17 @@ def test_star_rows_not_matching_the_suppressed_count_fail() -> None:
 
 
 def test_dropped_records_count_towards_the_input() -> None:
-    spec = k_spec(3, limit=0.25, suppressed="drop")
-    ok = verify_table(GOOD, spec, input_records=8, suppressed_records=2)
+    spec = k_spec(3, limit=0.4, suppressed="drop")
+    dropped = pd.DataFrame({"disease": ["Flu", "Cancer", "Flu"]})
+    ok = verify_table(GOOD, spec, input_records=9, suppressed_records=3, dropped=dropped)
     assert ok.ok, ok.failures
-    assert any("6 published + 2 dropped = 8 input" in line for line in ok.checked)
+    assert any("6 published + 3 dropped = 9 input" in line for line in ok.checked)
+    # the dropped block is a class too: two dropped records are fewer than k=3
+    two = verify_table(GOOD, spec, input_records=8, suppressed_records=2, dropped=dropped.iloc[:2])
+    assert not two.ok and two.failures == ["class [zip=*, age=*] has 2 records, fewer than k=3"]
+    # without the dropped records' counts the block cannot be checked: fail closed
+    blind = verify_table(GOOD, spec, input_records=9, suppressed_records=3)
+    assert not blind.ok and "cannot be checked" in blind.failures[0]
 
 
 def test_a_lost_record_fails() -> None:
@@ -309,11 +325,13 @@ def test_verify_counts_takes_class_counts_directly() -> None:
         }
     )
     result = verify_counts(counts, l_spec("distinct", 2), input_records=6, suppressed_records=1)
-    # a suppression limit of 0 is exceeded by the one suppressed record
+    # a suppression limit of 0 is exceeded by the one suppressed record, which is also
+    # a class of its own (the suppressed block) with one disease
     assert not result.ok and result.failures == [
-        "1 records suppressed, more than the limit floor(0 x 6) = 0"
+        "1 records suppressed, more than the limit floor(0 x 6) = 0",
+        "class [zip=*, age=*] has 1 distinct disease value(s) ('Flu'), fewer than l=2",
     ]
-    assert (result.classes, result.smallest_class) == (1, 5)
+    assert (result.classes, result.smallest_class) == (2, 1)
 
 
 def test_bad_counts_fail_closed() -> None:

@@ -5,7 +5,12 @@
     input ─► ReadMicrodata (again) ─► Recode ─► WriteTable(data.csv|parquet)
                                         └────► FrequencyTable ─► Verify ─► release.json
 
-The search sees only the frequency table of distinct (QI, SA) values, never rows.
+The search sees only the frequency table of distinct (QI, SA) values, never rows; with
+``unit: person`` of distinct (QI, SA, person id) values, and the verifier counts classes
+of (published labels, SA, person id), so k is checked in persons on the rows written.
+The person id travels beside the recoded rows up to the writer, which never writes it.
+With ``suppressed: drop`` the SA (and person id) of the dropped rows are counted apart,
+so the verifier can check the dropped block as the class it is for an attacker.
 Rows are read a second time for recoding (instead of reusing the first read) so
 that no runner has to hold every batch while the search runs. The published table
 is verified by `anonymity.verify` — code separate from the search's — on exactly
@@ -221,9 +226,11 @@ def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver
     sa_hierarchy = hierarchies.get(sa) if sa and spec.distance == "hierarchical" else None
     records = int(freq[COUNT].sum())
     sa_counts = value_counts[sa] if sa else None
-    spec.check_feasible(records, None if sa_counts is None else int((sa_counts > 0).sum()))
+    unit = spec.unit_by
+    persons = records if unit is None else int(value_counts[unit].shape[0])
+    spec.check_feasible(persons, None if sa_counts is None else int((sa_counts > 0).sum()))
     qi_h = {q: hierarchies[q] for q in spec.qis}
-    summary = Summary.from_frame(freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT)
+    summary = Summary.from_frame(freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit)
     plan = plan_recoding(summary, spec, qi_h, sa_hierarchy)
     return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
 
@@ -255,14 +262,25 @@ class RecodeFn(beam.DoFn):  # type: ignore[misc]
         release_free_memory()  # what the search freed, before the second read
 
     SUPPRESSED = "suppressed"
+    DROPPED = "dropped"
 
     def process(self, batch: pd.DataFrame, ctx: RecodeContext) -> Iterable[Any]:
-        cols = published_columns(ctx.spec)
+        spec = ctx.spec
+        cols = published_columns(spec)
         out, suppressed = ctx.recoder.apply(batch[cols], ctx.hierarchies)
+        out = out[cols]
         # counted where it happens, so the verifier checks the plan against the rows
         yield beam.pvalue.TaggedOutput(self.SUPPRESSED, int(suppressed.sum()))
-        if ctx.spec.suppressed == "drop":
-            out = out[~suppressed]
+        unit = spec.unit_by
+        if unit is not None:  # for counting persons; the writer leaves it out
+            out[unit] = batch[unit].to_numpy()
+        if spec.suppressed == "drop":
+            mask = np.asarray(suppressed, dtype=bool)
+            if mask.any():
+                rest = dropped_columns(spec)
+                block = out.loc[mask].assign(**{NO_COLUMN: ""})[rest]
+                yield beam.pvalue.TaggedOutput(self.DROPPED, block.reset_index(drop=True))
+            out = out[~mask]
         if len(out):
             yield out.reset_index(drop=True)
 
@@ -271,8 +289,26 @@ def published_columns(spec: AnonymizationSpec) -> list[str]:
     return [*spec.qis, *([spec.sensitive] if spec.sensitive else [])]
 
 
+NO_COLUMN = "_"  # counts the dropped rows when neither an SA nor a person id is counted
+
+
+def dropped_columns(spec: AnonymizationSpec) -> list[str]:
+    """What is counted of the rows ``suppressed: drop`` leaves out: SA and person id."""
+    rest = [c for c in counted_columns(spec) if c not in spec.qis]
+    return rest or [NO_COLUMN]
+
+
+def counted_columns(spec: AnonymizationSpec) -> list[str]:
+    """The published columns and, with ``unit: person``, the person id (never written)."""
+    unit = spec.unit_by
+    return [*published_columns(spec), *([unit] if unit is not None else [])]
+
+
 def verify_and_document(
-    class_counts: pd.DataFrame, ctx: ReleaseContext, suppressed: int
+    class_counts: pd.DataFrame,
+    ctx: ReleaseContext,
+    suppressed: int,
+    dropped: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """Verify the table to be published and return release.json; refuse if it fails.
 
@@ -293,6 +329,7 @@ def verify_and_document(
         suppressed_records=suppressed,
         input_sa_distribution=ctx.plan.input_sa_distribution,
         sa_hierarchy=ctx.sa_hierarchy,
+        dropped_counts=dropped if spec.suppressed == "drop" else None,
     )
     if not verification.ok:
         raise PrivacyRefusal(
@@ -324,9 +361,10 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         spec, cols = self.spec, published_columns(self.spec)
+        counted = counted_columns(spec)
         ctx = (
             batches
-            | "Summarise" >> beam.CombineGlobally(FrequencyTable(cols, categorical=True))
+            | "Summarise" >> beam.CombineGlobally(FrequencyTable(counted, categorical=True))
             | "Search" >> beam.Map(make_context, spec, self.resolver)
         )
         # the side inputs are slim views of the context (the full one is never shipped)
@@ -336,16 +374,27 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         if again is None:
             again = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))["batches"]
         recode = again | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(recoder)).with_outputs(
-            RecodeFn.SUPPRESSED, main="rows"
+            RecodeFn.SUPPRESSED, RecodeFn.DROPPED, main="rows"
         )
         recoded = recode.rows
         suppressed = recode[RecodeFn.SUPPRESSED] | "CountSuppressed" >> beam.CombineGlobally(sum)
-        _ = recoded | "Write" >> WriteTable(self.directory, "data", cols, format=self.output_format)  # type: ignore[arg-type]
+        written = recoded
+        if counted != cols:
+            written = recoded | "Published" >> beam.Map(lambda batch: batch[cols])
+        _ = written | "Write" >> WriteTable(self.directory, "data", cols, format=self.output_format)  # type: ignore[arg-type]
+        dropped = recode[RecodeFn.DROPPED] | "CountDropped" >> beam.CombineGlobally(
+            FrequencyTable(dropped_columns(spec))
+        )
         path = str(Path(self.directory) / "release.json")
         return (
             recoded
-            | "CountClasses" >> beam.CombineGlobally(FrequencyTable(cols, categorical=True))
+            | "CountClasses" >> beam.CombineGlobally(FrequencyTable(counted, categorical=True))
             | "Verify"
-            >> beam.Map(verify_and_document, AsSingleton(figures), AsSingleton(suppressed))
+            >> beam.Map(
+                verify_and_document,
+                AsSingleton(figures),
+                AsSingleton(suppressed),
+                AsSingleton(dropped),
+            )
             | "WriteRelease" >> beam.Map(write_json_step, path)
         )
