@@ -15,7 +15,11 @@
 5. ``release_document`` is release.json's content; ``verified`` is true only when step 4
    passed.
 
-Rows keep their input order. Metrics are ``anonymity.quality.recoding_metrics`` for both
+The published table is in a uniformly random order drawn from the OS CSPRNG
+(``dp.secure_random.SecureRandom.permutation``), a fresh one per call: row i of two
+releases of the same data is not the same record, and the order says nothing about the
+input order or about which rows belong to one person. Tests may pass a seeded source
+(``order=SeededRandom(seed)``); nothing else does. Metrics are ``anonymity.quality.recoding_metrics`` for both
 the input (every QI at level 0) and the output, so full-domain and Mondrian releases are
 comparable (flat keys: ``loss``, ``loss_arithmetic``, ``loss_per_attribute``, ...). Risk
 (prosecutor, journalist with the table as population, marketer) is computed on the
@@ -45,7 +49,8 @@ from anonymity.search import SearchResult, search
 from anonymity.spec import AnonymizationSpec
 from anonymity.summary import Summary, group_rows, resolve_hierarchies
 from anonymity.transformation import Evaluator
-from anonymity.verify import Verification, verify_table
+from anonymity.verify import Verification, verify_grid_labels, verify_table
+from dp.secure_random import RandomSource, SecureRandom
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 __all__ = [
@@ -58,6 +63,7 @@ __all__ = [
     "publish",
     "recoding_from_search",
     "release_document",
+    "shuffled",
 ]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
@@ -294,6 +300,13 @@ def publish(
     return recoded[columns].reset_index(drop=True), int(suppressed.sum())
 
 
+def shuffled(table: pd.DataFrame, order: RandomSource | None = None) -> pd.DataFrame:
+    """The rows of ``table`` in a uniformly random order (CSPRNG unless a test passes a
+    seeded ``order`` source), with a fresh 0..n-1 index."""
+    source = SecureRandom() if order is None else order
+    return table.iloc[source.permutation(len(table))].reset_index(drop=True)
+
+
 def _transformation(spec: AnonymizationSpec, plan: RecodingPlan) -> dict[str, Any]:
     if spec.algorithm == "mondrian":
         return {
@@ -361,18 +374,21 @@ def anonymize(
     hierarchies: Mapping[str, Hierarchy],
     *,
     sa_hierarchy: Hierarchy | None = None,
+    order: RandomSource | None = None,
 ) -> AnonymizedRelease:
     """Anonymise a DataFrame per ``spec`` and verify the result (module docstring).
 
     ``hierarchies`` maps each QI to its hierarchy; ``sa_hierarchy`` (the SA's) is needed
     for hierarchical t-closeness and, when given, fixes the SA domain. Raises
     PrivacyRefusal (exit 4) when the guarantee is unreachable or the output fails
-    verification, InputDataError (exit 3) for values missing from a hierarchy.
+    verification, InputDataError (exit 3) for values missing from a hierarchy. The table
+    is in a uniformly random order (``shuffled``; ``order`` is for tests only).
     """
     sa = spec.sensitive
     summary = Summary.from_frame(df, spec.qis, sa, hierarchies, sa_hierarchy if sa else None)
     plan = plan_recoding(summary, spec, hierarchies, sa_hierarchy)
     table, suppressed = publish(df, spec, plan.recoding, hierarchies)
+    table = shuffled(table, order)
     verification = verify_table(
         table,
         spec,
@@ -388,5 +404,8 @@ def anonymize(
         )
     if not verification.ok:
         raise PrivacyRefusal(f"{spec.describe()}: {verification.message()}")
+    off_grid = verify_grid_labels(table, spec, hierarchies)
+    if off_grid:
+        raise PrivacyRefusal(f"{spec.describe()}: {'; '.join(off_grid)}; nothing is published")
     document = release_document(spec, plan, verification)
     return AnonymizedRelease(table, plan.recoding, plan, verification, document)
