@@ -19,9 +19,11 @@ The published table is in a uniformly random order drawn from the OS CSPRNG
 (``dp.secure_random.SecureRandom.permutation``), a fresh one per call: row i of two
 releases of the same data is not the same record, and the order says nothing about the
 input order or about which rows belong to one person. Tests may pass a seeded source
-(``order=SeededRandom(seed)``); nothing else does. Metrics are ``anonymity.quality.recoding_metrics`` for both
-the input (every QI at level 0) and the output, so full-domain and Mondrian releases are
-comparable (flat keys: ``loss``, ``loss_arithmetic``, ``loss_per_attribute``, ...). Risk
+(``order=SeededRandom(seed)``); nothing else does.
+
+Metrics are ``anonymity.quality.recoding_metrics`` for both the input (every QI at
+level 0) and the output, so full-domain and Mondrian releases are comparable (flat keys:
+``loss``, ``loss_arithmetic``, ``loss_per_attribute``, ...). Risk
 (prosecutor, journalist with the table as population, marketer) is computed on the
 published class sizes; suppressed records are left out, as ARX does.
 

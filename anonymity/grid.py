@@ -91,7 +91,8 @@ class Grid:
         """Per label: whether it is a range over whole cells of the grid."""
         out = np.zeros(len(labels), dtype=bool)
         starts = {float(v) for v in self.lo.tolist()}
-        ends = {(float(h), bool(c)) for h, c in zip(self.hi.tolist(), self.closed.tolist())}
+        pairs = zip(self.hi.tolist(), self.closed.tolist(), strict=True)
+        ends = {(float(h), bool(c)) for h, c in pairs}
         for i, label in enumerate(labels):
             parsed = parse_interval(label)
             if parsed is not None and str(label).lstrip().startswith("["):

@@ -37,8 +37,8 @@ from anonymity.mondrian import MondrianResult, mondrian, parse_range, range_labe
 from anonymity.quality import class_sizes, recoding_metrics
 from anonymity.recoding import Recoding, full_domain_labels
 from anonymity.search import optimal
-from anonymity.summary import Summary
 from anonymity.spec import AnonymizationSpec
+from anonymity.summary import Summary
 from anonymity.transformation import Evaluator
 from anonymity.verify import verify_grid_labels
 from privpipe.errors import ConfigError, PrivacyRefusal
@@ -46,8 +46,7 @@ from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 from tests.oracles import naive_violates_k_or_l, tree_hierarchy
 
 SLACK = 1e-12
-RANGE = re.compile(r"^\[(-?\d+), (-?\d+)\)$")
-CELL = re.compile(r"^\[(-?\d+), (-?\d+)\)$")
+RANGE = re.compile(r"^\[(-?\d+), (-?\d+)\)$")  # a half-open interval [lo, hi)
 
 # --------------------------------------------------------------------------- strategies
 
@@ -186,8 +185,8 @@ def check_output(case: Case, models: Sequence[PrivacyModel], result: MondrianRes
                 table = case.hierarchies[q].table
                 cell = {str(row[0]): str(row[1]) for row in table}
                 numbers = sorted(int(v) for v in values)
-                first = CELL.match(cell[str(numbers[0])])
-                last = CELL.match(cell[str(numbers[-1])])
+                first = RANGE.match(cell[str(numbers[0])])
+                last = RANGE.match(cell[str(numbers[-1])])
                 assert first and last
                 assert label == f"[{first.group(1)}, {last.group(2)})", (label, numbers)
                 match = RANGE.match(label)
@@ -217,7 +216,10 @@ def test_mondrian_output_satisfies_models(case: Case, models: list[PrivacyModel]
     check_output(case, models, result)
     # the verifier agrees that every numeric label is on the grid
     spec = AnonymizationSpec(
-        kind="k_anonymity", qis=tuple(case.qis), k=1, algorithm="mondrian",
+        kind="k_anonymity",
+        qis=tuple(case.qis),
+        k=1,
+        algorithm="mondrian",
         numeric=tuple(case.numeric),
     )
     published = pd.DataFrame(result.recoding.labels, columns=case.qis)

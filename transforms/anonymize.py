@@ -355,7 +355,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         # published in a uniformly random order (CSPRNG scatter shuffle), fresh per release
         rows = ctx | "Rows" >> beam.Map(_input_records)
         write = WriteTable(
-            self.directory, "data", cols, format=self.output_format, shuffle_rows=rows  # type: ignore[arg-type]
+            self.directory,
+            "data",
+            cols,
+            format=self.output_format,  # type: ignore[arg-type]
+            shuffle_rows=rows,
         )
         _ = recoded | "Write" >> write
         path = str(Path(self.directory) / "release.json")
