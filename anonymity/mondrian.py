@@ -74,7 +74,7 @@ FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
 ObjArray: TypeAlias = npt.NDArray[np.object_]
 
-_RANGE: Final = re.compile(r"^\[\s*([^,\s\[\]]+)\s*,\s*([^,\s\[\]\)]+)\s*[\]\)]$")
+_RANGE: Final = re.compile(r"^\[\s*([^,\s\[\]]+)\s*,\s*([^,\s\[\]\)]+)\s*([\]\)])$")
 
 
 # --------------------------------------------------------------------------- range labels
@@ -94,17 +94,22 @@ def range_label(lo: float, hi: float) -> str:
 
 
 def parse_range(label: object) -> tuple[float, float] | None:
-    """``(lo, hi)`` of a ``[lo, hi]`` or ``[lo, hi)`` label, ``(x, x)`` of a bare number,
-    else None."""
+    """``(lo, hi)`` (both inclusive) of a ``[lo, hi]`` label, ``(x, x)`` of a bare number,
+    else None. A half-open ``[lo, hi)`` gives hi as the largest float below hi, so that
+    ``lo <= x <= hi`` tests membership exactly either way."""
     text = str(label).strip()
     match = _RANGE.match(text)
-    parts = match.groups() if match else (text, text)
+    parts = match.groups() if match else (text, text, "]")
     try:
         lo, hi = float(parts[0]), float(parts[1])
     except ValueError:
         return None
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
         return None
+    if parts[2] == ")":
+        if lo == hi:
+            return None
+        hi = math.nextafter(hi, -math.inf)
     return lo, hi
 
 
