@@ -202,6 +202,11 @@ def test_write_table_scatter_shuffle_many_buckets(
     assert [p.name for p in tmp_path.iterdir()] == [f"data.{fmt}"]
     empty = tmp_path / "empty"
     assert _write_shuffled(empty, [pd.DataFrame({"i": []})], 0, fmt).empty
+    if fmt == "csv":  # a batch Arrow cannot type (mixed objects) goes through pandas
+        mixed = [pd.DataFrame({"i": pd.Series([1, "a", 2.5] * 100, dtype=object)})]
+        mixed.append(pd.DataFrame({"i": ["b"] * 300}))
+        got = _write_shuffled(tmp_path / "mixed", mixed, 600)["i"].astype(str)
+        assert sorted(got) == sorted(["1", "a", "2.5"] * 100 + ["b"] * 300)
 
 
 @pytest.mark.slow

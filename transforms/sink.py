@@ -147,13 +147,31 @@ class _WriteShardFn(beam.DoFn):
         yield path
 
 
-def _write_shard(path: str, frame: pd.DataFrame, fmt: str, delimiter: str) -> None:
-    """One shard: CSV rows without header, or a Parquet file."""
+def _write_shard(path: str, frame: pd.DataFrame | pa.Table, fmt: str, delimiter: str) -> None:
+    """One shard (a DataFrame or an Arrow table): CSV rows without header, or Parquet."""
     with _create(path) as out:
-        if fmt == "csv":
+        if isinstance(frame, pa.Table):
+            if fmt != "csv":
+                pq.write_table(frame, out)
+            elif frame.num_rows:
+                sink = io.BytesIO()
+                options = pa_csv.WriteOptions(
+                    include_header=False, delimiter=delimiter, quoting_style="needed"
+                )
+                pa_csv.write_csv(frame, sink, options)  # as _csv_text writes a batch
+                out.write(sink.getvalue())
+        elif fmt == "csv":
             out.write(_csv_text(frame, delimiter, header=False))
         else:
             pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out)
+
+
+def _arrow(frame: pd.DataFrame) -> pa.Table | None:
+    """The batch as an Arrow table, or None where Arrow cannot type it (mixed objects)."""
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
 
 
 def shuffle_buckets(rows: int) -> int:
@@ -163,7 +181,8 @@ def shuffle_buckets(rows: int) -> int:
 
 class _ScatterFn(beam.DoFn):
     """Give each row of a batch a uniform bucket (CSPRNG); write one piece per bucket;
-    emit ``(bucket, piece path)``."""
+    emit ``(bucket, piece path)``. Pieces are Arrow IPC streams (compact strings, no
+    Python objects), or pickled DataFrames where Arrow cannot type the batch."""
 
     def __init__(self, shard_dir: str, name: str, columns: tuple[str, ...]):
         self.shard_dir = shard_dir
@@ -177,15 +196,24 @@ class _ScatterFn(beam.DoFn):
         if frame.empty:
             return
         frame = frame[list(self.columns)]
+        table = _arrow(frame)
         bucket = SecureRandom().integers(shuffle_buckets(rows), len(frame))
         order = np.argsort(bucket, kind="stable")
         ranked = bucket[order]
         edges = np.flatnonzero(np.diff(ranked)) + 1
         for part in np.split(order, edges):
             b = int(bucket[part[0]])
-            path = FileSystems.join(self.shard_dir, f"piece-{b:06d}-{uuid.uuid4().hex}.pickle")
+            ext = "pickle" if table is None else "arrow"
+            path = FileSystems.join(self.shard_dir, f"piece-{b:06d}-{uuid.uuid4().hex}.{ext}")
             with _create(path) as out:
-                out.write(pickle.dumps(frame.iloc[part], protocol=pickle.HIGHEST_PROTOCOL))
+                if table is None:
+                    out.write(pickle.dumps(frame.iloc[part], protocol=pickle.HIGHEST_PROTOCOL))
+                else:
+                    piece = table.take(pa.array(part))
+                    stream = pa.BufferOutputStream()
+                    with pa.ipc.new_stream(stream, piece.schema) as writer:
+                        writer.write_table(piece)
+                    out.write(stream.getvalue().to_pybytes())
             yield b, path
 
 
@@ -200,13 +228,25 @@ class _PermuteBucketFn(beam.DoFn):
 
     def process(self, element: tuple[int, Iterable[str]]) -> Iterator[str]:
         bucket, pieces = element
-        frames = []
+        tables: list[pa.Table] = []
+        frames: list[pd.DataFrame] = []
         for piece in sorted(pieces):
             with _open(piece) as src:
-                frames.append(pickle.loads(src.read()))  # our own temporary files only
-        table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        del frames
-        table = table.iloc[SecureRandom().permutation(len(table))]
+                data = src.read()
+            if piece.endswith(".arrow"):
+                tables.append(pa.ipc.open_stream(data).read_all())
+            else:
+                frames.append(pickle.loads(data))  # our own temporary files only
+        table: pd.DataFrame | pa.Table
+        if frames or len({t.schema for t in tables}) > 1:  # mixed: all through pandas
+            frames += [t.to_pandas() for t in tables]
+            table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            del frames, tables
+            table = table.iloc[SecureRandom().permutation(len(table))]
+        else:
+            table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+            del tables
+            table = table.take(pa.array(SecureRandom().permutation(table.num_rows)))
         path = FileSystems.join(self.shard_dir, f"{int(bucket):06d}-{uuid.uuid4().hex}.{self.fmt}")
         _write_shard(path, table, self.fmt, self.delimiter)
         yield path
