@@ -15,9 +15,15 @@
 5. ``release_document`` is release.json's content; ``verified`` is true only when step 4
    passed.
 
-Rows keep their input order. Metrics are ``anonymity.quality.recoding_metrics`` for both
-the input (every QI at level 0) and the output, so full-domain and Mondrian releases are
-comparable (flat keys: ``loss``, ``loss_arithmetic``, ``loss_per_attribute``, ...). Risk
+The published table is in a uniformly random order drawn from the OS CSPRNG
+(``dp.secure_random.SecureRandom.permutation``), a fresh one per call: row i of two
+releases of the same data is not the same record, and the order says nothing about the
+input order or about which rows belong to one person. Tests may pass a seeded source
+(``order=SeededRandom(seed)``); nothing else does.
+
+Metrics are ``anonymity.quality.recoding_metrics`` for both the input (every QI at
+level 0) and the output, so full-domain and Mondrian releases are comparable (flat keys:
+``loss``, ``loss_arithmetic``, ``loss_per_attribute``, ...). Risk
 (prosecutor, journalist with the table as population, marketer) is computed on the
 published class sizes; suppressed records are left out, as ARX does.
 
@@ -45,7 +51,8 @@ from anonymity.search import SearchResult, search
 from anonymity.spec import AnonymizationSpec
 from anonymity.summary import Summary, group_rows, resolve_hierarchies
 from anonymity.transformation import Evaluator
-from anonymity.verify import Verification, verify_table
+from anonymity.verify import Verification, verify_grid_labels, verify_table
+from dp.secure_random import RandomSource, SecureRandom
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 __all__ = [
@@ -59,6 +66,7 @@ __all__ = [
     "publish",
     "recoding_from_search",
     "release_document",
+    "shuffled",
 ]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
@@ -350,6 +358,13 @@ def _recode(
     return recoded[columns], np.asarray(suppressed, dtype=bool)
 
 
+def shuffled(table: pd.DataFrame, order: RandomSource | None = None) -> pd.DataFrame:
+    """The rows of ``table`` in a uniformly random order (CSPRNG unless a test passes a
+    seeded ``order`` source), with a fresh 0..n-1 index."""
+    source = SecureRandom() if order is None else order
+    return table.iloc[source.permutation(len(table))].reset_index(drop=True)
+
+
 def _transformation(spec: AnonymizationSpec, plan: RecodingPlan) -> dict[str, Any]:
     if spec.algorithm == "mondrian":
         return {
@@ -417,13 +432,15 @@ def anonymize(
     hierarchies: Mapping[str, Hierarchy],
     *,
     sa_hierarchy: Hierarchy | None = None,
+    order: RandomSource | None = None,
 ) -> AnonymizedRelease:
     """Anonymise a DataFrame per ``spec`` and verify the result (module docstring).
 
     ``hierarchies`` maps each QI to its hierarchy; ``sa_hierarchy`` (the SA's) is needed
     for hierarchical t-closeness and, when given, fixes the SA domain. Raises
     PrivacyRefusal (exit 4) when the guarantee is unreachable or the output fails
-    verification, InputDataError (exit 3) for values missing from a hierarchy.
+    verification, InputDataError (exit 3) for values missing from a hierarchy. The table
+    is in a uniformly random order (``shuffled``; ``order`` is for tests only).
     """
     sa = spec.sensitive
     unit = spec.unit_by
@@ -434,9 +451,12 @@ def anonymize(
     recoded, mask = _recode(df, spec, plan.recoding, hierarchies)
     suppressed = int(mask.sum())
     keep = ~mask if spec.suppressed == "drop" else np.ones(len(df), dtype=bool)
-    table = recoded.loc[keep].reset_index(drop=True)
     others = [c for c in (sa, unit) if c is not None]
     dropped = df.loc[mask, others] if spec.suppressed == "drop" else None
+    # one uniformly random order for the table and the person of each of its rows
+    perm = (SecureRandom() if order is None else order).permutation(int(keep.sum()))
+    table = recoded.loc[keep].reset_index(drop=True).iloc[perm].reset_index(drop=True)
+    units = None if unit is None else df[unit].to_numpy()[keep][perm]
     verification = verify_table(
         table,
         spec,
@@ -444,7 +464,7 @@ def anonymize(
         suppressed_records=suppressed,
         input_sa_distribution=plan.input_sa_distribution,
         sa_hierarchy=sa_hierarchy,
-        units=None if unit is None else df[unit].to_numpy()[keep],
+        units=units,
         dropped=dropped,
     )
     if suppressed != plan.suppressed_records:
@@ -454,5 +474,8 @@ def anonymize(
         )
     if not verification.ok:
         raise PrivacyRefusal(f"{spec.describe()}: {verification.message()}")
+    off_grid = verify_grid_labels(table, spec, hierarchies)
+    if off_grid:
+        raise PrivacyRefusal(f"{spec.describe()}: {'; '.join(off_grid)}; nothing is published")
     document = release_document(spec, plan, verification)
     return AnonymizedRelease(table, plan.recoding, plan, verification, document)

@@ -22,9 +22,14 @@ the models' own ``violating`` on the candidate halves as equivalence classes (t-
 against p of the whole table, as everywhere). Otherwise the next widest QI is tried; a
 partition where no QI can be split is final.
 
-Labels: a numeric QI is published as ``[lo, hi]``, the smallest and largest value in the
-partition (integers without ``.0``; a single value stays its raw value); a categorical QI
-as the label of the LCA in its hierarchy. Two partitions may end up with equal labels;
+Labels never reveal a value the hierarchy would not. A numeric QI is published as a range
+on the public grid of its hierarchy (``anonymity.grid``: the cells of the finest level that
+defines intervals): the smallest run of whole cells holding the partition's values, e.g.
+``[20, 30)`` for ages 21..27 on a grid of width 5 — not the members' minimum and maximum.
+Splits are cut only between grid cells (values in one cell are never separated), so the
+published ranges of different partitions never overlap. A numeric QI whose hierarchy defines
+no interval grid is handled like a categorical one. A categorical QI is published as the
+label of the LCA in its hierarchy. Two partitions may end up with equal labels;
 published, they form one class, which still satisfies the models (k, the l variants and
 t-closeness are all preserved by merging classes that satisfy them).
 
@@ -58,6 +63,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from anonymity.grid import Grid, format_number, interval_grid
 from anonymity.hierarchy import Hierarchy
 from anonymity.models import (
     PrivacyModel,
@@ -78,7 +84,7 @@ FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
 ObjArray: TypeAlias = npt.NDArray[np.object_]
 
-_RANGE: Final = re.compile(r"^\[\s*([^,\s\[\]]+)\s*,\s*([^,\s\[\]]+)\s*\]$")
+_RANGE: Final = re.compile(r"^\[\s*([^,\s\[\]]+)\s*,\s*([^,\s\[\]\)]+)\s*([\]\)])$")
 
 
 # --------------------------------------------------------------------------- range labels
@@ -92,44 +98,65 @@ def numeric_values(hierarchy: Hierarchy) -> FloatArray:
     return values
 
 
-def _format_number(value: float) -> str:
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value)
-
-
 def range_label(lo: float, hi: float) -> str:
     """The published label of a numeric range: ``[lo, hi]`` (integers without ``.0``)."""
-    return f"[{_format_number(float(lo))}, {_format_number(float(hi))}]"
+    return f"[{format_number(float(lo))}, {format_number(float(hi))}]"
 
 
 def parse_range(label: object) -> tuple[float, float] | None:
-    """``(lo, hi)`` of a ``[lo, hi]`` label, ``(x, x)`` of a bare number, else None."""
+    """``(lo, hi)`` (both inclusive) of a ``[lo, hi]`` label, ``(x, x)`` of a bare number,
+    else None. A half-open ``[lo, hi)`` gives hi as the largest float below hi, so that
+    ``lo <= x <= hi`` tests membership exactly either way."""
     text = str(label).strip()
     match = _RANGE.match(text)
-    parts = match.groups() if match else (text, text)
+    parts = match.groups() if match else (text, text, "]")
     try:
         lo, hi = float(parts[0]), float(parts[1])
     except ValueError:
         return None
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
         return None
+    if parts[2] == ")":
+        if lo == hi:
+            return None
+        hi = math.nextafter(hi, -math.inf)
     return lo, hi
 
 
 # --------------------------------------------------------------------------- dimensions
 
 
+def _numbers_of(hierarchy: Hierarchy, codes: IntArray) -> FloatArray:
+    """The numbers of raw codes of a QI listed as numeric; ConfigError if one is not."""
+    present = numeric_values(hierarchy)[codes]
+    if np.isnan(present).any():
+        bad = pd.unique(hierarchy.values[codes[np.isnan(present)]])
+        shown = ", ".join(repr(str(v)) for v in bad[:5])
+        raise ConfigError(
+            f"quasi-identifier {hierarchy.attribute!r} is listed as numeric but has "
+            f"values that are not numbers: {shown}; remove it from the numeric "
+            "quasi-identifiers or fix the values"
+        )
+    return present
+
+
 class _Dimension:
     """One QI as Mondrian orders it: a sort key per distinct tuple and what keys mean.
 
-    Numeric: the key is the dense rank of the value among the present values. Categorical:
-    the key is the raw code's position in the hierarchy's depth-first leaf order.
+    Numeric: the key is the dense rank of the value among the present values; ``cell`` is
+    the grid cell of each key (splits only between cells, labels over whole cells). A
+    numeric QI whose hierarchy has no interval grid is ordered and labelled as a
+    categorical one. Categorical: the key is the raw code's position in the hierarchy's
+    depth-first leaf order.
     """
 
     def __init__(self, hierarchy: Hierarchy, codes: IntArray, numeric: bool) -> None:
         self.hierarchy = hierarchy
+        present = _numbers_of(hierarchy, codes) if numeric else np.zeros(0, dtype=np.float64)
+        self.grid: Grid | None = interval_grid(hierarchy) if numeric else None
+        numeric = self.grid is not None
         self.numeric = numeric
+        self.cell: IntArray = np.zeros(0, dtype=np.int64)  # numeric: grid cell per key
         self.domain = hierarchy.domain_size
         self.span = 0.0  # numeric: range of the hierarchy's numbers
         self.values: FloatArray = np.zeros(0, dtype=np.float64)  # numeric: number per key
@@ -137,23 +164,14 @@ class _Dimension:
         self.leaves: IntArray = np.zeros((0, 0), dtype=np.int64)  # (levels, dom) leaves under
         self.labels: ObjArray = np.zeros((0, 0), dtype=object)  # (levels, dom) labels
         if numeric:
-            numbers = numeric_values(hierarchy)
-            present = numbers[codes]
-            if np.isnan(present).any():
-                bad = pd.unique(hierarchy.values[codes[np.isnan(present)]])
-                shown = ", ".join(repr(str(v)) for v in bad[:5])
-                raise ConfigError(
-                    f"quasi-identifier {hierarchy.attribute!r} is listed as numeric but has "
-                    f"values that are not numbers: {shown}; remove it from the numeric "
-                    "quasi-identifiers or fix the values"
-                )
             distinct, key = np.unique(present, return_inverse=True)
             self.key: IntArray = key.astype(np.int64).ravel()
             self.values = distinct.astype(np.float64)
             self.code_of_key: IntArray = np.zeros(distinct.shape[0], dtype=np.int64)
             self.code_of_key[self.key] = codes
-            domain = numbers[~np.isnan(numbers)]
-            self.span = float(domain.max() - domain.min())
+            assert self.grid is not None
+            self.cell = self.grid.cell[self.code_of_key]
+            self.span = self.grid.span
         else:
             levels = range(hierarchy.levels)
             self.ids = np.stack([hierarchy.label_ids(lv) for lv in levels]).astype(np.int64)
@@ -177,31 +195,29 @@ class _Dimension:
         and (categorical) the LCA level."""
         splittable = high > low
         if self.numeric:
+            assert self.grid is not None
+            first, last = self.cell[low], self.cell[high]
             span = self.span if self.span > 0 else 1.0
-            width = (self.values[high] - self.values[low]) / span
-            return np.where(splittable, width, -1.0), np.zeros(low.shape[0], dtype=np.int64)
+            width = (self.grid.hi[last] - self.grid.lo[first]) / span
+            return np.where(last > first, width, -1.0), np.zeros(low.shape[0], dtype=np.int64)
         level = self.lca(low, high)
         leaves = self.leaves[level, self.code_of_key[low]]
         width = (leaves - 1) / max(self.domain - 1, 1)
         return np.where(splittable, width, -1.0), level
 
     def groups(self, keys: IntArray, level: IntArray) -> IntArray:
-        """Per tuple: what a split must not separate (numeric: the value; categorical: the
-        child of the partition's LCA at ``level`` that holds the value)."""
+        """Per tuple: what a split must not separate (numeric: the grid cell of the value;
+        categorical: the child of the partition's LCA at ``level`` that holds the value)."""
         if self.numeric:
-            return keys
+            return self.cell[keys]
         return self.ids[level - 1, self.code_of_key[keys]]
 
     def publish(self, low: IntArray, high: IntArray) -> ObjArray:
         """The label of each partition with key range ``low..high``."""
         if not self.numeric:
             return self.labels[self.lca(low, high), self.code_of_key[low]]
-        text = np.empty(self.values.shape[0], dtype=object)  # per distinct value, not per row
-        text[:] = [_format_number(v) for v in self.values.tolist()]
-        out = np.asarray("[" + text[low] + ", " + text[high] + "]", dtype=object)
-        single = low == high
-        out[single] = self.hierarchy.values[self.code_of_key[low[single]]]
-        return out
+        assert self.grid is not None
+        return self.grid.label(self.cell[low], self.cell[high])
 
 
 # --------------------------------------------------------------------------- checking
@@ -379,7 +395,7 @@ def _run(
         group = sort_key.copy()
         for j, dim in enumerate(dims):
             mask = dim_of == j
-            if not dim.numeric and mask.any():
+            if mask.any():
                 group[mask] = dim.groups(sort_key[mask], lca[dense[mask], j])
         # the weighted median among the allowed boundaries (after position i)
         w = weights[sel]
@@ -421,8 +437,9 @@ def mondrian(
 ) -> MondrianResult:
     """Strict Mondrian local recoding of ``summary`` satisfying ``models`` (module doc).
 
-    ``numeric`` names the QIs published as ``[lo, hi]`` ranges (their raw values must be
-    numbers; ConfigError otherwise); the others get the LCA label of their hierarchy.
+    ``numeric`` names the QIs published as ranges on their hierarchy's grid (their raw
+    values must be numbers; ConfigError otherwise; without an interval grid, LCA labels);
+    the others get the LCA label of their hierarchy.
     Raises PrivacyRefusal when the whole table violates the models (suppressing it all
     would leave a violating suppressed block).
     """

@@ -13,7 +13,9 @@ passes (REFERENCE.md, "Privacy models"):
   (``input_sa_distribution``, suppressed records included, as the search uses it), with
   the equal, ordered or hierarchical distance written out from the formulas;
 - at most floor(suppression_limit * input_records) records are suppressed;
-- no record is lost or invented: published + dropped = input records.
+- no record is lost or invented: published + dropped = input records;
+- Mondrian: every label of a numeric QI lies on the public grid of its hierarchy
+  (``verify_grid_labels``; ``anonymity.grid``), so no range ends on a member's own value.
 
 Suppressed records are a class (unlike ARX): an attacker who finds no kept class for a
 target knows it is among them. With ``suppressed: star`` they are the rows whose QIs are
@@ -50,10 +52,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from anonymity.grid import interval_grid
 from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_scalar
 from anonymity.spec import AnonymizationSpec
 
-__all__ = ["MAX_FAILURES", "Verification", "verify_counts", "verify_table"]
+__all__ = ["MAX_FAILURES", "Verification", "verify_counts", "verify_grid_labels", "verify_table"]
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
 IntArray: TypeAlias = npt.NDArray[np.int64]
@@ -549,3 +552,34 @@ def _hierarchical(q: FloatArray, p: FloatArray, hierarchy: Hierarchy) -> FloatAr
         extra = extra @ member
         child_ids = ids
     return cost
+
+
+def verify_grid_labels(
+    table: pd.DataFrame, spec: AnonymizationSpec, hierarchies: Mapping[str, Hierarchy]
+) -> list[str]:
+    """Failures (empty if none): labels of a Mondrian release's numeric QIs that are not
+    ranges over whole cells of the public grid of the QI's hierarchy (``anonymity.grid``),
+    or, where the hierarchy defines no interval grid, not labels of the hierarchy.
+    ``table`` is the published table or its class counts (only distinct labels are read)."""
+    if spec.algorithm != "mondrian":
+        return []
+    failures: list[str] = []
+    for name in spec.numeric:
+        if name not in table.columns or name not in hierarchies:
+            failures.append(f"quasi-identifier {name!r}: no column or hierarchy to check")
+            continue
+        hierarchy = hierarchies[name]
+        labels = [str(v) for v in pd.unique(table[name].dropna().astype(str))]
+        labels = [v for v in labels if v != SUPPRESSED]
+        grid = interval_grid(hierarchy)
+        if grid is None:
+            known = {str(v) for lv in range(hierarchy.levels) for v in hierarchy.label_names(lv)}
+            bad = [v for v in labels if v not in known]
+            where = "are not labels of its hierarchy (which defines no interval grid)"
+        else:
+            bad = [v for v, ok in zip(labels, grid.on_grid(labels), strict=True) if not ok]
+            where = f"are not ranges over whole intervals of its hierarchy's level {grid.level}"
+        if bad:
+            shown = ", ".join(repr(v) for v in bad[:MAX_FAILURES])
+            failures.append(f"quasi-identifier {name!r}: {len(bad)} label(s) {where}: {shown}")
+    return failures

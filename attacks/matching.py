@@ -51,7 +51,7 @@ FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
 ObjArray: TypeAlias = npt.NDArray[np.object_]
 
-_RANGE: Final = r"^\[\s*([^,\]]+?)\s*,\s*([^,\]]+?)\s*\]$"
+_RANGE: Final = r"^\[\s*([^,\]]+?)\s*,\s*([^,\])]+?)\s*([\])])$"
 
 
 # --------------------------------------------------------------------------- strings
@@ -93,7 +93,8 @@ def coverage(
     """Pairs (raw index, label index) where the label covers the raw value, sorted by raw.
 
     Equality, ``*``, hierarchy ancestors at any level (when ``hierarchy`` is given) and
-    numeric ranges ``[lo, hi]`` (inclusive) are all recognised.
+    numeric ranges ``[lo, hi]`` (inclusive) and ``[lo, hi)`` (Mondrian's grid ranges,
+    hi excluded) are all recognised.
     """
     n_raw, n_lab = raw.shape[0], labels.shape[0]
     index = pd.Index(labels, dtype=object)
@@ -128,7 +129,12 @@ def coverage(
         order = numeric[np.argsort(numbers[numeric], kind="stable")]
         values = numbers[order]
         left = np.searchsorted(values, lo[ranged], side="left")
-        right = np.searchsorted(values, hi[ranged], side="right")
+        half_open = (bounds[2] == ")").to_numpy(dtype=bool)[ranged]
+        right = np.where(
+            half_open,
+            np.searchsorted(values, hi[ranged], side="left"),
+            np.searchsorted(values, hi[ranged], side="right"),
+        )
         width = np.maximum(right - left, 0)
         label_ids = np.repeat(ranged.astype(np.int64), width)
         starts = np.repeat(left, width)

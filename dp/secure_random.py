@@ -19,6 +19,9 @@ Both sources share the conversions, so the tested code paths are the production 
   with exactly the distribution of the full 64-bit comparison.
 - ``integers(high, n)``: uniform on [0, high) by rejection (no modulo bias).
 - ``bits(n)``: fair coins; ``words(n)``: uniform uint64 (e.g. per-person hash keys).
+- ``permutation(n)``: a uniformly random order of ``0..n-1`` (published tables are shuffled
+  with it): the argsort of n uniform 64-bit keys, redrawn until the keys are distinct, so
+  every order is exactly equally likely (ties are redrawn, never broken by position).
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ class RandomSource(Protocol):
 
     def integers(self, high: int, n: int) -> IntArray:
         """n independent uniform integers on [0, high), unbiased (rejection)."""
+        ...
+
+    def permutation(self, n: int) -> IntArray:
+        """A uniformly random permutation of 0..n-1."""
         ...
 
 
@@ -154,6 +161,16 @@ class _ByteSource:
                 out[todo[ok]] = (w32[ok] % np.uint64(high)).astype(np.int64)
             todo = todo[~ok]
         return out
+
+    def permutation(self, n: int) -> IntArray:
+        n = _count(n)
+        while True:
+            keys = self.words(n)
+            order = np.argsort(keys, kind="stable")
+            ranked = keys[order]
+            # distinct keys: every order equally likely; a tie (p < n^2/2^65) is redrawn
+            if not bool(np.any(ranked[1:] == ranked[:-1])):
+                return order.astype(np.int64)
 
 
 def _count(n: int) -> int:

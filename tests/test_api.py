@@ -191,7 +191,8 @@ def test_anonymize_small_k_anonymity(small: tuple[pd.DataFrame, dict[str, Hierar
     sizes = table.groupby(list(QIS)).size()
     assert sizes.min() >= 3
     assert release.verification.ok and release.document["verified"] is True
-    assert table["disease"].tolist() == df["disease"].tolist()  # rows keep their order
+    # the same records, in a random order (tests/test_shuffle.py)
+    assert sorted(table["disease"].tolist()) == sorted(df["disease"].tolist())
     doc = release.document
     assert doc["name"] == "k3" and doc["kind"] == "k_anonymity"
     assert doc["guarantee"] == {"k": 3, "suppression_limit": 0.0, "unit": "rows"}
@@ -227,7 +228,11 @@ def test_drop_and_star(small: tuple[pd.DataFrame, dict[str, Hierarchy]]) -> None
     stars = (star.table[list(QIS)] == "*").all(axis=1)
     assert int(stars.sum()) == suppressed
     assert not (drop.table[list(QIS)] == "*").all(axis=1).any()
-    assert drop.table.equals(star.table.loc[~stars].reset_index(drop=True))
+    # tables come in random orders: compare as multisets
+    kept = star.table.loc[~stars]
+    assert sorted(map(tuple, drop.table.to_numpy().tolist())) == sorted(
+        map(tuple, kept.to_numpy().tolist())
+    )
     assert drop.document["records"]["published"] == 9 - suppressed
     assert drop.document["records"]["suppressed_as"] == "drop"
 
@@ -319,7 +324,9 @@ def test_steps_in_batches_match_anonymize(
         input_sa_distribution=plan.input_sa_distribution,
     )
     assert verification.ok
-    assert table.equals(whole.table)
+    assert sorted(map(tuple, table.to_numpy().tolist())) == sorted(
+        map(tuple, whole.table.to_numpy().tolist())
+    )  # the published table is shuffled: compare as multisets
     document = release_document(s, plan, verification)
     assert document["verified"] is True
     assert document["transformation"] == whole.document["transformation"]

@@ -351,6 +351,11 @@ def test_coverage_rules() -> None:
         ("47", "*"), ("47", "≥40"),
         ("x", "*"),
     }  # fmt: skip
+    # Mondrian's grid ranges are half-open: [30, 36) holds 30..35, not 36; [36, 40) holds 36
+    half = np.array(["[30, 36)", "[36, 40)"], dtype=object)
+    rows, cols = coverage(raw, half)
+    got = {(raw[r], half[c]) for r, c in zip(rows.tolist(), cols.tolist(), strict=True)}
+    assert got == {("36", "[36, 40)")}
 
 
 def test_mondrian_style_overlapping_classes_are_pooled() -> None:

@@ -3,8 +3,10 @@
 The property test checks every output with plain pandas/Counter code written here from
 REFERENCE.md (not the models of ``anonymity``): the published classes (records grouped by
 their labels) satisfy k, the l variants and t-closeness; every raw tuple is covered;
-numeric ranges are the tight [min, max] of their class; categorical labels are the
-lowest common ancestor of their class's raw values, read off the hierarchy table.
+numeric ranges are the smallest run of level-1 intervals of the hierarchy (the public grid)
+holding their class's values, never the class's own min and max, and the verifier accepts
+them; categorical labels are the lowest common ancestor of their class's raw values, read
+off the hierarchy table.
 Run with ``-s`` to see the Adult numbers.
 """
 
@@ -35,14 +37,16 @@ from anonymity.mondrian import MondrianResult, mondrian, parse_range, range_labe
 from anonymity.quality import class_sizes, recoding_metrics
 from anonymity.recoding import Recoding, full_domain_labels
 from anonymity.search import optimal
+from anonymity.spec import AnonymizationSpec
 from anonymity.summary import Summary
 from anonymity.transformation import Evaluator
+from anonymity.verify import verify_grid_labels
 from privpipe.errors import ConfigError, PrivacyRefusal
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 from tests.oracles import naive_violates_k_or_l, tree_hierarchy
 
 SLACK = 1e-12
-RANGE = re.compile(r"^\[(-?\d+), (-?\d+)\]$")
+RANGE = re.compile(r"^\[(-?\d+), (-?\d+)\)$")  # a half-open interval [lo, hi)
 
 # --------------------------------------------------------------------------- strategies
 
@@ -177,13 +181,17 @@ def check_output(case: Case, models: Sequence[PrivacyModel], result: MondrianRes
             label = str(rows[f"g_{q}"].iloc[0])
             values = rows[q].tolist()
             if q in case.numeric:
-                numbers = [int(v) for v in values]
+                # the level-1 intervals (the public grid) of the smallest and largest value
+                table = case.hierarchies[q].table
+                cell = {str(row[0]): str(row[1]) for row in table}
+                numbers = sorted(int(v) for v in values)
+                first = RANGE.match(cell[str(numbers[0])])
+                last = RANGE.match(cell[str(numbers[-1])])
+                assert first and last
+                assert label == f"[{first.group(1)}, {last.group(2)})", (label, numbers)
                 match = RANGE.match(label)
-                if match:
-                    lo, hi = int(match.group(1)), int(match.group(2))
-                    assert (lo, hi) == (min(numbers), max(numbers)) and lo < hi, label
-                else:
-                    assert set(values) == {label}, label
+                assert match and int(match.group(1)) <= numbers[0] < numbers[-1] + 1
+                assert int(match.group(2)) > numbers[-1]
             else:
                 assert label == naive_lca(case.hierarchies[q], values), (label, values)
     assert sorted(sizes) == sorted(class_sizes(recoding, case.summary()).tolist())
@@ -206,6 +214,16 @@ def test_mondrian_output_satisfies_models(case: Case, models: list[PrivacyModel]
         return
     event("split" if result.partitions > 1 else "one partition")
     check_output(case, models, result)
+    # the verifier agrees that every numeric label is on the grid
+    spec = AnonymizationSpec(
+        kind="k_anonymity",
+        qis=tuple(case.qis),
+        k=1,
+        algorithm="mondrian",
+        numeric=tuple(case.numeric),
+    )
+    published = pd.DataFrame(result.recoding.labels, columns=case.qis)
+    assert verify_grid_labels(published, spec, case.hierarchies) == []
     # the result is measurable, and the numbers are sane
     metrics = recoding_metrics(result.recoding, summary, case.hierarchies, numeric=case.numeric)
     assert 0.0 <= metrics["loss"] <= 1.0 + 1e-12
@@ -237,22 +255,23 @@ def _grouping(attribute: str, rows: list[list[str]]) -> Hierarchy:
 
 def test_numeric_median_splits_and_labels() -> None:
     ages = [str(a) for a in range(20, 28)]
-    h = build_intervals("age", [str(a) for a in range(0, 100)], [10, 20])
+    h = build_intervals("age", [str(a) for a in range(0, 100)], [2, 20])
     df = pd.DataFrame({"age": ages, "S": ["a", "b"] * 4})
     summary = Summary.from_frame(df, ["age"], "S", {"age": h})
     result = mondrian(summary, {"age": h}, [KAnonymity(2)], numeric=["age"])
     labels = dict(
         zip(h.values[result.recoding.codes[:, 0]], result.recoding.labels[:, 0], strict=True)
     )
+    # ranges are grid cells [20, 22), ..., not the members' own [20, 21], ...
     assert labels == {
-        "20": "[20, 21]",
-        "21": "[20, 21]",
-        "22": "[22, 23]",
-        "23": "[22, 23]",
-        "24": "[24, 25]",
-        "25": "[24, 25]",
-        "26": "[26, 27]",
-        "27": "[26, 27]",
+        "20": "[20, 22)",
+        "21": "[20, 22)",
+        "22": "[22, 24)",
+        "23": "[22, 24)",
+        "24": "[24, 26)",
+        "25": "[24, 26)",
+        "26": "[26, 28)",
+        "27": "[26, 28)",
     }
     assert result.partitions == 4 and result.suppressed_records == 0
     # distinct 2-diversity: a, b alternate, so pairs work; 3 would not
@@ -261,16 +280,57 @@ def test_numeric_median_splits_and_labels() -> None:
         mondrian(summary, [h], [DistinctLDiversity(3)], numeric=["age"])
 
 
-def test_single_values_stay_raw_and_ties_stay_together() -> None:
-    h = build_intervals("age", [str(a) for a in range(0, 10)], [5])
+def test_single_values_widen_to_their_cell_and_ties_stay_together() -> None:
+    h = build_intervals("age", [str(a) for a in range(0, 10)], [1, 5])
     df = pd.DataFrame({"age": ["3"] * 5 + ["4"] + ["7"] * 4, "S": ["x"] * 10})
     summary = Summary.from_frame(df, ["age"], "S", {"age": h})
     result = mondrian(summary, {"age": h}, [KAnonymity(2)], numeric=["age"])
     labels = dict(
         zip(h.values[result.recoding.codes[:, 0]], result.recoding.labels[:, 0], strict=True)
     )
-    # the weighted median of 3,3,3,3,3,4,7,7,7,7 puts 3 alone (5 | 5) then 4 joins 7
-    assert labels == {"3": "3", "4": "[4, 7]", "7": "[4, 7]"}
+    # the weighted median of 3,3,3,3,3,4,7,7,7,7 puts 3 alone (5 | 5) then 4 joins 7;
+    # a class of one value shows its grid cell, a range ends where the grid's cells end
+    assert labels == {"3": "[3, 4)", "4": "[4, 8)", "7": "[4, 8)"}
+    # on a coarser grid, cuts fall between cells only: 3 and 4 share [0, 5)
+    coarse = build_intervals("age", [str(a) for a in range(0, 10)], [5])
+    summary = Summary.from_frame(df, ["age"], "S", {"age": coarse})
+    result = mondrian(summary, {"age": coarse}, [KAnonymity(2)], numeric=["age"])
+    labels = dict(
+        zip(coarse.values[result.recoding.codes[:, 0]], result.recoding.labels[:, 0], strict=True)
+    )
+    assert labels == {"3": "[0, 5)", "4": "[0, 5)", "7": "[5, 10)"}
+
+
+def test_arx_intervals_and_no_grid() -> None:
+    # ARX's closed "lo-hi" intervals give closed ranges; a hierarchy without intervals gives
+    # the lowest common ancestor, as for categorical attributes
+    arx = _grouping("age", [[str(a), f"{a // 2 * 2}-{a // 2 * 2 + 1}", "*"] for a in range(8)])
+    df = pd.DataFrame({"age": [str(a) for a in range(8)], "S": ["x"] * 8})
+    summary = Summary.from_frame(df, ["age"], "S", {"age": arx})
+    result = mondrian(summary, {"age": arx}, [KAnonymity(2)], numeric=["age"])
+    assert sorted(set(result.recoding.labels[:, 0])) == ["[0, 1]", "[2, 3]", "[4, 5]", "[6, 7]"]
+    named = _grouping("age", [[str(a), "low" if a < 4 else "high", "*"] for a in range(8)])
+    summary = Summary.from_frame(df, ["age"], "S", {"age": named})
+    result = mondrian(summary, {"age": named}, [KAnonymity(3)], numeric=["age"])
+    assert sorted(set(result.recoding.labels[:, 0])) == ["high", "low"]
+
+
+def test_verifier_refuses_off_grid_labels() -> None:
+    h = build_intervals("age", [str(a) for a in range(0, 100)], [5, 10])
+    spec = AnonymizationSpec(
+        kind="k_anonymity", qis=("age",), k=2, algorithm="mondrian", numeric=("age",)
+    )
+    good = pd.DataFrame({"age": ["[20, 30)", "[20, 30)", "[30, 35)", "*"]})
+    assert verify_grid_labels(good, spec, {"age": h}) == []
+    # the members' own min and max, a shifted range, a closed end and a raw value: all refused
+    for label in ["[21, 27]", "[21, 30)", "[20, 30]", "27", "[20, 31)"]:
+        bad = pd.DataFrame({"age": ["[20, 30)", label]})
+        failures = verify_grid_labels(bad, spec, {"age": h})
+        assert len(failures) == 1 and repr(label) in failures[0], label
+    # without an interval grid only the hierarchy's own labels pass
+    named = _grouping("age", [[str(a), "low" if a < 4 else "high", "*"] for a in range(8)])
+    assert verify_grid_labels(pd.DataFrame({"age": ["low", "3"]}), spec, {"age": named}) == []
+    assert verify_grid_labels(pd.DataFrame({"age": ["[0, 3]"]}), spec, {"age": named})
 
 
 def test_categorical_splits_follow_the_hierarchy() -> None:
@@ -302,18 +362,18 @@ def test_categorical_splits_follow_the_hierarchy() -> None:
 def test_widest_attribute_is_split_first() -> None:
     age = build_intervals("age", [str(a) for a in range(0, 100)], [50])
     sex = _grouping("sex", [["M", "*"], ["F", "*"]])
-    # age spans 2 of 99 (narrow); sex spans its whole domain (width 1): split on sex
+    # age lies in one grid cell (cannot be cut); sex spans its whole domain: split on sex
     df = pd.DataFrame({"age": ["30", "31"] * 4, "sex": ["M"] * 4 + ["F"] * 4, "S": ["x"] * 8})
     summary = Summary.from_frame(df, ["age", "sex"], "S", {"age": age, "sex": sex})
     result = mondrian(summary, [age, sex], [KAnonymity(4)], numeric=["age"])
     assert set(map(tuple, result.recoding.labels.tolist())) == {
-        ("[30, 31]", "M"),
-        ("[30, 31]", "F"),
+        ("[0, 50)", "M"),
+        ("[0, 50)", "F"),
     }
 
 
 def test_t_closeness_compares_with_the_whole_table() -> None:
-    h = build_intervals("age", [str(a) for a in range(0, 100)], [10])
+    h = build_intervals("age", [str(a) for a in range(0, 100)], [1, 10])
     df = pd.DataFrame({"age": [str(a) for a in range(20, 30)], "S": ["a"] * 5 + ["b"] * 5})
     summary = Summary.from_frame(df, ["age"], "S", {"age": h})
     # halves by age are all-a and all-b: distance 0.5 from p = (1/2, 1/2)
@@ -344,6 +404,8 @@ def test_without_sensitive_attribute_and_range_labels() -> None:
     assert mondrian(summary, [h], [KAnonymity(2)]).partitions == 2
     assert range_label(1.0, 2.5) == "[1, 2.5]" and range_label(-3, -3) == "[-3, -3]"
     assert parse_range("[1, 2.5]") == (1.0, 2.5) and parse_range("7") == (7.0, 7.0)
+    lo, hi = parse_range("[20, 30)") or (0.0, 0.0)
+    assert lo == 20.0 and 29.999 < hi < 30.0 and parse_range("[3, 3)") is None
     assert parse_range("[3, 1]") is None and parse_range("abc") is None
 
 

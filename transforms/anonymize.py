@@ -2,7 +2,7 @@
 
     batches ─► FrequencyTable ─► Plan (one worker: hierarchies, summary, search)
                                    │ side input
-    input ─► ReadMicrodata (again) ─► Recode ─► WriteTable(data.csv|parquet)
+    input ─► ReadMicrodata (again) ─► Recode ─► WriteTable(data.csv|parquet, shuffled)
                                         └────► FrequencyTable ─► Verify ─► release.json
 
 The search sees only the frequency table of distinct (QI, SA) values, never rows; with
@@ -15,7 +15,9 @@ Rows are read a second time for recoding (instead of reusing the first read) so
 that no runner has to hold every batch while the search runs. The published table
 is verified by `anonymity.verify` — code separate from the search's — on exactly
 the rows that are written; a failed check raises PrivacyRefusal and nothing is
-published (the run's staging folder is discarded).
+published (the run's staging folder is discarded). The table is written in a uniformly
+random order drawn from the OS CSPRNG (``WriteTable``'s scatter shuffle), independently
+per release and per run: row positions link nothing across releases or to the input.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from anonymity.hierarchy import Hierarchy
 from anonymity.recoding import BatchRecoder, Recoding
 from anonymity.spec import AnonymizationSpec
 from anonymity.summary import Summary, group_rows
-from anonymity.verify import verify_counts
+from anonymity.verify import verify_counts, verify_grid_labels
 from privpipe.errors import PrivacyRefusal
 from transforms.io import InputSpec, ReadMicrodata
 from transforms.memory import release_free_memory
@@ -285,6 +287,10 @@ class RecodeFn(beam.DoFn):  # type: ignore[misc]
             yield out.reset_index(drop=True)
 
 
+def _input_records(ctx: ReleaseContext) -> int:
+    return ctx.input_records
+
+
 def published_columns(spec: AnonymizationSpec) -> list[str]:
     return [*spec.qis, *([spec.sensitive] if spec.sensitive else [])]
 
@@ -336,6 +342,12 @@ def verify_and_document(
             f"release {spec.name!r}: the independent check of the published table failed: "
             f"{verification.message()}; nothing was published"
         )
+    off_grid = verify_grid_labels(class_counts, spec, ctx.hierarchies)
+    if off_grid:
+        raise PrivacyRefusal(
+            f"release {spec.name!r}: a published range is off the public grid: "
+            f"{'; '.join(off_grid)}; nothing was published"
+        )
     return release_document(spec, ctx.plan, verification)
 
 
@@ -381,7 +393,16 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         written = recoded
         if counted != cols:
             written = recoded | "Published" >> beam.Map(lambda batch: batch[cols])
-        _ = written | "Write" >> WriteTable(self.directory, "data", cols, format=self.output_format)  # type: ignore[arg-type]
+        # published in a uniformly random order (CSPRNG scatter shuffle), fresh per release
+        rows = ctx | "Rows" >> beam.Map(_input_records)
+        write = WriteTable(
+            self.directory,
+            "data",
+            cols,
+            format=self.output_format,  # type: ignore[arg-type]
+            shuffle_rows=rows,
+        )
+        _ = written | "Write" >> write
         dropped = recode[RecodeFn.DROPPED] | "CountDropped" >> beam.CombineGlobally(
             FrequencyTable(dropped_columns(spec))
         )

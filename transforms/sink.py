@@ -11,6 +11,21 @@
 Only shards whose paths reached the merge are used: a shard left behind by a retried bundle
 is never concatenated (it is deleted with the folder), so a retry cannot duplicate rows.
 Files go through Beam's ``FileSystems`` (local paths, gs://, …).
+
+With ``shuffle_rows`` (a singleton PCollection: about how many rows will come) the table is
+written in a uniformly random order — a scatter shuffle, batches not rows, memory bounded by
+one bucket (``BUCKET_ROWS``):
+
+1. every batch gives each of its rows an independent uniform bucket in ``0..B-1`` (OS
+   CSPRNG, ``dp.secure_random.SecureRandom``) and writes its rows of each bucket as one
+   piece under the shards folder, emitting ``(bucket, piece path)``;
+2. the pieces are grouped by bucket (only paths travel); each bucket's rows are read,
+   put in a uniformly random order (``SecureRandom.permutation``) and written as the shard
+   ``<bucket:06d>-<uuid>``;
+3. the merge concatenates the shards in bucket order (their names sort so).
+
+Independent uniform buckets, then a uniform order within each bucket, is a uniform
+permutation of all rows whatever the input order or batching; a fresh one per table.
 """
 
 from __future__ import annotations
@@ -19,10 +34,11 @@ import csv
 import io
 import json
 import os
+import pickle
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
@@ -34,14 +50,16 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.pvalue import PCollection
+from apache_beam.pvalue import AsSingleton, PCollection
 from apache_beam.transforms.combiners import ToList
 
+from dp.secure_random import SecureRandom
 from privpipe.errors import ConfigError
 
 __all__ = ["WriteTable", "load_json", "write_json", "write_json_step", "write_table"]
 
 _COPY_CHUNK = 8 << 20
+BUCKET_ROWS = 1 << 18  # rows per shuffle bucket on average: the memory one bucket needs
 
 
 def _create(path: str) -> Any:
@@ -124,13 +142,113 @@ class _WriteShardFn(beam.DoFn):
         _check_columns(frame, self.columns, self.name)
         if frame.empty:
             return
-        frame = frame[list(self.columns)]
         path = FileSystems.join(self.shard_dir, f"{uuid.uuid4().hex}.{self.fmt}")
-        with _create(path) as out:
-            if self.fmt == "csv":
-                out.write(_csv_text(frame, self.delimiter, header=False))
+        _write_shard(path, frame[list(self.columns)], self.fmt, self.delimiter)
+        yield path
+
+
+def _write_shard(path: str, frame: pd.DataFrame | pa.Table, fmt: str, delimiter: str) -> None:
+    """One shard (a DataFrame or an Arrow table): CSV rows without header, or Parquet."""
+    with _create(path) as out:
+        if isinstance(frame, pa.Table):
+            if fmt != "csv":
+                pq.write_table(frame, out)
+            elif frame.num_rows:
+                sink = io.BytesIO()
+                options = pa_csv.WriteOptions(
+                    include_header=False, delimiter=delimiter, quoting_style="needed"
+                )
+                pa_csv.write_csv(frame, sink, options)  # as _csv_text writes a batch
+                out.write(sink.getvalue())
+        elif fmt == "csv":
+            out.write(_csv_text(frame, delimiter, header=False))
+        else:
+            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out)
+
+
+def _arrow(frame: pd.DataFrame) -> pa.Table | None:
+    """The batch as an Arrow table, or None where Arrow cannot type it (mixed objects)."""
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+
+
+def shuffle_buckets(rows: int) -> int:
+    """Buckets of the scatter shuffle for about ``rows`` rows: ``BUCKET_ROWS`` each on average."""
+    return max(1, -(-int(rows) // BUCKET_ROWS))
+
+
+class _ScatterFn(beam.DoFn):
+    """Give each row of a batch a uniform bucket (CSPRNG); write one piece per bucket;
+    emit ``(bucket, piece path)``. Pieces are Arrow IPC streams (compact strings, no
+    Python objects), or pickled DataFrames where Arrow cannot type the batch."""
+
+    def __init__(self, shard_dir: str, name: str, columns: tuple[str, ...]):
+        self.shard_dir = shard_dir
+        self.name = name
+        self.columns = columns
+
+    def process(self, frame: pd.DataFrame, rows: int) -> Iterator[tuple[int, str]]:
+        if not isinstance(frame, pd.DataFrame):
+            raise TypeError(f"WriteTable({self.name!r}) expects DataFrames, got {type(frame)}")
+        _check_columns(frame, self.columns, self.name)
+        if frame.empty:
+            return
+        frame = frame[list(self.columns)]
+        table = _arrow(frame)
+        bucket = SecureRandom().integers(shuffle_buckets(rows), len(frame))
+        order = np.argsort(bucket, kind="stable")
+        ranked = bucket[order]
+        edges = np.flatnonzero(np.diff(ranked)) + 1
+        for part in np.split(order, edges):
+            b = int(bucket[part[0]])
+            ext = "pickle" if table is None else "arrow"
+            path = FileSystems.join(self.shard_dir, f"piece-{b:06d}-{uuid.uuid4().hex}.{ext}")
+            with _create(path) as out:
+                if table is None:
+                    out.write(pickle.dumps(frame.iloc[part], protocol=pickle.HIGHEST_PROTOCOL))
+                else:
+                    piece = table.take(pa.array(part))
+                    stream = pa.BufferOutputStream()
+                    with pa.ipc.new_stream(stream, piece.schema) as writer:
+                        writer.write_table(piece)
+                    out.write(stream.getvalue().to_pybytes())
+            yield b, path
+
+
+class _PermuteBucketFn(beam.DoFn):
+    """Read one bucket's pieces, order its rows uniformly at random (CSPRNG), write the
+    bucket's shard (named by the bucket, so the merge puts shards in bucket order)."""
+
+    def __init__(self, shard_dir: str, fmt: str, delimiter: str):
+        self.shard_dir = shard_dir
+        self.fmt = fmt
+        self.delimiter = delimiter
+
+    def process(self, element: tuple[int, Iterable[str]]) -> Iterator[str]:
+        bucket, pieces = element
+        tables: list[pa.Table] = []
+        frames: list[pd.DataFrame] = []
+        for piece in sorted(pieces):
+            with _open(piece) as src:
+                data = src.read()
+            if piece.endswith(".arrow"):
+                tables.append(pa.ipc.open_stream(data).read_all())
             else:
-                pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out)
+                frames.append(pickle.loads(data))  # our own temporary files only
+        table: pd.DataFrame | pa.Table
+        if frames or len({t.schema for t in tables}) > 1:  # mixed: all through pandas
+            frames += [t.to_pandas() for t in tables]
+            table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            del frames, tables
+            table = table.iloc[SecureRandom().permutation(len(table))]
+        else:
+            table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+            del tables
+            table = table.take(pa.array(SecureRandom().permutation(table.num_rows)))
+        path = FileSystems.join(self.shard_dir, f"{int(bucket):06d}-{uuid.uuid4().hex}.{self.fmt}")
+        _write_shard(path, table, self.fmt, self.delimiter)
         yield path
 
 
@@ -204,6 +322,9 @@ class WriteTable(beam.PTransform[PCollection[pd.DataFrame], PCollection[str]]):
     Returns a PCollection with the single final path. Columns are written in the order of
     `columns`; a batch with missing or extra columns raises (a bug upstream). An empty input
     still produces a file: the header only (Parquet: the schema, every column a string).
+    With `shuffle_rows` (a singleton PCollection of about how many rows will come; it sets
+    the number of buckets) the rows are written in a uniformly random order drawn from the
+    OS CSPRNG (module docstring); there is no seed.
     """
 
     def __init__(
@@ -213,6 +334,7 @@ class WriteTable(beam.PTransform[PCollection[pd.DataFrame], PCollection[str]]):
         columns: Sequence[str],
         format: Literal["csv", "parquet"] = "csv",
         delimiter: str = ",",
+        shuffle_rows: PCollection[int] | None = None,
     ):
         super().__init__()
         if format not in ("csv", "parquet"):
@@ -229,15 +351,27 @@ class WriteTable(beam.PTransform[PCollection[pd.DataFrame], PCollection[str]]):
         self.columns = cols
         self.format = format
         self.delimiter = delimiter
+        self.shuffle_rows = shuffle_rows
 
     def expand(self, batches: PCollection[pd.DataFrame]) -> PCollection[str]:
         shard_dir = FileSystems.join(self.directory, f".shards-{self.name}")
         args = (self.name, self.columns, self.format, self.delimiter)
-        write: beam.DoFn = _WriteShardFn(shard_dir, *args)
         merge: beam.DoFn = _MergeShardsFn(self.directory, shard_dir, *args)
+        shards: PCollection[str]
+        if self.shuffle_rows is None:
+            write: beam.DoFn = _WriteShardFn(shard_dir, *args)
+            shards = batches | "WriteShards" >> beam.ParDo(write)  # type: ignore[no-untyped-call]
+        else:
+            scatter: beam.DoFn = _ScatterFn(shard_dir, self.name, self.columns)
+            permute: beam.DoFn = _PermuteBucketFn(shard_dir, self.format, self.delimiter)
+            shards = (
+                batches
+                | "Scatter" >> beam.ParDo(scatter, AsSingleton(self.shuffle_rows))  # type: ignore[no-untyped-call]
+                | "GroupBuckets" >> beam.GroupByKey()  # type: ignore[no-untyped-call]
+                | "PermuteBuckets" >> beam.ParDo(permute)  # type: ignore[no-untyped-call]
+            )
         paths: PCollection[str] = (
-            batches
-            | "WriteShards" >> beam.ParDo(write)  # type: ignore[no-untyped-call]
+            shards
             | "CollectShards" >> ToList()  # type: ignore[no-untyped-call]
             | "Merge" >> beam.ParDo(merge)  # type: ignore[no-untyped-call]
         )

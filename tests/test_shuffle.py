@@ -1,0 +1,236 @@
+"""Published anonymised tables are in a uniformly random order (issue 11).
+
+Row i of two releases, or of a release and the input, must not be the same record, and
+the order must not show which rows belong to one person. Each table here publishes a
+unique input position ``pos`` (k=1, level 0), so its order can be read back exactly:
+
+- the Spearman rank correlation of published order with input order is within chance
+  (|rho| < 5 standard deviations of a uniform order, 1/sqrt(n-1)), run after run;
+- a person's rows (adjacent in the input) are adjacent about as often as by chance;
+- two releases of one run, and two runs, are in independent (different) orders;
+- the scatter shuffle of ``WriteTable`` gives every order of 3 rows equally often.
+
+Without the shuffle, rho is 1 and every person's rows are adjacent: each test fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import transforms.sink as sink
+from anonymity.api import anonymize, shuffled
+from anonymity.hierarchy import build_intervals
+from anonymity.spec import AnonymizationSpec
+from dp.secure_random import SecureRandom, SeededRandom
+from pipelines.cli import main
+from tests.layout import release_dir
+
+N = 3000
+VISITS = 3  # rows per person, adjacent in the input
+
+
+def spearman(order: np.ndarray) -> float:
+    """Rank correlation of published positions 0..n-1 with the input positions ``order``
+    (ties get their average rank)."""
+    ranks = pd.Series(order).rank().to_numpy(dtype=np.float64)
+    published = np.arange(order.shape[0], dtype=np.float64)
+    return float(np.corrcoef(ranks, published)[0, 1])
+
+
+def mean_positions(order: np.ndarray) -> np.ndarray:
+    """Per input position value (sorted), its mean published position."""
+    return pd.Series(np.arange(order.shape[0])).groupby(order).mean().to_numpy()
+
+
+def within_chance(rho: float, n: int) -> bool:
+    return abs(rho) < 5.0 / math.sqrt(n - 1)
+
+
+def adjacent_same_person(persons: np.ndarray) -> int:
+    """Adjacent published rows of the same person (expected VISITS-1 = 2 in a random order,
+    2n/3 in the input order)."""
+    return int((persons[1:] == persons[:-1]).sum())
+
+
+def microdata(n: int = N) -> pd.DataFrame:
+    pos = np.arange(n)
+    return pd.DataFrame({"pos": pos.astype(str), "pid": (pos // VISITS).astype(str)})
+
+
+# --------------------------------------------------------------------------- CSPRNG order
+
+
+def test_permutation_is_a_uniform_order() -> None:
+    source = SecureRandom()
+    perm = source.permutation(1000)
+    assert sorted(perm.tolist()) == list(range(1000))
+    assert source.permutation(0).shape == (0,)
+    draws = 3000
+    seen = Counter(tuple(source.permutation(3).tolist()) for _ in range(draws))
+    assert set(seen) == set(itertools.permutations(range(3)))
+    expected = draws / 6
+    chi2 = sum((c - expected) ** 2 / expected for c in seen.values())
+    assert chi2 < 25.0  # 5 degrees of freedom: P(chi2 > 25) < 2e-4
+    # a seeded source is reproducible (tests only), the CSPRNG is not
+    assert (SeededRandom(3).permutation(50) == SeededRandom(3).permutation(50)).all()
+    assert not (source.permutation(50) == source.permutation(50)).all()
+
+
+# --------------------------------------------------------------------------- pure API
+
+
+@pytest.fixture(scope="module")
+def pure_inputs() -> tuple[pd.DataFrame, AnonymizationSpec, dict[str, Any]]:
+    df = microdata()
+    hierarchies = {
+        "pos": build_intervals("pos", df["pos"], [N]),
+        "pid": build_intervals("pid", df["pid"], [N]),
+    }
+    spec = AnonymizationSpec(kind="k_anonymity", qis=("pos", "pid"), k=1, name="k1")
+    return df, spec, hierarchies
+
+
+def test_pure_api_order_says_nothing_about_input_order(
+    pure_inputs: tuple[pd.DataFrame, AnonymizationSpec, dict[str, Any]],
+) -> None:
+    df, spec, hierarchies = pure_inputs
+    orders = []
+    for _ in range(4):
+        table = anonymize(df, spec, hierarchies).table
+        order = table["pos"].astype(int).to_numpy()
+        assert sorted(order.tolist()) == list(range(N))  # the same rows, recoded at level 0
+        assert within_chance(spearman(order), N)
+        assert adjacent_same_person(table["pid"].to_numpy()) <= 15  # Poisson(2) tail < 1e-8
+        orders.append(order)
+    # releases of one input are in independent orders (row i is not the same record)
+    for a, b in itertools.combinations(orders, 2):
+        assert within_chance(spearman(np.argsort(a)[b]), N)
+    # only a test may fix the order, with a seeded source
+    seeded = [shuffled(df, SeededRandom(5))["pos"].tolist() for _ in range(2)]
+    assert seeded[0] == seeded[1] != df["pos"].tolist()
+
+
+# --------------------------------------------------------------------------- Beam
+
+
+def _config(tmp: Path, out: str) -> Path:
+    """Rows r = 0..N-1 with QI pos = r // 2 (k=2 holds at level 0, so pos is published
+    as is) and sensitive pid = r // 3 (a person's 3 rows, adjacent in the input)."""
+    data = tmp / "people.csv"
+    if not data.exists():
+        r = np.arange(N)
+        pd.DataFrame({"pos": r // 2, "pid": r // VISITS}).to_csv(data, index=False)
+    releases = [{"name": name, "kind": "k_anonymity", "k": 2} for name in ("k2a", "k2b")]
+    cfg = {
+        "name": "order",
+        "input": {"path": str(data)},
+        "schema": {
+            "quasi_identifiers": ["pos"],
+            "sensitive": "pid",
+            "types": {"pos": "integer"},
+        },
+        "hierarchies": {
+            "pos": {"intervals": {"widths": [N], "lower": 0, "upper": N}},
+        },
+        "releases": releases,
+        "report": {"enabled": False},
+        "output": {"dir": str(tmp / out)},
+    }
+    path = tmp / f"{out}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+def test_beam_releases_in_independent_random_orders(tmp_path: Path) -> None:
+    runs = []
+    for out in ("run1", "run2"):
+        assert main(["run", str(_config(tmp_path, out))]) == 0
+        tables = {}
+        for name in ("k2a", "k2b"):
+            folder = release_dir(tmp_path / out, name)
+            table = pd.read_csv(folder / "data.csv", dtype=str)
+            order = table["pos"].astype(int).to_numpy()
+            assert sorted(order.tolist()) == sorted((np.arange(N) // 2).tolist())
+            assert within_chance(spearman(order), N), name
+            assert adjacent_same_person(table["pid"].to_numpy()) <= 15
+            assert not any(p.name.startswith(".") for p in folder.iterdir())  # no shards left
+            tables[name] = order
+        # two releases of one run: independent orders
+        a, b = mean_positions(tables["k2a"]), mean_positions(tables["k2b"])
+        assert within_chance(float(pd.Series(a).corr(pd.Series(b), method="spearman")), N // 2)
+        runs.append(tables)
+    # two production runs: different, independent orders
+    assert not (runs[0]["k2a"] == runs[1]["k2a"]).all()
+    a, b = mean_positions(runs[0]["k2a"]), mean_positions(runs[1]["k2a"])
+    assert within_chance(float(pd.Series(a).corr(pd.Series(b), method="spearman")), N // 2)
+
+
+def _write_shuffled(
+    tmp: Path, batches: list[pd.DataFrame], rows: int, fmt: str = "csv"
+) -> pd.DataFrame:
+    with beam.Pipeline() as p:
+        frames = p | beam.Create(batches, reshuffle=False)
+        count = p | "Rows" >> beam.Create([rows])
+        _ = frames | sink.WriteTable(str(tmp), "data", ["i"], format=fmt, shuffle_rows=count)  # type: ignore[arg-type]
+    if fmt == "csv":
+        return pd.read_csv(tmp / "data.csv")
+    return pd.read_parquet(tmp / "data.parquet")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_write_table_scatter_shuffle_many_buckets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    monkeypatch.setattr(sink, "BUCKET_ROWS", 100)  # 30 buckets for 3000 rows
+    batches = [pd.DataFrame({"i": np.arange(s, s + 500)}) for s in range(0, N, 500)]
+    table = _write_shuffled(tmp_path, batches, N, fmt)
+    order = table["i"].to_numpy()
+    assert sorted(order.tolist()) == list(range(N))
+    assert within_chance(spearman(order), N)
+    assert [p.name for p in tmp_path.iterdir()] == [f"data.{fmt}"]
+    empty = tmp_path / "empty"
+    assert _write_shuffled(empty, [pd.DataFrame({"i": []})], 0, fmt).empty
+    if fmt == "csv":  # a batch Arrow cannot type (mixed objects) goes through pandas
+        mixed = [pd.DataFrame({"i": pd.Series([1, "a", 2.5] * 100, dtype=object)})]
+        mixed.append(pd.DataFrame({"i": ["b"] * 300}))
+        got = _write_shuffled(tmp_path / "mixed", mixed, 600)["i"].astype(str)
+        assert sorted(got) == sorted(["1", "a", "2.5"] * 100 + ["b"] * 300)
+
+
+@pytest.mark.slow
+def test_scatter_shuffle_gives_every_order_equally_often(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DoFns of the scatter shuffle, run by hand: 3 rows in two batches, 3 buckets."""
+    monkeypatch.setattr(sink, "BUCKET_ROWS", 1)
+    scatter = sink._ScatterFn(str(tmp_path), "t", ("i",))
+    permute = sink._PermuteBucketFn(str(tmp_path), "csv", ",")
+    batches = [pd.DataFrame({"i": [0, 1]}), pd.DataFrame({"i": [2]})]
+    draws = 400  # without the per-bucket permutation chi2 ~ 44
+    seen: Counter[tuple[int, ...]] = Counter()
+    for _ in range(draws):
+        buckets: dict[int, list[str]] = {}
+        for batch in batches:
+            for b, path in scatter.process(batch, 3):
+                buckets.setdefault(b, []).append(path)
+        shards = sorted(path for item in buckets.items() for path in permute.process(item))
+        rows = [int(line) for s in shards for line in Path(s).read_text().split()]
+        seen[tuple(rows)] += 1
+        for f in tmp_path.iterdir():
+            f.unlink()
+    assert set(seen) == set(itertools.permutations(range(3)))
+    expected = draws / 6
+    chi2 = sum((c - expected) ** 2 / expected for c in seen.values())
+    assert chi2 < 25.0, seen
