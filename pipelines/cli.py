@@ -251,8 +251,11 @@ def _run(
         )
     )
     for name, summary in m["release_summaries"].items():
-        g = ", ".join(
-            f"{k}={v}" for k, v in summary["guarantee"].items() if not isinstance(v, dict)
+        claimed = summary["guarantee"]
+        g = (
+            ", ".join(f"{k}={v}" for k, v in claimed.items() if not isinstance(v, dict))
+            if isinstance(claimed, dict)
+            else f"guarantee {claimed}"
         )
         check = "verified" if summary["verified"] else "NOT verified"
         print(f"privpipe:   releases/{name}: {summary['kind']} ({g}), {check}")

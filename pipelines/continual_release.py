@@ -44,6 +44,7 @@ from dp.budget import ApproxBudget, to_fraction
 from dp.cells import hash_keys
 from dp.continual import TreeState, check_period, node_scale, round_horizon
 from dp.ledger import Ledger
+from dp.noise import honest_document
 from dp.release import public_domain
 from dp.spec import DPReleaseSpec, Query, QueryPlan, plan_queries
 from dp.state_store import ContinualStore, describe, state_path
@@ -309,7 +310,7 @@ def publish_continual(
             "insecure_seed": seed,
             "seconds": round(time.perf_counter() - t0, 3),
         }
-        write_json(str(folder / "release.json"), doc)
+        write_json(str(folder / "release.json"), honest_document(doc, seed))
         summary[job.name] = {
             "period": job.period,
             "state": str(job.state),

@@ -104,10 +104,10 @@ class HierarchyLabeler:
                 f"levels.{col}: level {level} is above the top of its hierarchy ({h.height})"
             )
         codes = h.encode(values)
-        if (codes < 0).any():
-            bad = pd.Series(values).iloc[np.flatnonzero(codes < 0)[:3]].tolist()
+        if (codes < 0).any():  # DP cells: nothing exact about the data in the message
             raise InputDataError(
-                f"column {col!r}: value(s) {bad} are not in hierarchies.{col}; add them to the "
-                "hierarchy (or a map alias) or fix the data"
+                f"column {col!r}: some values are not in hierarchies.{col} (withheld: this is "
+                "a DP release's input); add them to the hierarchy (or a map alias) or fix the "
+                "data"
             )
         return h.generalize(codes, level)

@@ -37,7 +37,7 @@ from dp.ledger import Ledger
 from dp.local import FrequencyOracle
 from dp.local_release import full_domain, verify_local_release
 from dp.multiparty import compare_models, noisy_party_sum
-from dp.noise import laplace_scale
+from dp.noise import honest_document, laplace_scale
 from pipelines.config import LocalDPRelease, public_local_domain_source
 from pipelines.dp_release import sampler
 from pipelines.plan import Plan
@@ -246,7 +246,7 @@ def publish_local(
             "insecure_seed": seed,
             "seconds": round(time.perf_counter() - t0, 3),
         }
-        write_json(str(folder / "release.json"), doc)
+        write_json(str(folder / "release.json"), honest_document(doc, seed))
         summary[job.name] = {"rows_in": partial.rows_in, "reports": partial.n}
         log(f"privpipe: local DP {job.name}: {partial.n:,} reports ({oracle.protocol})")
     return summary

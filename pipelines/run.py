@@ -23,6 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 import privpipe
 from anonymity.spec import AnonymizationSpec
 from dp.ledger import Ledger
+from dp.noise import INSECURE_GUARANTEE
 from pipelines.audit import (
     ATTACKED_KINDS,
     RAW_TABLE,
@@ -273,8 +274,14 @@ def _run(
             raise unwrap_pipeline_error(e) from e
         profile, value_counts = split_internal(load_json(str(out.work / "profile.json")))
         rejected = pd.read_csv(out.staging / "rejected.csv", dtype={"file": str, "reason": str})
-        check_rejected(plan, profile["rows"], rejected)
-        hierarchies = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)(value_counts)
+        exact = not (jobs or sweep_jobs or ljobs or cjobs)  # else: no figures in refusals
+        check_rejected(plan, profile["rows"], rejected, exact)
+        check_max_units(plan, profile)
+        try:
+            resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
+            hierarchies = resolver(value_counts)
+        except InputDataError as e:
+            raise e if exact else withheld(e) from None
         dp_bounding: dict[str, Any] = {}
         if jobs and ledger is not None:
             dp_bounding = publish(
@@ -306,7 +313,7 @@ def _run(
                 cjobs, new_streams, ledger, run_id, plan, out.work, out.staging,
                 insecure_seed, log,
             )  # fmt: skip
-        summaries = release_summaries(plan, out)
+        summaries = release_summaries(plan, out, insecure_seed)
         finished = datetime.now(UTC)
         manifest = {
             "run_id": run_id,
@@ -372,19 +379,63 @@ def budget_summary(ledger: Ledger | None, run_id: str) -> dict[str, Any] | None:
     }
 
 
-def release_summaries(plan: Plan, out: RunOutput) -> dict[str, Any]:
-    """Kind, guarantee and verification of each release, read back from release.json."""
+def release_summaries(
+    plan: Plan, out: RunOutput, insecure_seed: int | None = None
+) -> dict[str, Any]:
+    """Kind, guarantee and verification of each release, read back from release.json.
+
+    An unverified release stops the run, except the releases of an accepted insecure-seed
+    run, which say so themselves (guarantee "none (insecure seed)", the seed recorded)."""
     summaries: dict[str, Any] = {}
     for r in plan.config.releases:
         doc = load_json(out.staging / "releases" / r.name / "release.json")
-        if doc.get("verified") is not True:
+        seeded = (
+            insecure_seed is not None
+            and doc.get("insecure_seed") == insecure_seed
+            and doc.get("guarantee") == INSECURE_GUARANTEE
+        )
+        if doc.get("verified") is not True and not seeded:
             raise PrivacyRefusal(f"release {r.name!r} was not verified; nothing was published")
         summaries[r.name] = {k: doc.get(k) for k in ("kind", "guarantee", "verified")}
     return summaries
 
 
-def check_rejected(plan: Plan, accepted: int, rejected: pd.DataFrame) -> None:
-    """Fail the run (exit 3) when more rows were rejected than input.max_rejected_fraction."""
+def withheld(exc: InputDataError) -> InputDataError:
+    """A data refusal of a run with DP releases, without its figures or values (they depend
+    on the data and no epsilon covers them): the column it is about and the fix only."""
+    col = re.search(r"column '([^']*)'", str(exc))
+    where = f"column {col.group(1)!r}" if col else "the input"
+    return InputDataError(
+        f"{where}: some values are not covered by hierarchies.{col.group(1) if col else '<column>'}"
+        " (values and counts withheld: this config has DP releases); add them to the "
+        "hierarchy or map them with its map:, or run a config without DP releases on this "
+        "input to list them"
+    )
+
+
+def check_max_units(plan: Plan, profile: dict[str, Any]) -> None:
+    """Refuse data with more privacy units than schema.max_units declares (exit 3).
+
+    δ was checked against the declared bound; the message holds no figure about the data."""
+    s = plan.config.schema_
+    if s.max_units is None:
+        return
+    if s.privacy_unit is not None:
+        units = int(profile["columns"].get(s.privacy_unit, {}).get("distinct", 0))
+    else:
+        units = int(profile["rows"])
+    if units > s.max_units:
+        what = "persons" if s.privacy_unit else "rows"
+        raise InputDataError(
+            f"{', '.join(Path(q).name for q in plan.input_paths[:3])}: more {what} than "
+            "schema.max_units declares; raise schema.max_units (and keep every delta below "
+            "1/max_units)"
+        )
+
+
+def check_rejected(plan: Plan, accepted: int, rejected: pd.DataFrame, exact: bool = True) -> None:
+    """Fail the run (exit 3) when more rows were rejected than input.max_rejected_fraction
+    (with ``exact`` false, a run with DP releases, the message holds no figures)."""
     total = accepted + len(rejected)
     if total == 0:
         raise InputDataError(
@@ -393,6 +444,17 @@ def check_rejected(plan: Plan, accepted: int, rejected: pd.DataFrame) -> None:
         )
     limit = plan.config.input.max_rejected_fraction
     share = len(rejected) / total
+    if len(rejected) and share > limit and not exact:
+        named = sorted(
+            set(rejected["reason"].astype(str).str.extract(r"^column '([^']*)'")[0].dropna())
+        )
+        about = f" (columns: {', '.join(named)})" if named else ""
+        raise InputDataError(
+            f"{', '.join(Path(q).name for q in plan.input_paths[:3])}: more rows were rejected "
+            f"than input.max_rejected_fraction ({limit:g}) allows{about}; counts, lines and "
+            "values withheld: this config has DP releases. Fix the input or raise the "
+            "fraction, or run a config without DP releases on this input to list the problems"
+        )
     if len(rejected) and share > limit:
         first = rejected.sort_values(["file", "line"]).head(5)
         examples = "; ".join(

@@ -22,6 +22,8 @@ from typing import Any
 
 import pandas as pd
 
+from dp.noise import planned_guarantee
+
 __all__ = ["Release", "Run", "dumps_audit", "load_release", "load_run", "write_reports"]
 
 ANONYMISED_KINDS = frozenset({"k_anonymity", "l_diversity", "t_closeness"})
@@ -39,7 +41,7 @@ class Release:
 
     @property
     def guarantee(self) -> dict[str, Any]:
-        return dict(self.document.get("guarantee") or {})
+        return planned_guarantee(self.document)
 
     @property
     def parameters(self) -> dict[str, Any]:
