@@ -196,8 +196,13 @@ def _validate(config: str) -> int:
     from pipelines.dp_release import dp_jobs
     from pipelines.plan import load_plan
 
+    from pipelines.hierarchies import check_static
+    from pipelines.local_release import local_jobs
+
     plan = load_plan(config)
+    check_static(plan.config, plan.hierarchies, Path(config).name)  # builders, levels
     dp_jobs(plan)  # DP parameters that need the plan (budget split, noise scales)
+    local_jobs(plan)  # local DP oracles and domains
     c = plan.config
     print(
         f"{Path(config).name}: valid: dataset {c.name!r}, {len(plan.input_paths)} input "

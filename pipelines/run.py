@@ -42,7 +42,7 @@ from pipelines.continual_release import (
     publish_continual,
 )
 from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish, swept
-from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
+from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver, check_static
 from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
 from pipelines.output import RunOutput, new_run_id
 from pipelines.plan import Plan
@@ -182,6 +182,7 @@ def run(
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     spec = plan.input_spec()
+    check_static(plan.config, plan.hierarchies, plan.config_path.name)  # before any ledger
     all_jobs = dp_jobs(plan)
     to_audit_ledger = swept(plan)
     jobs = [j for j in all_jobs if j.name not in to_audit_ledger]
@@ -256,18 +257,21 @@ def _run(
     sweep_ledger: Ledger | None = None,
 ) -> RunResult:
     columns = inspect_input(spec)
-    if ljobs and ledger is not None:  # local noise is drawn while reading: charge first
-        charge_local(ledger, run_id, ljobs, log)
     options = pipeline_options(beam_args, runner)
     runner_name = str(options.view_as(StandardOptions).runner)
     out = RunOutput(plan.output_dir, run_id)
     try:
-        log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
         try:
-            with beam.Pipeline(options=options) as p:
-                build_graph(
-                    p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs, cjobs
-                )
+            p = beam.Pipeline(options=options)
+            # the whole graph first: every check made while building it (specs, hierarchies,
+            # levels) runs before the local DP charge below
+            build_graph(
+                p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs, cjobs
+            )
+            if ljobs and ledger is not None:  # local noise is drawn while reading: charge now
+                charge_local(ledger, run_id, ljobs, log)
+            log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
+            p.run().wait_until_finish()
         except PrivpipeError as e:
             raise strip_step(e) from None
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
