@@ -32,6 +32,7 @@ from privpipe.errors import ConfigError
 
 # Mass the PLD library truncates from a discrete Gaussian (<= 1e-30 per side): added to delta.
 _TRUNCATION_SLACK = 2e-30
+_PLD_MAX_SIGMA = 1e5  # the discrete Gaussian PLD enumerates its support: keep it small
 
 
 def _positive(value: Number, name: str) -> Fraction:
@@ -378,6 +379,10 @@ class Accountant:
                         None,
                         "PLD covers discrete Gaussians only as single scalar queries "
                         "(dimensions=1) with integer sensitivity",
+                    )
+                if m.sigma > _PLD_MAX_SIGMA:  # its pmf would span ~10^5·σ integers
+                    return Guarantee(
+                        "pld", None, None, f"discrete Gaussian sigma above {_PLD_MAX_SIGMA:g}"
                     )
                 pld = pld_lib.from_discrete_gaussian_mechanism(
                     float(m.sigma), sensitivity=int(m.sensitivity)

@@ -194,10 +194,9 @@ def _dispatch(argv: list[str]) -> int:
 
 def _validate(config: str) -> int:
     from pipelines.dp_release import dp_jobs
-    from pipelines.plan import load_plan
-
     from pipelines.hierarchies import check_static
     from pipelines.local_release import local_jobs
+    from pipelines.plan import load_plan
 
     plan = load_plan(config)
     check_static(plan.config, plan.hierarchies, Path(config).name)  # builders, levels
