@@ -213,7 +213,8 @@ def _int_column(cells: pd.DataFrame, col: str) -> Exact:
 def _shifted(values: Exact, by: int) -> Exact:
     """values + by, exactly (int64 when it provably fits, else Python ints)."""
     if values.dtype != object and exact.fits(exact.max_abs(values) + abs(by)):
-        return values + np.int64(by)
+        shifted: Exact = values.astype(np.int64) + np.int64(by)
+        return shifted
     out = np.empty(values.size, dtype=object)
     out[:] = [int(v) + by for v in values.tolist()]
     return exact.as_exact(out)

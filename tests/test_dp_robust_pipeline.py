@@ -90,6 +90,7 @@ def test_insecure_seed_claims_no_guarantee_and_still_publishes(
 def test_bad_hierarchy_form_fails_before_any_charge_with_local_dp(
     dpp: DPProject, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    del dpp.cfg["hierarchies"]["sex"]
     dpp.cfg["hierarchies"]["zip"] = {"mask": {"digits": 6}}  # the codes have 5 digits
     dpp.cfg["releases"] = [
         {"name": "ldp", "kind": "local_dp", "epsilon": 2.0, "attribute": "disease"},
@@ -117,8 +118,8 @@ def test_bad_hierarchy_form_fails_before_any_charge_with_local_dp(
     code, _, err = run(["run", str(dpp.config)], capsys)
     assert code == 2 and "hierarchies.zip.mask: masks codes as text" in err, err
     assert dpp.entries() == []
-    del dpp.cfg["schema"]["types"]
-    dpp.save()
+    del dpp.cfg["schema"]["types"], dpp.cfg["hierarchies"]["zip"], dpp.cfg["releases"][1]["levels"]
+    dpp.save()  # the same releases without the bad hierarchy: both charged, published
     code, _, err = run(["run", str(dpp.config)], capsys)
     assert code == 0, err
     assert [e[0] for e in dpp.entries()] == ["ldp", "zips"]
