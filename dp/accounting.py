@@ -331,7 +331,8 @@ class Accountant:
     def _too_large(self) -> bool:
         """A step beyond e^700 (epsilon or rho): the libraries' numerics do not apply."""
         return any(
-            float(self._step_epsilon(s) or 0) > _EXP_MAX or self._step_rho(s) > _EXP_MAX
+            float(self._step_epsilon(s) or 0) > _EXP_MAX
+            or any(isinstance(m, DiscreteGaussian) and m.rho > _EXP_MAX for m in _worst(s))
             for s in self.steps
         )
 

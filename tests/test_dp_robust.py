@@ -210,3 +210,11 @@ def test_verifier_catches_a_planner_sensitivity_bug(monkeypatch: pytest.MonkeyPa
                                                                    bounds=None)):  # fmt: skip
         with pytest.raises(PrivacyRefusal, match="calibrated to sensitivity"):
             dp_release(df, spec, SeededTestSampler(5))
+
+
+def test_large_epsilon_guard_leaves_ordinary_steps_to_pld() -> None:
+    """Only a step beyond e^700 skips PLD/RDP; an (ε, δ) step (rho = inf) does not."""
+    steps = [DiscreteLaplace.of(2, 1), ApproxDP.of(0.5, 1e-9)]
+    assert Accountant(steps, delta=1e-6).pld().epsilon is not None
+    huge = Accountant([DiscreteLaplace.of(1, 800), ApproxDP.of(0.5, 1e-9)], delta=1e-6)
+    assert huge.pld().epsilon is None and huge.chosen().epsilon == pytest.approx(800.5)
