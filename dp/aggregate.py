@@ -186,7 +186,8 @@ def complete_domain(
     if missing:
         raise ConfigError(f"complete_domain: cells lack columns {missing}")
     dom = domain.drop_duplicates(ignore_index=True)
-    out = dom.merge(cells[[*keys, *value_cols]], how="left", on=keys, validate="one_to_one")
+    exact_cells = cells[[*keys, *value_cols]].astype(dict.fromkeys(value_cols, object))
+    out = dom.merge(exact_cells, how="left", on=keys, validate="one_to_one")  # no float trip
     for col in value_cols:
         filled = out[col].astype(object).where(out[col].notna(), 0)
         out[col] = exact.as_exact(filled.to_numpy())

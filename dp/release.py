@@ -212,9 +212,8 @@ def release_query(
     if spec.partitions == "public":
         domain = public_domain(spec, plan, cols)
         domain["_cell"] = hash_keys(domain[cols]) if cols else np.uint64(0)
-        cells = domain.merge(
-            observed[["_cell", "count", "units", "sum_units"]], on="_cell", how="left"
-        )
+        seen = observed[["_cell", "count", "units", "sum_units"]].astype({"sum_units": object})
+        cells = domain.merge(seen, on="_cell", how="left")  # object: no float round trip
         for c in ("count", "units"):
             cells[c] = cells[c].fillna(0).astype(np.int64)
         sums = cells["sum_units"].astype(object).where(cells["sum_units"].notna(), 0)
