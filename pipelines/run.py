@@ -408,12 +408,12 @@ def withheld(exc: InputDataError) -> InputDataError:
     """A data refusal of a run with DP releases, without its figures or values (they depend
     on the data and no epsilon covers them): the column it is about and the fix only."""
     col = re.search(r"column '([^']*)'", str(exc))
-    where = f"column {col.group(1)!r}" if col else "the input"
+    name = col.group(1) if col else None
+    where = f"column {name!r}" if name else "the input"
     return InputDataError(
-        f"{where}: some values are not covered by hierarchies.{col.group(1) if col else '<column>'}"
-        " (values and counts withheld: this config has DP releases); add them to the "
-        "hierarchy or map them with its map:, or run a config without DP releases on this "
-        "input to list them"
+        f"{where}: some values do not fit hierarchies.{name or '<column>'} (values and counts "
+        "withheld: this config has DP releases); fix the data or the hierarchy (or its "
+        "map:), or run a config without DP releases on this input to list them"
     )
 
 
