@@ -124,3 +124,20 @@ def test_bad_hierarchy_form_fails_before_any_charge_with_local_dp(
     assert code == 0, err
     assert [e[0] for e in dpp.entries()] == ["ldp", "zips"]
     assert np.isfinite(pd.read_csv(release_dir(dpp.out, "zips") / "data.csv")["count"]).all()
+
+
+def test_value_missing_from_hierarchy_is_refused_without_values_or_counts(
+    dpp: DPProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (dpp.root / "h" / "disease.csv").write_text(  # Gastritis is missing
+        "Flu;respiratory;*\nAsthma;respiratory;*\nCancer;other;*\n"
+    )
+    dpp.cfg["releases"][0]["levels"] = {"disease": 1}  # labelled through the hierarchy
+    dpp.save()
+    provision_ledger(dpp.config)
+    code, _, err = run(["run", str(dpp.config)], capsys)
+    assert code == 3, err
+    assert "column 'disease': some values are not in hierarchies.disease (withheld" in err
+    assert "Gastritis" not in err and not any(ch.isdigit() for ch in err.split("error:")[1])
+    assert dpp.entries() == []  # refused before the charge
+    assert_nothing_published(dpp.out)
