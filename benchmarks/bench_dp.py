@@ -67,7 +67,7 @@ def config(tmp: Path, rows: int) -> Path:
     cfg = {
         "name": f"dp-bench-{rows}",
         "input": {"path": str(data_file(rows))},
-        "schema": {"privacy_unit": "person_id"},
+        "schema": {"privacy_unit": "person_id", "max_units": 10_000_000},
         "releases": [
             {
                 "name": "hist",

@@ -32,6 +32,7 @@ from privpipe.errors import ConfigError
 
 # Mass the PLD library truncates from a discrete Gaussian (<= 1e-30 per side): added to delta.
 _TRUNCATION_SLACK = 2e-30
+_PLD_MAX_SIGMA = 1e5  # the discrete Gaussian PLD enumerates its support: keep it small
 
 
 def _positive(value: Number, name: str) -> Fraction:
@@ -63,7 +64,8 @@ class DiscreteLaplace:
     @property
     def rho(self) -> float:
         """epsilon-DP implies epsilon^2/2-zCDP (Bun & Steinke 2016, Prop. 1.4)."""
-        return float(self.epsilon) ** 2 / 2.0
+        e = float(self.epsilon)
+        return e * e / 2.0  # a product, not **: overflows to inf instead of raising
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,8 @@ class ApproxDP:
     @property
     def rho(self) -> float:
         """Pure epsilon-DP implies epsilon^2/2-zCDP; approximate DP has no zCDP bound."""
-        return float(self.epsilon) ** 2 / 2.0 if self.pure else math.inf
+        e = float(self.epsilon)
+        return e * e / 2.0 if self.pure else math.inf
 
 
 Mechanism: TypeAlias = DiscreteLaplace | DiscreteGaussian | ApproxDP
@@ -171,18 +174,37 @@ class Guarantee:
         return out
 
 
+_EXP_MAX = 700.0  # e^700 is finite in float64; beyond, work with logarithms
+
+
+def log_expm1(x: float) -> float:
+    """ln(e^x − 1) for x > 0 without overflow (x itself for large x) or underflow."""
+    if x > _EXP_MAX:
+        return x + math.log1p(-math.exp(-x))
+    return math.log(math.expm1(x))
+
+
+def expm1_ratio(a: float, b: float) -> float:
+    """(e^a − 1)/(e^b − 1) for a ≥ b > 0, in log space when needed; math.inf if unbounded."""
+    if a <= _EXP_MAX:
+        return math.expm1(a) / math.expm1(b)
+    diff = log_expm1(a) - log_expm1(b)
+    return math.exp(diff) if diff <= _EXP_MAX else math.inf
+
+
 def group_privacy(epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
-    """(epsilon, delta)-DP for one unit gives (g eps, delta (e^{g eps}-1)/(e^eps-1)) for g."""
+    """(epsilon, delta)-DP for one unit gives (g eps, delta (e^{g eps}-1)/(e^eps-1)) for g.
+
+    Computed in log space, so any finite epsilon works; a delta that reaches 1 is reported
+    as 1.0 (the bound is then vacuous, never an overflow)."""
     if group_size < 1:
         raise ConfigError(f"group_size must be >= 1, got {group_size}")
     if group_size == 1:
         return epsilon, delta
-    factor = (
-        float(group_size)
-        if epsilon == 0
-        else math.expm1(group_size * epsilon) / math.expm1(epsilon)
-    )
-    return group_size * epsilon, delta * factor
+    if delta == 0:
+        return group_size * epsilon, 0.0
+    factor = float(group_size) if epsilon == 0 else expm1_ratio(group_size * epsilon, epsilon)
+    return group_size * epsilon, min(1.0, delta * factor)
 
 
 def advanced_composition(
@@ -196,8 +218,16 @@ def advanced_composition(
         raise ConfigError(
             f"advanced composition needs k >= 1 and 0 < delta' < 1 (k={k}, {delta_prime=})"
         )
-    eps = math.sqrt(2 * k * math.log(1 / delta_prime)) * epsilon + k * epsilon * math.expm1(epsilon)
+    growth = math.expm1(epsilon) if epsilon <= _EXP_MAX else math.inf
+    eps = math.sqrt(2 * k * math.log(1 / delta_prime)) * epsilon + k * epsilon * growth
     return eps, k * delta + delta_prime
+
+
+def _finite(g: Guarantee) -> Guarantee:
+    """The guarantee, or "not applicable" when its epsilon is unbounded (inf or nan)."""
+    if g.epsilon is not None and not math.isfinite(g.epsilon):
+        return Guarantee(g.method, None, None, "unbounded at this epsilon")
+    return g
 
 
 def _worst(step: Step) -> list[Mechanism]:
@@ -287,7 +317,7 @@ class Accountant:
             # DRV holds with heterogeneous delta_i: (eps', sum of delta_i + delta').
             eps_max = max(float(self._step_epsilon(s) or 0) for s in self.steps)
             eps, _ = advanced_composition(eps_max, 0.0, k, free)
-            return Guarantee("advanced", eps, self.delta)
+            return _finite(Guarantee("advanced", eps, self.delta))
         if self.all_pure:
             eps_max = max(float(self._step_epsilon(s) or 0) for s in self.steps)
             eps, dlt = advanced_composition(eps_max, 0.0, k, self.delta)
@@ -296,9 +326,19 @@ class Accountant:
             per = self.delta / 2 / k
             eps_max = max(self._step_approx(s, per) for s in self.steps)
             eps, dlt = advanced_composition(eps_max, per, k, self.delta / 2)
-        return Guarantee("advanced", eps, min(dlt, self.delta))
+        return _finite(Guarantee("advanced", eps, min(dlt, self.delta)))
+
+    def _too_large(self) -> bool:
+        """A step beyond e^700 (epsilon or rho): the libraries' numerics do not apply."""
+        return any(
+            float(self._step_epsilon(s) or 0) > _EXP_MAX
+            or any(isinstance(m, DiscreteGaussian) and m.rho > _EXP_MAX for m in _worst(s))
+            for s in self.steps
+        )
 
     def pld(self) -> Guarantee:
+        if self._too_large():
+            return Guarantee("pld", None, None, "epsilon too large for PLD discretisation")
         if self.delta == 0:
             return Guarantee("pld", None, None, "needs delta > 0 (at delta = 0 it is the pure sum)")
         gaussian = any(isinstance(m, DiscreteGaussian) for s in self.steps for m in _worst(s))
@@ -341,6 +381,10 @@ class Accountant:
                         "PLD covers discrete Gaussians only as single scalar queries "
                         "(dimensions=1) with integer sensitivity",
                     )
+                if m.sigma > _PLD_MAX_SIGMA:  # its pmf would span ~10^5·σ integers
+                    return Guarantee(
+                        "pld", None, None, f"discrete Gaussian sigma above {_PLD_MAX_SIGMA:g}"
+                    )
                 pld = pld_lib.from_discrete_gaussian_mechanism(
                     float(m.sigma), sensitivity=int(m.sensitivity)
                 )
@@ -357,6 +401,8 @@ class Accountant:
         return Guarantee("pld", eps_pld, self.delta)
 
     def rdp(self) -> Guarantee:
+        if self._too_large():
+            return Guarantee("rdp", None, None, "epsilon too large for the RDP accountant")
         if self.delta == 0:
             return Guarantee("rdp", None, None, "RDP conversion needs delta > 0")
         if self.has_approx:

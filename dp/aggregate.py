@@ -21,8 +21,10 @@ from fractions import Fraction
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
+from dp import exact
 from dp.accounting import DiscreteGaussian, DiscreteLaplace
 from dp.bounding import sensitivities
 from dp.budget import to_fraction
@@ -38,6 +40,7 @@ from privpipe.errors import ConfigError, InputDataError
 
 MechanismName = Literal["discrete_laplace", "discrete_gaussian"]
 MECHANISMS: tuple[str, ...] = ("discrete_laplace", "discrete_gaussian")
+Exact = npt.NDArray[np.generic]  # int64, or object Python ints where int64 cannot hold them
 
 
 # --------------------------------------------------------------------------- noise spec
@@ -64,9 +67,25 @@ class NoiseSpec:
             return DiscreteLaplace.of(scale, sens)
         return DiscreteGaussian.of(scale, sens)
 
-    def add_noise(self, values: IntArray, sampler: NoiseSampler) -> IntArray:
-        """values + noise, one sampler call for the whole batch."""
-        cells = np.asarray(values, dtype=np.int64)
+    def add_noise(self, values: npt.NDArray[np.generic], sampler: NoiseSampler) -> Exact:
+        """values + noise, one sampler call for the whole batch.
+
+        int64 cells go to the sampler as they are. Exact cells beyond int64 (Python ints)
+        are split as v = q·2^62 + r with r in [0, 2^62): the sampler noises r and q·2^62 is
+        added back exactly, so the result is v + noise (the sampler's int64 saturation is
+        reached only if the noise exceeds 2^62, impossible at the scales the planner allows).
+        """
+        cells = exact.as_exact(values)
+        if cells.dtype != object:
+            return self._sample(cells.astype(np.int64), sampler)
+        ints = [int(v) for v in cells.tolist()]
+        low = np.array([v % exact.SAFE for v in ints], dtype=np.int64)
+        noisy_low = self._sample(low, sampler).tolist()
+        out = np.empty(len(ints), dtype=object)
+        out[:] = [v - r + int(n) for v, r, n in zip(ints, low.tolist(), noisy_low, strict=True)]
+        return exact.as_exact(out)
+
+    def _sample(self, cells: IntArray, sampler: NoiseSampler) -> IntArray:
         if self.mechanism == "discrete_laplace":
             return sampler.discrete_laplace(cells, self.scale)
         return sampler.discrete_gaussian(cells, self.scale)
@@ -130,7 +149,8 @@ def sum_cells(
     *,
     centre: float = 0.0,
 ) -> pd.DataFrame:
-    """Group columns + ``sum_units``: Σ round(clamp(v − centre, lo, hi) / resolution) (int64).
+    """Group columns + ``sum_units``: Σ round(clamp(v − centre, lo, hi) / resolution), exact
+    (int64 when it provably fits, else Python ints: :mod:`dp.exact`).
 
     Each row contributes an integer in [⌈lo/r⌉, ⌊hi/r⌋] steps, so max(|lo|, |hi|)/r bounds
     one row's effect. Missing or non-numeric values are refused (InputDataError).
@@ -144,10 +164,13 @@ def sum_cells(
     units = np.clip(np.rint((values - centre) / resolution), lo_u, hi_u).astype(np.int64)
     cols = list(partition_cols)
     if not cols:
-        return pd.DataFrame({"sum_units": np.array([units.sum()], dtype=np.int64)})
-    keyed = rows[cols].assign(sum_units=units)
-    out = keyed.groupby(cols, dropna=False, observed=True, sort=True)["sum_units"].sum()
-    return out.astype(np.int64).reset_index()
+        return pd.DataFrame({"sum_units": exact.as_exact([exact.total(units)])})
+    codes = rows.groupby(cols, dropna=False, observed=True, sort=True).ngroup().to_numpy()
+    sums = exact.group_sum(codes, units).sort_index()
+    keys = rows[cols].groupby(codes, sort=True).first().loc[sums.index]
+    out = keys.reset_index(drop=True)
+    out["sum_units"] = exact.as_exact(sums.to_numpy())
+    return out
 
 
 def complete_domain(
@@ -163,24 +186,39 @@ def complete_domain(
     if missing:
         raise ConfigError(f"complete_domain: cells lack columns {missing}")
     dom = domain.drop_duplicates(ignore_index=True)
-    out = dom.merge(cells[[*keys, *value_cols]], how="left", on=keys, validate="one_to_one")
+    exact_cells = cells[[*keys, *value_cols]].astype(dict.fromkeys(value_cols, object))
+    out = dom.merge(exact_cells, how="left", on=keys, validate="one_to_one")  # no float trip
     for col in value_cols:
-        out[col] = out[col].fillna(0).astype(np.int64)
+        filled = out[col].astype(object).where(out[col].notna(), 0)
+        out[col] = exact.as_exact(filled.to_numpy())
     return out
 
 
 # --------------------------------------------------------------------------- releases
 
 
-def _int_column(cells: pd.DataFrame, col: str) -> IntArray:
-    """The integer column ``col`` as int64; refuses floats and missing values."""
+def _int_column(cells: pd.DataFrame, col: str) -> Exact:
+    """The integer column ``col``, exact (int64, or Python ints beyond int64); refuses
+    floats and missing values."""
     if col not in cells:
         raise ConfigError(f"cells lack the column {col!r}")
     series = cells[col]
-    if series.isna().any() or not pd.api.types.is_integer_dtype(series.dtype):
+    ints = pd.api.types.is_integer_dtype(series.dtype) or (
+        series.dtype == object and all(isinstance(v, int | np.integer) for v in series.tolist())
+    )
+    if series.isna().any() or not ints or isinstance(series.dtype, pd.BooleanDtype):
         raise ConfigError(f"column {col!r} must hold integers without missing values")
-    arr: IntArray = np.asarray(series.to_numpy(dtype=np.int64), dtype=np.int64)
-    return arr
+    return exact.as_exact(series.to_numpy())
+
+
+def _shifted(values: Exact, by: int) -> Exact:
+    """values + by, exactly (int64 when it provably fits, else Python ints)."""
+    if values.dtype != object and exact.fits(exact.max_abs(values) + abs(by)):
+        shifted: Exact = values.astype(np.int64) + np.int64(by)
+        return shifted
+    out = np.empty(values.size, dtype=object)
+    out[:] = [int(v) + by for v in values.tolist()]
+    return exact.as_exact(out)
 
 
 def release_cells(
@@ -200,11 +238,14 @@ def release_cells(
     out[col] = noisy
     scale = 1.0 if unit is None else float(unit)
     if out_col is not None:
-        out[out_col] = noisy * scale
-    hw = spec.halfwidth
-    low, high = noisy - hw, noisy + hw
-    out["ci_low"] = low if unit is None else low * scale
-    out["ci_high"] = high if unit is None else high * scale
+        out[out_col] = exact.to_float(noisy) * scale
+    hw = int(spec.halfwidth)
+    low, high = _shifted(noisy, -hw), _shifted(noisy, hw)
+    if unit is None and low.dtype != object and high.dtype != object:
+        out["ci_low"], out["ci_high"] = low, high
+    else:  # a rescaled value, or an integer interval beyond int64: floats
+        out["ci_low"] = exact.to_float(low) * scale
+        out["ci_high"] = exact.to_float(high) * scale
     return out
 
 
@@ -318,7 +359,7 @@ def noisy_means(
     out = nc[cols].copy() if cols else pd.DataFrame(index=range(1))
     out["mean"] = mean
     out["count"] = count
-    out["sum_units"] = ns["sum_units"].to_numpy(dtype=np.int64)
+    out["sum_units"] = exact.as_exact(ns["sum_units"].to_numpy())
     return out
 
 

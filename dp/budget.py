@@ -223,6 +223,8 @@ class RhoBudget(_Frozen):
             raise ConfigError("converting a rho-zCDP budget to (epsilon, delta) needs delta > 0")
         rho = float(self._rho)
         eps = rho + 2.0 * math.sqrt(rho * math.log(1.0 / float(d)))
+        if not math.isfinite(eps):  # rho beyond float range: no finite epsilon to charge
+            raise ConfigError(f"rho {float(self._rho):g} has no finite (epsilon, delta) bound")
         return ApproxBudget(Fraction(math.nextafter(eps, math.inf)) if eps > 0 else 0, d)
 
     def __add__(self, other: object) -> RhoBudget:

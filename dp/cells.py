@@ -24,6 +24,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.hierarchy import canonical_column, canonical_factorize
+from dp import exact
 from dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
 from dp.spec import DPReleaseSpec, Query, QueryPlan
 from privpipe.errors import InputDataError
@@ -186,7 +187,8 @@ class CellPartial:
     """Bounded per-cell aggregates of some persons; partials of disjoint persons add up."""
 
     query: int
-    cells: pd.DataFrame  # index: cell hash (uint64); columns count, units, sum_units (int64)
+    # index: cell hash (uint64); count, units (int64); sum_units exact (int64 or Python ints)
+    cells: pd.DataFrame
     rows_in: int = 0
     rows_kept: int = 0
     max_rows_per_cell: int = 0  # observed after bounding: ≤ Linf
@@ -197,18 +199,26 @@ class CellPartial:
 
 def _aggregate(c: Contributions) -> pd.DataFrame:
     """count, distinct units and value sum per cell of (already bounded) contributions."""
-    frame = pd.DataFrame({"cell": c.cell})
-    frame["count"] = np.int64(1)
-    frame["sum_units"] = c.value if c.value is not None else np.int64(0)
-    cells = frame.groupby("cell", sort=False).agg(
-        count=("count", "sum"), sum_units=("sum_units", "sum")
-    )
+    counts = pd.Series(c.cell).value_counts(sort=False)
+    cells = pd.DataFrame({"count": counts.to_numpy(dtype=np.int64)}, index=counts.index)
+    cells.index.name = "cell"
+    if c.value is None:
+        cells["sum_units"] = np.int64(0)
+    else:  # exact: int64 only when rows × max |value| provably fits, else Python ints
+        cells["sum_units"] = exact.group_sum(c.cell, c.value).reindex(cells.index)
     if c.unit is None:
         cells["units"] = cells["count"]
     else:
         pairs = pd.DataFrame({"cell": c.cell, "unit": c.unit}).drop_duplicates()
         cells["units"] = pairs.groupby("cell", sort=False).size()
-    return cells[["count", "units", "sum_units"]].astype(np.int64)
+    return _typed(cells[["count", "units", "sum_units"]])
+
+
+def _typed(cells: pd.DataFrame) -> pd.DataFrame:
+    """count and units as int64; sum_units int64, or Python ints when it cannot fit."""
+    out = cells.astype({"count": np.int64, "units": np.int64})
+    out["sum_units"] = exact.as_exact(out["sum_units"].to_numpy())
+    return out
 
 
 def _max_per(keys: Sequence[npt.NDArray[np.generic]]) -> int:
@@ -244,11 +254,11 @@ def bound_and_aggregate(c: Contributions, spec: DPReleaseSpec, rng: RngLike = No
         if c.group is not None:
             several = _units_in_several_groups(c.unit, c.group)
             if several and not spec.bound_to_one_group:
-                raise InputDataError(
-                    f"{spec.name}: {several} person(s) ({spec.unit}) appear in more than one "
+                raise InputDataError(  # no count: a DP release's input, nothing exact
+                    f"{spec.name}: a person ({spec.unit}) appears in more than one "
                     f"partition_by group ({', '.join(spec.partition_by)}); parallel composition "
-                    "needs each person in one group. Fix the data, or set "
-                    "bound_to_one_group: true to keep one group per person"
+                    "needs each person in one group. Set bound_to_one_group: true to keep one "
+                    "group per person, or fix the data"
                 )
             if several:
                 c = c.take(one_group_per_unit(c.unit, c.group, gen))
@@ -284,7 +294,11 @@ def merge_partials(parts: Sequence[CellPartial]) -> CellPartial:
         raise ValueError("merge_partials needs at least one partial")
     frames = [p.cells for p in parts if len(p.cells)]
     if frames:
-        cells = pd.concat(frames).groupby(level=0, sort=False).sum().astype(np.int64)
+        counts = pd.concat([f[["count", "units"]] for f in frames])
+        cells = counts.groupby(level=0, sort=False).sum()
+        sums = exact.combine([f["sum_units"] for f in frames])
+        cells["sum_units"] = sums.reindex(cells.index)
+        cells = _typed(cells)
     else:
         cells = parts[0].cells
     return CellPartial(

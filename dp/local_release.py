@@ -59,11 +59,13 @@ def encode_values(
         if other is not None:
             codes[outside] = len(full) - 1
         else:
-            bad = list(dict.fromkeys(labels[outside].tolist()))[:3]
+            # no value and no count: this refusal depends on the data, and it is not part of
+            # what the local release's charge covers
             raise InputDataError(
-                f"column {values.name!r} ({where}): {int(outside.sum())} row(s) hold values "
-                f"outside the public domain, e.g. {bad}; add them to the domain, or set "
-                "other: '__other__' to report them as one extra value"
+                f"column {values.name!r} ({where}): some rows hold values outside the public "
+                "domain (values and counts withheld: they are not covered by the release's "
+                "epsilon); add them to the domain, or set other: '__other__' to report them "
+                "as one extra value"
             )
     return codes
 

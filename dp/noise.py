@@ -14,6 +14,7 @@ exp(−k²/(2σ²)). Scale ``b = L1/ε`` gives ε-DP; ``sigma`` gives ρ = L2²/
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 from statistics import NormalDist
 from typing import Any, Protocol
@@ -29,6 +30,31 @@ INSECURE_SEED_MESSAGE = (
     "seeds are for tests only; pass --insecure-seed to accept an insecure run, "
     "which the manifest records"
 )
+
+INSECURE_GUARANTEE = "none (insecure seed)"
+
+
+def honest_document(doc: dict[str, Any], seed: int | None) -> dict[str, Any]:
+    """release.json of a run with ``--insecure-seed``: no guarantee, not verified.
+
+    The noise of a seeded run is predictable, so nothing is claimed: ``guarantee`` says
+    so, the parameters as planned move to ``planned_guarantee`` and ``verified`` is false
+    (the run publishes anyway, for tests: the manifest records the seed)."""
+    if seed is None:
+        return doc
+    out = dict(doc)
+    out["planned_guarantee"] = doc.get("guarantee")
+    out["guarantee"] = INSECURE_GUARANTEE
+    out["verified"] = False
+    out["insecure_seed"] = seed
+    return out
+
+
+def planned_guarantee(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The guarantee a release was planned with (also for an insecure-seed run's document)."""
+    g = doc.get("planned_guarantee", doc.get("guarantee"))
+    return dict(g) if isinstance(g, Mapping) else {}
+
 
 # Above this sigma the discrete Gaussian's tail is computed from the continuous normal; the
 # two differ by O(exp(-2π²σ²)), far below any β a release would use.
@@ -94,29 +120,40 @@ def discrete_laplace_p(scale: float) -> float:
 def discrete_laplace_variance(scale: float) -> float:
     """Exact variance 2p/(1−p)² of the discrete Laplace with scale b (p = e^{−1/b})."""
     p = discrete_laplace_p(scale)
-    return 2.0 * p / (-math.expm1(-1.0 / scale)) ** 2
+    q = -math.expm1(-1.0 / scale)  # 1 − p
+    return 2.0 * p / (q * q) if q > 1e-150 else 2.0 * scale * scale  # (q² would underflow)
 
 
 def laplace_tail(scale: float, t: int) -> float:
-    """Exact P(|X| > t) for the discrete Laplace with scale b: 2p^{t+1}/(1+p), t ≥ 0."""
+    """Exact P(|X| > t) for the discrete Laplace with scale b: 2p^{t+1}/(1+p), t ≥ 0.
+
+    p^{t+1} is computed as e^{−(t+1)/b}: p itself rounds to 1.0 for b ≳ 1e16."""
     if t < 0:
         return 1.0
     p = discrete_laplace_p(scale)
-    return 2.0 * p ** (t + 1) / (1.0 + p)
+    return 2.0 * math.exp(-(t + 1) / scale) / (1.0 + p)
+
+
+# above this, t and t ± 1 are no longer distinct floats: no exact fix-up, a safety margin
+_EXACT_HALFWIDTH_MAX = 2**50
 
 
 def laplace_ci_halfwidth(scale: float, beta: float = 0.05) -> int:
     """Smallest integer t with P(|X| > t) ≤ β for discrete Laplace noise X (exact).
 
-    A released cell ± t then covers the true value with probability ≥ 1−β.
+    A released cell ± t then covers the true value with probability ≥ 1−β. For huge scales
+    (t beyond 2^50) the closed form is rounded up by a relative 1e-9, still a valid bound.
     """
     b = _check_positive("scale", scale)
     be = _check_probability("beta", beta)
     p = discrete_laplace_p(b)
     if laplace_tail(b, 0) <= be:  # also covers p underflowing to 0 for tiny scales
         return 0
-    # 2p^{t+1}/(1+p) ≤ β  ⇔  t+1 ≥ ln(β(1+p)/2) / ln p ; then fix float rounding exactly.
-    t = max(0, math.ceil(math.log(be * (1.0 + p) / 2.0) / math.log(p)) - 1)
+    # 2p^{t+1}/(1+p) ≤ β  ⇔  t+1 ≥ −b·ln(β(1+p)/2)  (ln p = −1/b exactly, never divided by)
+    need = -b * math.log(be * (1.0 + p) / 2.0)
+    if need > _EXACT_HALFWIDTH_MAX:
+        return math.ceil(need * (1.0 + 1e-9))
+    t = max(0, math.ceil(need) - 1)
     while t > 0 and laplace_tail(b, t - 1) <= be:
         t -= 1
     while laplace_tail(b, t) > be:

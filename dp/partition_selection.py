@@ -50,6 +50,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from dp.accounting import expm1_ratio, log_expm1
 from dp.noise import NoiseSampler, _as_int64, _check_positive, _check_probability
 from privpipe.errors import ConfigError
 
@@ -115,14 +116,23 @@ def laplace_threshold(epsilon: float, delta: float, max_partitions: int) -> int:
 
 def _truncated_geometric_pi(n: npt.NDArray[np.int64], eps: float, dlt: float) -> FloatArray:
     """π(n) of Desfontaines et al. (2022) Thm. 1 for (ε, δ) per key, vectorised."""
-    em1 = math.expm1(eps)
+    # log space where e^{nε} would overflow (large ε): any finite ε works
+    log_em1 = log_expm1(eps)
+    em1 = math.expm1(eps) if eps <= 700.0 else math.inf
     n_star = 1 + math.floor(math.log1p(math.tanh(eps / 2.0) * (1.0 / dlt - 1.0)) / eps)
-    pi_star = min(1.0, dlt * math.expm1(n_star * eps) / em1)
-    m_star = math.floor(math.log1p(em1 * (1.0 - pi_star) / dlt) / eps)
+    pi_star = min(1.0, dlt * expm1_ratio(n_star * eps, eps))
+    if pi_star >= 1.0:
+        m_star = 0
+    else:
+        x = log_em1 + math.log1p(-pi_star) - math.log(dlt)  # ln(em1 (1 − π*) / δ)
+        m_star = math.floor((math.log1p(math.exp(x)) if x <= 700.0 else x) / eps)
     nf = n.astype(np.float64)
-    low = dlt * np.expm1(np.minimum(nf, n_star) * eps) / em1
-    m = np.maximum(nf - n_star, 0.0)
-    mid = pi_star - (1.0 - pi_star + dlt / em1) * np.expm1(-m * eps)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        a = np.maximum(np.minimum(nf, n_star), 1.0) * eps
+        log_num = np.where(a > 700.0, a + np.log1p(-np.exp(-a)), np.log(np.expm1(a)))
+        low = np.exp(np.minimum(math.log(dlt) + log_num - log_em1, 0.0))
+        m = np.maximum(nf - n_star, 0.0)
+        mid = pi_star - (1.0 - pi_star + dlt / em1) * np.expm1(-m * eps)
     pi = np.where(nf <= n_star, low, np.where(nf <= n_star + m_star, mid, 1.0))
     pi = np.where(nf <= 0, 0.0, pi)
     return np.clip(pi, 0.0, 1.0).astype(np.float64)

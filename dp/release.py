@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dp import exact
 from dp.accounting import Accountant, ApproxDP, DiscreteGaussian, DiscreteLaplace, Parallel, Step
 from dp.aggregate import NoiseSpec, clamp_nonnegative, make_consistent, release_cells
-from dp.bounding import RngLike, sensitivities
+from dp.bounding import RngLike
 from dp.cells import (
     CellPartial,
     Labeler,
@@ -42,7 +43,7 @@ from dp.cells import (
     merge_dictionaries,
 )
 from dp.exponential import top_k
-from dp.noise import NoiseSampler, discrete_laplace_variance
+from dp.noise import NoiseSampler, discrete_laplace_variance, honest_document
 from dp.partition_selection import select_partitions
 from dp.spec import (
     COUNT_KINDS,
@@ -53,7 +54,7 @@ from dp.spec import (
     guarantee,
     plan_queries,
 )
-from privpipe.errors import ConfigError, PrivacyRefusal
+from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 MAX_PUBLIC_CELLS = 5_000_000
 
@@ -211,11 +212,12 @@ def release_query(
     if spec.partitions == "public":
         domain = public_domain(spec, plan, cols)
         domain["_cell"] = hash_keys(domain[cols]) if cols else np.uint64(0)
-        cells = domain.merge(
-            observed[["_cell", "count", "units", "sum_units"]], on="_cell", how="left"
-        )
-        for c in ("count", "units", "sum_units"):
+        seen = observed[["_cell", "count", "units", "sum_units"]].astype({"sum_units": object})
+        cells = domain.merge(seen, on="_cell", how="left")  # object: no float round trip
+        for c in ("count", "units"):
             cells[c] = cells[c].fillna(0).astype(np.int64)
+        sums = cells["sum_units"].astype(object).where(cells["sum_units"].notna(), 0)
+        cells["sum_units"] = exact.as_exact(sums.to_numpy())
         selected = len(cells)
     else:
         assert plan.selection_epsilon is not None and plan.selection_delta is not None
@@ -302,8 +304,19 @@ def _suggest(rows: int) -> float:
     return float(10 ** math.floor(math.log10(1 / rows) - 1))
 
 
-def check_delta(spec: DPReleaseSpec, rows: int) -> None:
-    """δ must be below 1/rows (else one person could be exposed outright); before any noise."""
+def check_delta(spec: DPReleaseSpec, rows: int, units: int | None = None) -> None:
+    """δ must be below 1/(number of units), else one person could be exposed outright.
+
+    With ``spec.max_units`` (the public bound, against which δ was checked when the spec
+    was made) the data may hold at most that many ``units``; the refusal names no figure.
+    Without it (a notebook on a DataFrame), δ is checked against the data's ``rows``."""
+    if spec.max_units is not None:
+        if units is not None and units > spec.max_units:
+            raise InputDataError(
+                f"{spec.name}: more {'persons' if spec.unit else 'rows'} than "
+                "schema.max_units declares; raise schema.max_units"
+            )
+        return
     if spec.delta > 0 and rows > 0 and spec.delta * rows >= 1:
         raise ConfigError(
             f"{spec.name}.delta: {float(spec.delta):g} is not below 1/rows = {1 / rows:.3g} "
@@ -311,11 +324,32 @@ def check_delta(spec: DPReleaseSpec, rows: int) -> None:
         )
 
 
+def _row_bound(spec: DPReleaseSpec) -> Fraction:
+    """One row's largest |fixed-point value| from the config alone (exact Fractions): the
+    clamp bounds, centred for means, in resolution steps, rounded inward."""
+    assert spec.bounds is not None
+    lo, hi = (Fraction(repr(float(b))) for b in spec.bounds)
+    centre = (lo + hi) / 2 if spec.kind == "dp_mean" else Fraction(0)
+    steps = max(abs(lo - centre), abs(hi - centre)) / Fraction(repr(float(spec.resolution)))
+    return Fraction(math.floor(steps + Fraction(1, 10**9)))
+
+
+def independent_sensitivity(spec: DPReleaseSpec, mechanism: str, value: bool) -> float:
+    """The verifier's own sensitivity (not the planner's function): a person changes at most
+    L0 cells by at most Linf rows each, and each row moves a count by 1 or a sum by the row
+    bound; L1 = L0·Linf·m, L2 = √L0·Linf·m."""
+    m = _row_bound(spec) if value else Fraction(1)
+    per_cell = spec.linf * m
+    if mechanism == "discrete_laplace":
+        return float(spec.l0 * per_cell)
+    return math.sqrt(spec.l0) * float(per_cell)
+
+
 def _recorded_steps(
     spec: DPReleaseSpec, plans: Sequence[QueryPlan]
 ) -> tuple[list[Step], list[str]]:
     """The accountant's steps rebuilt from the recorded noise scales, with sensitivities
-    derived again from the bounds (not taken from the planner), and any mismatch."""
+    derived again from the config (:func:`independent_sensitivity`), and any mismatch."""
     steps: list[Step] = []
     problems: list[str] = []
     for p in plans:
@@ -323,12 +357,15 @@ def _recorded_steps(
         if p.selection_epsilon is not None:
             mine.append(ApproxDP.of(p.selection_epsilon, p.selection_delta or 0))
         dims = 1 if not spec.key_columns(p.query) else None
-        for noise, clamp in ((p.count_noise, None), (p.sum_noise, p.sum_units)):
+        if p.sum_units is not None and max(abs(u) for u in p.sum_units) > _row_bound(spec):
+            problems.append(
+                f"{p.query.name}: rows are clamped to {list(p.sum_units)} steps, beyond the "
+                f"bounds' {_row_bound(spec)}"
+            )
+        for noise, value in ((p.count_noise, False), (p.sum_noise, True)):
             if noise is None:
                 continue
-            bounds = None if clamp is None else (float(clamp[0]), float(clamp[1]))
-            l1, l2 = sensitivities(spec.l0, spec.linf, clamp=bounds)
-            sens = l1 if noise.mechanism == "discrete_laplace" else l2
+            sens = independent_sensitivity(spec, noise.mechanism, value)
             if not math.isclose(sens, noise.sensitivity, rel_tol=1e-12):
                 problems.append(
                     f"{p.query.name}: noise calibrated to sensitivity {noise.sensitivity}, "
@@ -373,8 +410,9 @@ def verify_release(
             )
     if chosen.delta is not None and chosen.delta > float(spec.delta):
         problems.append(f"delta {chosen.delta} > configured {float(spec.delta)}")
-    if spec.delta > 0 and rows > 0 and spec.delta * rows >= 1:
-        problems.append(f"delta {float(spec.delta)} is not below 1/rows = {1 / rows:.3g}")
+    bound = spec.max_units if spec.max_units is not None else rows
+    if spec.delta > 0 and bound > 0 and spec.delta * bound >= 1:
+        problems.append(f"delta {float(spec.delta)} is not below 1/{bound}")
     for p, r in zip(plans, releases, strict=True):
         part = r.partial
         if part.max_rows_per_cell > spec.linf:
@@ -449,7 +487,7 @@ def release_document(
     """release.json: parameters, the guarantee with its accounting, per-query metrics;
     ``charged`` is what the ledger recorded for it."""
     eps, dlt = charged
-    return {
+    doc = {
         "name": spec.name,
         "kind": spec.kind,
         "parameters": {
@@ -494,6 +532,7 @@ def release_document(
         "insecure_seed": insecure_seed,
         "verified": True,
     }
+    return honest_document(doc, insecure_seed)
 
 
 def bounding_summary(releases: Sequence[QueryRelease]) -> dict[str, Any]:
@@ -533,7 +572,8 @@ def dp_release(
     """The whole release on a DataFrame: (data.csv's table, release.json's document)."""
     t0 = time.perf_counter()
     plans = plan_queries(spec)
-    check_delta(spec, len(df))
+    units = int(df[spec.unit].nunique()) if spec.unit is not None else len(df)
+    check_delta(spec, len(df), units)
     releases: list[QueryRelease] = []
     for contrib in contributions(df, spec, plans, labeler):
         partial = bound_and_aggregate(concat([contrib]), spec, rng)

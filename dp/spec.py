@@ -44,6 +44,9 @@ VALUE_KINDS = ("dp_sum", "dp_mean")
 TOP_KINDS = ("dp_top_k", "dp_mode")
 KINDS = COUNT_KINDS + VALUE_KINDS + TOP_KINDS
 GROUP_SIZES = (2, 5, 10)  # group privacy reported for these group sizes
+# noise beyond 2^62 would saturate the int64 sampler: b ≤ 2^56 makes it a e^-64 event
+MAX_NOISE_SCALE = float(2**56)
+MAX_FIXED_POINT = 2**53  # one row's fixed-point value: an exact float64 integer
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class DPReleaseSpec:
     confidence: float = 0.95
     consistent: bool = False  # adjust finer queries to their coarser ancestors (counts)
     decimals: int | None = None  # round released sums/means (post-processing)
+    max_units: int | None = None  # public bound on persons (rows without a unit): δ < 1/it
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -110,6 +114,11 @@ class DPReleaseSpec:
             lo, hi = self.bounds
             if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
                 raise ConfigError(f"{self.name}: bounds must be finite with lower <= upper")
+        if self.max_units is not None and self.delta * self.max_units >= 1:
+            raise ConfigError(
+                f"{self.name}.delta: {float(self.delta):g} is not below 1/schema.max_units = "
+                f"{1 / self.max_units:.3g}; choose a smaller delta"
+            )
         if self.partitions not in ("public", "private"):
             raise ConfigError(f"{self.name}: partitions must be public or private")
         if self.partitions == "private" and self.delta == 0:
@@ -200,7 +209,8 @@ class QueryPlan:
 def rho_for(epsilon: float, delta: float) -> float:
     """The largest ρ whose zCDP→(ε, δ) conversion ρ + 2√(ρ ln(1/δ)) is at most ε."""
     log_term = math.log(1.0 / delta)
-    root = -math.sqrt(log_term) + math.sqrt(log_term + epsilon)
+    # √(L+ε) − √L written without cancellation (tiny ε would give 0)
+    root = epsilon / (math.sqrt(log_term) + math.sqrt(log_term + epsilon))
     rho = root * root
     while rho + 2.0 * math.sqrt(rho * log_term) > epsilon:  # float rounding: stay below ε
         rho = math.nextafter(rho, 0.0)
@@ -210,11 +220,26 @@ def rho_for(epsilon: float, delta: float) -> float:
 def _noise(
     spec: DPReleaseSpec, eps: Fraction, delta: float | None, l1: float, l2: float
 ) -> NoiseSpec:
+    """The noise of one step; a scale the sampler cannot serve exactly is a ConfigError
+    (at validate, before any charge), never an overflow later."""
     beta = 1.0 - spec.confidence
-    if spec.mechanism == "discrete_laplace":
-        return noise_spec("discrete_laplace", epsilon=float(eps), l1=l1, beta=beta)
-    assert delta is not None and delta > 0
-    return noise_spec("discrete_gaussian", rho=rho_for(float(eps), delta), l2=l2, beta=beta)
+    try:
+        if spec.mechanism == "discrete_laplace":
+            out = noise_spec("discrete_laplace", epsilon=float(eps), l1=l1, beta=beta)
+        else:
+            assert delta is not None and delta > 0
+            rho = rho_for(float(eps), delta)
+            out = noise_spec("discrete_gaussian", rho=rho, l2=l2, beta=beta)
+    except ConfigError:
+        out = None
+    if out is None or not out.scale <= MAX_NOISE_SCALE:
+        raise ConfigError(
+            f"{spec.name}.epsilon: {float(spec.epsilon):g} needs a noise scale above "
+            f"{MAX_NOISE_SCALE:.3g} (2^56, the largest the integer sampler serves without "
+            "saturating); raise epsilon"
+            + (", or narrow bounds / coarsen resolution" if spec.kind in VALUE_KINDS else "")
+        )
+    return out
 
 
 def _as_step(spec: NoiseSpec, dims: int | None, name: str) -> Step:
@@ -265,6 +290,12 @@ def plan_queries(spec: DPReleaseSpec) -> list[QueryPlan]:
                 centre = (lo + hi) / 2.0
                 lo, hi = lo - centre, hi - centre
             sum_units = _fixed_point(lo, hi, spec.resolution)
+            if max(abs(sum_units[0]), abs(sum_units[1])) > MAX_FIXED_POINT:
+                raise ConfigError(
+                    f"{spec.name}.bounds: {list(spec.bounds)} at resolution {spec.resolution:g} "
+                    f"is more than 2^53 steps per row, beyond exact float64 integers; raise "
+                    f"{spec.name}.resolution (e.g. {_coarser(spec.bounds):g}) or narrow bounds"
+                )
             s1, s2 = sensitivities(l0, linf, clamp=(float(sum_units[0]), float(sum_units[1])))
             sum_eps = noise_eps
             if spec.kind == "dp_mean":
@@ -283,6 +314,8 @@ def plan_queries(spec: DPReleaseSpec) -> list[QueryPlan]:
         else:  # top-k: a person touches at most L0 groups when group_by splits them
             top_eps = eps_q / (l0 if q.group_by else 1)
             steps.append(ApproxDP.of(eps_q, 0, f"{q.name}: exponential mechanism"))
+        if sel_eps is not None and sel_delta is not None:
+            _dry_run_selection(spec, sel_eps, sel_delta)
         if spec.partition_by:
             steps = [Parallel((s,), f"{q.name}: partition_by groups") for s in steps]  # type: ignore[arg-type]
         plans.append(
@@ -301,6 +334,34 @@ def plan_queries(spec: DPReleaseSpec) -> list[QueryPlan]:
             )
         )
     return plans
+
+
+def _coarser(bounds: tuple[float, float]) -> float:
+    """A resolution that brings max(|lo|, |hi|) within 2^53 steps (a power of ten)."""
+    top = max(abs(bounds[0]), abs(bounds[1]))
+    return float(10 ** math.ceil(math.log10(top / MAX_FIXED_POINT)))
+
+
+def _dry_run_selection(spec: DPReleaseSpec, eps: Fraction, delta: Fraction) -> None:
+    """The partition-selection arithmetic once at plan time, so it cannot fail after the
+    charge (its probabilities depend on the counts, its formulas only on ε, δ, L0)."""
+    import numpy as np
+
+    from dp.partition_selection import keep_probability
+
+    try:
+        probs = keep_probability(
+            np.array([0, 1, 2, 10, 10**6, 10**12], dtype=np.int64),
+            float(eps), float(delta), spec.l0, spec.selection,  # type: ignore[arg-type]
+        )  # fmt: skip
+        ok = bool(np.all(np.isfinite(probs)))
+    except (ArithmeticError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"{spec.name}.epsilon: partition selection has no usable threshold at epsilon "
+            f"{float(eps):g} (delta {float(delta):g}); choose a moderate epsilon"
+        )
 
 
 def accountant(spec: DPReleaseSpec, plans: Sequence[QueryPlan]) -> Accountant:

@@ -42,7 +42,7 @@ from attacks import (
     similarity,
     skewness,
 )
-from dp.noise import SeededTestSampler
+from dp.noise import SeededTestSampler, planned_guarantee
 from pipelines.config import ANONYMITY_KINDS, DP_KINDS, TABLE_ATTACK_NAMES, AttacksConfig
 from pipelines.plan import Plan
 
@@ -119,7 +119,8 @@ def _dp_attacks(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, At
     sa = str(s.sensitive)
     doc = release.document
     params = doc["parameters"]
-    eps, delta = float(doc["guarantee"]["epsilon"]), float(doc["guarantee"]["delta"])
+    planned = planned_guarantee(doc)  # an insecure-seed run claims none; attack the plan
+    eps, delta = float(planned["epsilon"]), float(planned["delta"])
     out: dict[str, AttackResult] = {}
     queries: dict[str, Any] = params.get("queries", {})
     first: dict[str, Any] = next(iter(queries.values()), {}) if queries else {}
@@ -252,7 +253,7 @@ def run_attacks(
         if release.kind in ANONYMITY_KINDS:
             results[name] = _table_attacks(
                 release.data[[*qis, sa]], raw, plan, hierarchies,
-                release.document.get("guarantee"), reference,
+                planned_guarantee(release.document), reference,
             )  # fmt: skip
         elif release.kind in DP_KINDS:
             results[name] = _dp_attacks(release, raw, plan)

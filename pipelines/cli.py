@@ -259,13 +259,17 @@ def _dispatch(argv: list[str]) -> int:
 
 def _validate(config: str) -> int:
     from pipelines.dp_release import dp_jobs
+    from pipelines.hierarchies import check_static
+    from pipelines.local_release import local_jobs
     from pipelines.plan import load_plan
 
     plan = load_plan(config)
+    check_static(plan.config, plan.hierarchies, Path(config).name)  # builders, levels
     dp_jobs(plan)  # DP parameters that need the plan (budget split, noise scales)
     from pipelines.publication import check_private_paths
 
     check_private_paths(plan)  # the ledger and scratch folder outside public/ and internal/
+    local_jobs(plan)  # local DP oracles and domains
     c = plan.config
     print(
         f"{Path(config).name}: valid: dataset {c.name!r}, {len(plan.input_paths)} input "
@@ -321,8 +325,11 @@ def _run(
         )
     )
     for name, summary in m["release_summaries"].items():
-        g = ", ".join(
-            f"{k}={v}" for k, v in summary["guarantee"].items() if not isinstance(v, dict)
+        claimed = summary["guarantee"]
+        g = (
+            ", ".join(f"{k}={v}" for k, v in claimed.items() if not isinstance(v, dict))
+            if isinstance(claimed, dict)
+            else f"guarantee {claimed}"
         )
         check = "verified" if summary["verified"] else "NOT verified"
         where = "public" if name in (m.get("published") or []) else "internal/candidates"

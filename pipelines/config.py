@@ -121,6 +121,15 @@ class SchemaConfig(_Model):
         default_factory=dict,
         description="Column types (default string); integer/float columns reject unparsable rows.",
     )
+    max_units: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Public upper bound on the number of privacy units (persons; rows when "
+            "privacy_unit is null). Required when a DP release uses delta > 0, which must "
+            "be below 1/max_units; a larger data set is refused."
+        ),
+    )
 
 
 # --------------------------------------------------------------------- hierarchies
@@ -1094,6 +1103,7 @@ def dp_problems(cfg: PrivpipeConfig, i: int, r: _DPRelease) -> list[str]:
             f"{key}.delta: mechanism discrete_gaussian needs delta > 0 (e.g. delta: 1.0e-6), "
             "or use mechanism: discrete_laplace"
         )
+    out += delta_problems(s, key, r.delta)
     if isinstance(r, DPTopKRelease):
         if public_domain_source(cfg, r, r.value) is None:
             out.append(
@@ -1128,6 +1138,25 @@ def dp_problems(cfg: PrivpipeConfig, i: int, r: _DPRelease) -> list[str]:
             "(e.g. delta: 1.0e-6); or give a public domain (domain: or a file/groups hierarchy)"
         )
     return out
+
+
+def delta_problems(s: SchemaConfig, key: str, delta: float) -> list[str]:
+    """δ > 0 is judged against the public bound schema.max_units, never the data's size."""
+    if delta <= 0:
+        return []
+    units = "persons" if s.privacy_unit else "rows"
+    if s.max_units is None:
+        return [
+            f"{key}.delta: delta > 0 needs schema.max_units, a public upper bound on the "
+            f"number of {units} (delta must be below 1/max_units); add e.g. "
+            f"schema.max_units: 10000000 and a delta below 1e-7"
+        ]
+    if delta * s.max_units >= 1:
+        return [
+            f"{key}.delta: {delta:g} is not below 1/schema.max_units = {1 / s.max_units:.3g}; "
+            f"choose a smaller delta, e.g. {10 ** math.floor(math.log10(0.1 / s.max_units)):g}"
+        ]
+    return []
 
 
 def local_problems(cfg: PrivpipeConfig, i: int, r: _PublicValuesRelease) -> list[str]:

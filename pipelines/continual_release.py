@@ -56,6 +56,7 @@ from dp.continual import (
     stream_sensitivity,
 )
 from dp.ledger import Ledger
+from dp.noise import honest_document
 from dp.release import public_domain
 from dp.spec import DPReleaseSpec, Query, QueryPlan, plan_queries
 from dp.state_store import ContinualStore, describe, load, state_path
@@ -338,7 +339,7 @@ def publish_continual(
             "insecure_seed": seed,
             "seconds": round(time.perf_counter() - t0, 3),
         }
-        write_json(str(folder / "release.json"), doc)
+        write_json(str(folder / "release.json"), honest_document(doc, seed))
         # no exact per-period figure (rows in/kept would be x_t itself without group_by)
         summary[job.name] = {"period": job.period, "state": str(job.state), "unit": job.unit}
         log(f"privpipe: continual count {job.name}: period {job.period} of {r.horizon}")

@@ -33,7 +33,6 @@ from dp.release import (
     Coarsen,
     QueryRelease,
     bounding_summary,
-    check_delta,
     post_process,
     published_table,
     release_document,
@@ -134,6 +133,7 @@ def dp_spec(plan: Plan, r: DPRelease) -> DPReleaseSpec:
         selection_share=to_fraction(r.selection_share, "selection_share"),
         clamp=r.clamp,
         confidence=r.confidence,
+        max_units=plan.config.schema_.max_units,
         **extra,
     )
 
@@ -219,8 +219,7 @@ def publish(
 
     Returns the exact bounding figures per release, for the operator's manifest only.
     """
-    for job in jobs:
-        check_delta(job.spec, rows)
+    # δ was checked at validate against schema.max_units, the data against it after reading
     entries = ledger.charge_many(run_id, [(j.name, j.budget()) for j in jobs])
     spent = sum((e.epsilon for e in entries), Fraction(0))
     log(f"privpipe: charged epsilon {float(spent):g} to the ledger {ledger.path}")

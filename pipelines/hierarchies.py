@@ -23,7 +23,7 @@ from anonymity.hierarchy import (
     canonical_factorize,
 )
 from dp.cells import canonical_labels
-from pipelines.config import HierarchyConfig
+from pipelines.config import HierarchyConfig, PrivpipeConfig
 from privpipe.errors import ConfigError, InputDataError
 
 
@@ -104,10 +104,80 @@ class HierarchyLabeler:
                 f"levels.{col}: level {level} is above the top of its hierarchy ({h.height})"
             )
         codes = h.encode(values)
-        if (codes < 0).any():
-            bad = pd.Series(values).iloc[np.flatnonzero(codes < 0)[:3]].tolist()
+        if (codes < 0).any():  # DP cells: nothing exact about the data in the message
             raise InputDataError(
-                f"column {col!r}: value(s) {bad} are not in hierarchies.{col}; add them to the "
-                "hierarchy (or a map alias) or fix the data"
+                f"column {col!r}: some values are not in hierarchies.{col} (withheld: this is "
+                "a DP release's input); add them to the hierarchy (or a map alias) or fix the "
+                "data"
             )
         return h.generalize(codes, level)
+
+
+def _probe(hc: HierarchyConfig) -> list[object] | None:
+    """One value of the declared form of a builder (to learn its height without data)."""
+    if hc.mask is not None:
+        return None if hc.mask.digits is None else ["0" * hc.mask.digits]
+    if hc.intervals is not None:
+        iv = hc.intervals
+        return [iv.lower if iv.lower is not None else iv.start]
+    if hc.dates is not None:
+        import datetime as _dt
+
+        return [_dt.date(2000, 1, 3).strftime(hc.dates.format)]
+    return None
+
+
+def static_problems(cfg: PrivpipeConfig, loaded: Mapping[str, Hierarchy]) -> list[str]:
+    """What can be checked about the hierarchies without data, each with its key path:
+    builders against the declared column types, builders applied to the public domains
+    the config gives, and every DP level against the top of its hierarchy."""
+    out: list[str] = []
+    types = cfg.schema_.types
+    heights: dict[str, int] = {col: h.height for col, h in loaded.items()}
+    for col, hc in cfg.hierarchies.items():
+        if col in loaded:
+            continue
+        key = f"hierarchies.{col}.{hc.kind}"
+        declared = types.get(col)
+        if hc.mask is not None and declared == "float":
+            out.append(f"{key}: masks codes as text, but schema.types.{col} is float; "
+                       f"declare it string (or integer) or use intervals")  # fmt: skip
+        if hc.dates is not None and declared in ("integer", "float"):
+            out.append(f"{key}: needs dates as text in format {hc.dates.format!r}, but "
+                       f"schema.types.{col} is {declared}; declare it string")  # fmt: skip
+        probe = _probe(hc)
+        if probe is not None:
+            try:
+                heights[col] = build_from_data(col, hc, probe).height
+            except (ConfigError, InputDataError) as e:
+                out.append(f"{key}: {e}")
+        for i, r in enumerate(cfg.releases):
+            domain = getattr(r, "domain", None) or {}
+            values = domain.get(col) if isinstance(domain, Mapping) else None
+            if not values:
+                continue
+            try:  # the builder on the public domain the config declares for this column
+                build_from_data(col, hc, [str(v) for v in values])
+            except (ConfigError, InputDataError) as e:
+                out.append(f"releases[{i}].domain.{col}: does not fit {key}: {e}")
+    for i, r in enumerate(cfg.releases):
+        query_list = getattr(r, "query_list", None)
+        if query_list is None:
+            continue
+        for q in query_list():
+            for col, level in q.levels.items():
+                top = heights.get(col)
+                if top is not None and level > top:
+                    out.append(
+                        f"releases[{i}].levels.{col}: level {level} is above the top of "
+                        f"hierarchies.{col} ({top}); use a level from 0 to {top}"
+                    )
+    return out
+
+
+def check_static(cfg: PrivpipeConfig, loaded: Mapping[str, Hierarchy], where: str) -> None:
+    """ConfigError (exit 2) listing :func:`static_problems`; at validate and before any
+    charge, so no run fails on them after reading or after spending."""
+    problems = static_problems(cfg, loaded)
+    if problems:
+        raise ConfigError(f"{where}: " + f"\n{where}: ".join(problems))

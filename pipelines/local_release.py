@@ -51,7 +51,7 @@ from dp.multiparty import (
     noisy_party_sum,
     party_seed,
 )
-from dp.noise import laplace_scale
+from dp.noise import honest_document, laplace_scale
 from pipelines.config import LocalDPRelease, PartyHistogramRelease, public_local_domain_source
 from pipelines.dp_release import sampler
 from pipelines.plan import Plan
@@ -280,7 +280,7 @@ def publish_local(
             "insecure_seed": seed,
             "seconds": round(time.perf_counter() - t0, 3),
         }
-        write_json(str(folder / "release.json"), doc)
+        write_json(str(folder / "release.json"), honest_document(doc, seed))
         summary[job.name] = {"rows_in": partial.rows_in, "reports": partial.n}
         log(f"privpipe: local DP {job.name}: {partial.n:,} reports ({oracle.protocol})")
     return summary

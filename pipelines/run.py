@@ -23,6 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 import privpipe
 from anonymity.spec import AnonymizationSpec
 from dp.ledger import Ledger
+from dp.noise import INSECURE_GUARANTEE
 from pipelines.audit import (
     ATTACKED_KINDS,
     RAW_TABLE,
@@ -41,7 +42,7 @@ from pipelines.continual_release import (
     publish_continual,
 )
 from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
-from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
+from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver, check_static
 from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
 from pipelines.output import INTERNAL, RunOutput, new_run_id
 from pipelines.plan import Plan
@@ -192,6 +193,7 @@ def run(
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     spec = plan.input_spec()
+    check_static(plan.config, plan.hierarchies, plan.config_path.name)  # before any ledger
     # published DP releases (sweep points included) spend from the dataset's ledger; DP
     # candidates from the audit ledger, or nothing (they never leave the operator)
     published = set(plan.config.published())
@@ -282,30 +284,40 @@ def _run(
 ) -> RunResult:
     columns = inspect_input(spec)
     published = set(plan.config.published())
-    if ljobs and ledger is not None:  # local noise is drawn while reading: charge first
-        charge_local(ledger, run_id, ljobs, log)
-    if lcands and sweep_ledger is not None:
-        charge_local(sweep_ledger, run_id, lcands, log)
+    lpub = list(ljobs)  # charged to the dataset's ledger; candidates to the audit one
     ljobs = sorted([*ljobs, *lcands], key=lambda j: j.index)
     options = pipeline_options(beam_args, runner)
     runner_name = str(options.view_as(StandardOptions).runner)
     work_dir = plan.config.output.work_dir
     out = RunOutput(plan.output_dir, run_id, work_dir=plan.resolve(work_dir) if work_dir else None)
     try:
-        log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
         try:
-            with beam.Pipeline(options=options) as p:
-                build_graph(
-                    p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs, cjobs
-                )
+            p = beam.Pipeline(options=options)
+            # the whole graph first: every check made while building it (specs, hierarchies,
+            # levels) runs before the local DP charge below
+            build_graph(
+                p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs, cjobs
+            )
+            if lpub and ledger is not None:  # local noise is drawn while reading: charge now
+                charge_local(ledger, run_id, lpub, log)
+            if lcands and sweep_ledger is not None:
+                charge_local(sweep_ledger, run_id, lcands, log)
+            log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
+            p.run().wait_until_finish()
         except PrivpipeError as e:
             raise strip_step(e) from None
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
             raise unwrap_pipeline_error(e) from e
         profile, value_counts = split_internal(load_json(str(out.work / "profile.json")))
         rejected = pd.read_csv(out.internal / "rejected.csv", dtype={"file": str, "reason": str})
-        check_rejected(plan, profile["rows"], rejected)
-        hierarchies = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)(value_counts)
+        exact = not (jobs or sweep_jobs or ljobs or cjobs)  # else: no figures in refusals
+        check_rejected(plan, profile["rows"], rejected, exact)
+        check_max_units(plan, profile)
+        try:
+            resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
+            hierarchies = resolver(value_counts)
+        except InputDataError as e:
+            raise e if exact else withheld(e) from None
         dp_bounding: dict[str, Any] = {}
         if jobs and ledger is not None:
             dp_bounding = publish(
@@ -345,7 +357,7 @@ def _run(
                 cjobs, new_streams, ledger, run_id, plan, out.work, out.staging,
                 insecure_seed, log,
             )  # fmt: skip
-        summaries = release_summaries(plan, out)
+        summaries = release_summaries(plan, out, insecure_seed)
         finished = datetime.now(UTC)
         manifest = {
             "run_id": run_id,
@@ -449,19 +461,63 @@ def candidate_budget(plan: Plan, book: Ledger | None, run_id: str) -> dict[str, 
     }
 
 
-def release_summaries(plan: Plan, out: RunOutput) -> dict[str, Any]:
-    """Kind, guarantee and verification of each release, read back from release.json."""
+def release_summaries(
+    plan: Plan, out: RunOutput, insecure_seed: int | None = None
+) -> dict[str, Any]:
+    """Kind, guarantee and verification of each release, read back from release.json.
+
+    An unverified release stops the run, except the releases of an accepted insecure-seed
+    run, which say so themselves (guarantee "none (insecure seed)", the seed recorded)."""
     summaries: dict[str, Any] = {}
     for r in plan.config.releases:
         doc = load_json(out.releases / r.name / "release.json")
-        if doc.get("verified") is not True:
+        seeded = (
+            insecure_seed is not None
+            and doc.get("insecure_seed") == insecure_seed
+            and doc.get("guarantee") == INSECURE_GUARANTEE
+        )
+        if doc.get("verified") is not True and not seeded:
             raise PrivacyRefusal(f"release {r.name!r} was not verified; nothing was published")
         summaries[r.name] = {k: doc.get(k) for k in ("kind", "guarantee", "verified")}
     return summaries
 
 
-def check_rejected(plan: Plan, accepted: int, rejected: pd.DataFrame) -> None:
-    """Fail the run (exit 3) when more rows were rejected than input.max_rejected_fraction."""
+def withheld(exc: InputDataError) -> InputDataError:
+    """A data refusal of a run with DP releases, without its figures or values (they depend
+    on the data and no epsilon covers them): the column it is about and the fix only."""
+    col = re.search(r"column '([^']*)'", str(exc))
+    name = col.group(1) if col else None
+    where = f"column {name!r}" if name else "the input"
+    return InputDataError(
+        f"{where}: some values do not fit hierarchies.{name or '<column>'} (values and counts "
+        "withheld: this config has DP releases); fix the data or the hierarchy (or its "
+        "map:), or run a config without DP releases on this input to list them"
+    )
+
+
+def check_max_units(plan: Plan, profile: dict[str, Any]) -> None:
+    """Refuse data with more privacy units than schema.max_units declares (exit 3).
+
+    δ was checked against the declared bound; the message holds no figure about the data."""
+    s = plan.config.schema_
+    if s.max_units is None:
+        return
+    if s.privacy_unit is not None:
+        units = int(profile["columns"].get(s.privacy_unit, {}).get("distinct", 0))
+    else:
+        units = int(profile["rows"])
+    if units > s.max_units:
+        what = "persons" if s.privacy_unit else "rows"
+        raise InputDataError(
+            f"{', '.join(Path(q).name for q in plan.input_paths[:3])}: more {what} than "
+            "schema.max_units declares; raise schema.max_units (and keep every delta below "
+            "1/max_units)"
+        )
+
+
+def check_rejected(plan: Plan, accepted: int, rejected: pd.DataFrame, exact: bool = True) -> None:
+    """Fail the run (exit 3) when more rows were rejected than input.max_rejected_fraction
+    (with ``exact`` false, a run with DP releases, the message holds no figures)."""
     total = accepted + len(rejected)
     if total == 0:
         raise InputDataError(
@@ -470,6 +526,17 @@ def check_rejected(plan: Plan, accepted: int, rejected: pd.DataFrame) -> None:
         )
     limit = plan.config.input.max_rejected_fraction
     share = len(rejected) / total
+    if len(rejected) and share > limit and not exact:
+        named = sorted(
+            set(rejected["reason"].astype(str).str.extract(r"^column '([^']*)'")[0].dropna())
+        )
+        about = f" (columns: {', '.join(named)})" if named else ""
+        raise InputDataError(
+            f"{', '.join(Path(q).name for q in plan.input_paths[:3])}: more rows were rejected "
+            f"than input.max_rejected_fraction ({limit:g}) allows{about}; counts, lines and "
+            "values withheld: this config has DP releases. Fix the input or raise the "
+            "fraction, or run a config without DP releases on this input to list the problems"
+        )
     if len(rejected) and share > limit:
         first = rejected.sort_values(["file", "line"]).head(5)
         examples = "; ".join(

@@ -23,6 +23,8 @@ from typing import Any
 
 import pandas as pd
 
+from dp.noise import planned_guarantee
+
 __all__ = [
     "Release",
     "Run",
@@ -48,7 +50,7 @@ class Release:
 
     @property
     def guarantee(self) -> dict[str, Any]:
-        return dict(self.document.get("guarantee") or {})
+        return planned_guarantee(self.document)
 
     @property
     def parameters(self) -> dict[str, Any]:

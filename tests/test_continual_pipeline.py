@@ -104,10 +104,11 @@ def test_periods_release_cumulative_counts_and_charge_the_stream_once(
         assert table.columns.tolist() == ["period", "dx", "count", "ci_low", "ci_high"]
         assert table["period"].tolist() == [t] * 4 and sorted(table["dx"]) == sorted(DX)
         doc = p.release_json()
-        assert doc["verified"] is True
-        assert doc["guarantee"]["epsilon"] == 1.0 and doc["guarantee"]["model"] == "continual"
-        assert doc["guarantee"]["unit"] == "event"  # the default: one period of a person
-        assert doc["guarantee"]["protects"] == "one id's rows in one period"
+        assert doc["verified"] is False and doc["guarantee"] == "none (insecure seed)"
+        planned = doc["planned_guarantee"]  # a seeded run claims nothing (issue 12)
+        assert planned["epsilon"] == 1.0 and planned["model"] == "continual"
+        assert planned["unit"] == "event"  # the default: one period of a person
+        assert planned["protects"] == "one id's rows in one period"
         assert doc["parameters"]["stream"]["last_period"] == t
         assert doc["parameters"]["node_noise"]["scale"] == node_scale(8, 1.0)
         totals.append(int(table["count"].sum()))

@@ -53,7 +53,7 @@ class DPProject:
         self.cfg: dict[str, Any] = {
             "name": "visits",
             "input": {"path": "data.csv"},
-            "schema": {"privacy_unit": "id"},
+            "schema": {"privacy_unit": "id", "max_units": 10_000},
             "hierarchies": {"sex": {"file": "h/sex.csv"}, "disease": {"file": "h/disease.csv"}},
             "releases": [
                 {
@@ -224,7 +224,8 @@ def test_person_in_two_groups_is_exit_3_and_nothing_is_spent(
     frame.to_csv(dpp.data, index=False)
     code, _, err = run(["run", str(dpp.config)], capsys)
     assert code == 3, err
-    assert "1 person(s) (id) appear in more than one partition_by group (sex)" in err
+    assert "a person (id) appears in more than one partition_by group (sex)" in err
+    assert "1 person" not in err and "bound_to_one_group: true" in err  # no count
     assert dpp.entries() == []
     assert_nothing_published(dpp.out)
     dpp.cfg["releases"][0]["bound_to_one_group"] = True
@@ -251,21 +252,54 @@ def test_non_numeric_value_is_exit_3(dpp: DPProject, capsys: pytest.CaptureFixtu
     frame.to_csv(dpp.data, index=False)
     code, _, err = run(["run", str(dpp.config)], capsys)
     assert code == 3, err
-    assert "salary" in err and "line 9" in err
+    assert "salary" in err and "line 9" not in err and "unknown" not in err  # no figures
+    assert "withheld: this config has DP releases" in err
     assert dpp.entries() == []
 
 
-def test_delta_not_below_one_over_rows_spends_nothing(
+def test_delta_not_below_one_over_max_units_is_refused_at_validate(
     dpp: DPProject, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dpp.cfg["releases"][0].update(delta=0.01, partitions="private")
+    dpp.cfg["releases"][0].update(delta=0.001, partitions="private")
     dpp.cfg["budget"]["lifetime_delta"] = 0.5
     dpp.save()
-    code, _, err = run(["run", str(dpp.config)], capsys)
-    assert code == 2, err
-    assert "hist.delta: 0.01 is not below 1/rows" in err
-    assert dpp.entries() == []
+    for command in ("validate", "run"):  # the public bound, not the data: validate knows
+        code, _, err = run([command, str(dpp.config)], capsys)
+        assert code == 2, err
+        assert "releases[0].delta: 0.001 is not below 1/schema.max_units = 0.0001" in err
+    assert not dpp.ledger.exists()
     assert_nothing_published(dpp.out)
+
+
+def test_delta_without_max_units_is_exit_2_at_validate(
+    dpp: DPProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dpp.cfg["releases"][0].update(delta=1e-6, partitions="private")
+    del dpp.cfg["schema"]["max_units"]
+    dpp.save()
+    code, _, err = run(["validate", str(dpp.config)], capsys)
+    assert code == 2, err
+    assert "releases[0].delta: delta > 0 needs schema.max_units" in err
+    dpp.cfg["releases"][0]["delta"] = 0.0  # pure ε needs no bound
+    dpp.cfg["releases"][0]["partitions"] = "public"
+    dpp.save()
+    assert run(["validate", str(dpp.config)], capsys)[0] == 0
+
+
+def test_more_persons_than_max_units_is_refused_without_figures(
+    dpp: DPProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dpp.cfg["schema"]["max_units"] = 299  # the data holds 300 persons
+    dpp.save()
+    code, _, err = run(["run", str(dpp.config)], capsys)
+    assert code == 3, err
+    assert "more persons than schema.max_units declares; raise schema.max_units" in err
+    assert "300" not in err and "299" not in err and "900" not in err
+    assert dpp.entries() == []  # refused before the charge
+    assert_nothing_published(dpp.out)
+    dpp.cfg["schema"]["max_units"] = 300  # exactly the declared bound is fine
+    dpp.save()
+    assert run(["run", str(dpp.config)], capsys)[0] == 0
 
 
 @pytest.mark.parametrize(

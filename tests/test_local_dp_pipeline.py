@@ -115,9 +115,11 @@ def test_every_protocol_runs_reports_round_trip_and_parties_compare_models(
         name = r["name"]
         table, doc = p.release(name)
         chosen[name] = doc["parameters"]["protocol"]
-        assert doc["verified"] is True and doc["verification"]["ok"] is True
+        # a seeded run: the check passed, but nothing is claimed (issue 12)
+        assert doc["verified"] is False and doc["verification"]["ok"] is True
+        assert doc["guarantee"] == "none (insecure seed)"
         eps = r["epsilon"]
-        assert doc["guarantee"] == {
+        assert doc["planned_guarantee"] == {
             "epsilon": eps,
             "delta": 0.0,
             "model": "local",
