@@ -42,7 +42,7 @@ from dp.multiparty import (
     party_seed,
     party_share,
 )
-from dp.noise import laplace_ci_halfwidth, laplace_scale
+from dp.noise import honest_document, laplace_ci_halfwidth, laplace_scale
 from pipelines.config import PartyHistogramRelease
 from pipelines.dp_release import sampler
 from pipelines.plan import Plan
@@ -141,10 +141,10 @@ def publish_party(
         "insecure_seed": seed,
         "seconds": round(time.perf_counter() - t0, 3),
     }
-    write_json(str(folder / "release.json"), doc)
+    write_json(str(folder / "release.json"), honest_document(doc, seed))
     log(
         f"privpipe: party {p.index} of {p.count} of {p.release_id!r}: share written to "
-        f"releases/{name}/{PARTY_FILE} (send it to the aggregator)"
+        f"{name}/{PARTY_FILE} (send it to the aggregator)"
     )
     return {"rows_in": partial.rows_in, "persons": partial.n}
 
@@ -205,7 +205,8 @@ def aggregate_parties(
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_table(table, str(out / "data.csv"), "csv")
-        write_json(str(out / "release.json"), doc)
+        seeded = honest_document(doc, seeds[0]) if seeds else doc  # a seeded share: no claim
+        write_json(str(out / "release.json"), seeded | {"insecure_seed": doc["insecure_seed"]})
     except OSError as e:
         raise ConfigError(
             f"--output {out}: cannot write ({e.strerror}); choose another folder"

@@ -267,7 +267,7 @@ def test_delta_not_below_one_over_max_units_is_refused_at_validate(
         code, _, err = run([command, str(dpp.config)], capsys)
         assert code == 2, err
         assert "releases[0].delta: 0.001 is not below 1/schema.max_units = 0.0001" in err
-    assert not dpp.ledger.exists()
+    assert dpp.entries() == []
     assert_nothing_published(dpp.out)
 
 

@@ -119,6 +119,7 @@ def test_bad_hierarchy_form_fails_before_any_charge_with_local_dp(
     assert code == 2 and "hierarchies.zip.mask: masks codes as text" in err, err
     assert dpp.entries() == []
     del dpp.cfg["schema"]["types"], dpp.cfg["hierarchies"]["zip"], dpp.cfg["releases"][1]["levels"]
+    dpp.cfg["publish"] = ["ldp", "zips"]
     dpp.save()  # the same releases without the bad hierarchy: both charged, published
     code, _, err = run(["run", str(dpp.config)], capsys)
     assert code == 0, err

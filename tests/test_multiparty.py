@@ -29,7 +29,7 @@ from dp.multiparty import (
     party_seed,
     party_share,
 )
-from dp.noise import SecureSampler, SeededTestSampler, laplace_scale
+from dp.noise import SecureSampler, SeededTestSampler, laplace_scale, planned_guarantee
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 from tests.layout import release_dir
 from tests.ledgers import provision_ledger
@@ -179,7 +179,7 @@ def test_three_party_runs_aggregate_to_the_one_process_simulation(
     assert code == 0, err
     folder = release_dir(sim.out, "flu")
     simulated = pd.read_csv(folder / "multiparty.csv")
-    g = json.loads((folder / "release.json").read_text())["guarantee"]["multiparty"]
+    g = planned_guarantee(json.loads((folder / "release.json").read_text()))["multiparty"]
     assert g["neighbours"] == "substitution" and g["unit"] == "id"
     assert g["trust"].startswith("simulation")
 
@@ -204,7 +204,8 @@ def test_three_party_runs_aggregate_to_the_one_process_simulation(
         assert party["sensitivity"] == 2 and party["scale"] == 2.0
         assert "id" not in json.dumps(party["counts"])  # counts only, no rows
         doc = json.loads((share_dir / "release.json").read_text())
-        assert doc["guarantee"] == {
+        assert doc["guarantee"] == "none (insecure seed)" and not doc["verified"]
+        assert planned_guarantee(doc) == {
             "epsilon": 1.0,
             "delta": 0.0,
             "model": "multiparty (one party's share)",
@@ -223,7 +224,8 @@ def test_three_party_runs_aggregate_to_the_one_process_simulation(
     np.testing.assert_array_equal(table["estimate"], simulated["estimate"])
     np.testing.assert_allclose(table["ci_high"], simulated["ci_high"], rtol=1e-12)
     doc = json.loads((agg / "release.json").read_text())
-    assert doc["guarantee"] == {
+    assert doc["guarantee"] == "none (insecure seed)" and not doc["verified"]
+    assert planned_guarantee(doc) == {
         "epsilon": 1.0,
         "delta": 0.0,
         "model": "multiparty",
