@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 DEVSTAMP := $(VENV)/.installed-dev-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 OUT    ?= demo-out
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: run test lint bench e2e venv dev clean
 
@@ -31,7 +32,7 @@ run: $(STAMP)
 ## make test: set up .venv with dev extras, lint, run the whole test suite
 test: $(DEVSTAMP)
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(DEVSTAMP)
 	$(VENV)/bin/ruff check .

@@ -1,8 +1,9 @@
 """`privpipe ldp aggregate REPORTS`: collected local-DP reports into frequency estimates.
 
 Collection and aggregation can run as separate jobs: a `local_dp` release with
-``write_reports: true`` writes ``releases/<name>/reports.csv`` (what a collector receives:
-the perturbed reports, never a person id or a true value), and this command turns such a
+``write_reports: true`` writes ``internal/local_reports/<name>/reports.csv`` (what a
+collector receives: the perturbed reports, never a person id or a true value), and this
+command turns such a
 file back into the same estimates as the release's data.csv. Aggregation is
 post-processing of the reports, so it spends no budget.
 

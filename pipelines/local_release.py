@@ -10,7 +10,9 @@ Order of a run with local DP releases — it differs from central DP (pipelines/
 2. the pipeline encodes each value in the public domain (a value outside it: exit 3, or the
    ``other`` value), keeps one row per person (privacy unit), perturbs with the release's
    frequency oracle (OS CSPRNG; seeded only with --insecure-seed), and sums support counts;
-   with ``write_reports`` the reports themselves go to ``releases/<name>/reports.csv``;
+   with ``write_reports`` the reports themselves go to the operator's
+   ``internal/local_reports/<name>/reports.csv`` (what a collector receives; never public:
+   their number is the exact number of persons);
 3. the driver de-biases the support counts into estimates with 95% intervals, adds the
    multiparty histogram when ``parties`` is set, re-checks everything
    (:func:`dp.local_release.verify_local_release`) and writes data.csv and release.json.

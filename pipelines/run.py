@@ -63,6 +63,7 @@ from transforms.profile import ProfileMicrodata, split_internal
 from transforms.sink import WriteTable, load_json, write_json
 
 REJECTED_COLUMNS = ("file", "line", "reason")
+LOCAL_REPORTS = "local_reports"  # internal/local_reports/<name>/reports.csv
 NUMERIC = ("integer", "float")
 
 
@@ -167,7 +168,9 @@ def build_graph(
         _ = read["batches"] | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
             ljob.spec,
             str(out.work / f"ldp-{ljob.name}.pickle"),
-            str(out.releases / ljob.name),
+            # the reports are what a collector receives, not a public artefact: their number
+            # is the exact number of persons (membership for a know-everyone-else attacker)
+            str(out.internal / LOCAL_REPORTS / ljob.name),
             plan.config.output.format,
             None if seed is None else seed + 31 * (ljob.index + 1),
         )

@@ -157,13 +157,14 @@ def test_every_protocol_runs_reports_round_trip_and_parties_compare_models(
         models = [e["model"] for e in doc["metrics"]["error_by_model"]]
         assert models[0] == "central" and models[-1] == f"local ({chosen[name]})"
         if r.get("write_reports"):
-            reports = pd.read_csv(release_dir(p.out, name) / "reports.csv", dtype={"bits": str})
+            collected = internal_file(p.out, "local_reports") / name / "reports.csv"
+            reports = pd.read_csv(collected, dtype={"bits": str})
             assert set(reports.columns) <= {"key", "report", "bits"}  # never id or true value
             assert len(reports) == PERSONS
             est = tmp_path / f"{name}-est.csv"
             domain_arg = ",".join(values)
             code, _, err = run(
-                ["ldp", "aggregate", str(release_dir(p.out, name) / "reports.csv"),
+                ["ldp", "aggregate", str(collected),
                  "--protocol", chosen[name], "--epsilon", str(eps),
                  "--domain-size", str(len(values)),
                  "--domain", domain_arg, "--output", str(est)],
@@ -220,7 +221,7 @@ def test_seeded_run_is_reproducible(
             ["run", str(p.config), "--output", str(out), "--insecure-seed", "4"], capsys
         )
         assert code == 0, err
-        reports = pd.read_csv(release_dir(out, "o") / "reports.csv")
+        reports = pd.read_csv(internal_file(out, "local_reports") / "o" / "reports.csv")
         outs.append(
             (
                 (release_dir(out, "o") / "data.csv").read_text(),
