@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -81,13 +82,18 @@ def config(tmp: Path, rows: int) -> Path:
         ],
         "budget": {
             "ledger": str(tmp / f"ledger-{rows}.sqlite"),
-            "lifetime_epsilon": 100,
-            "lifetime_delta": 1e-3,
+            "key_file": str(tmp / "ledger.key"),
+            "heads_file": str(tmp / "ledger.heads"),
         },
         "output": {"dir": str(tmp / f"out-{rows}")},
     }
     path = tmp / f"dp-{rows}.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    # a run never creates its ledger: create it on purpose, as an operator would (untimed)
+    init = ["budget", "init", cfg["budget"]["ledger"], "--dataset", cfg["name"]]
+    init += ["--epsilon", "100", "--delta", "1e-3", "--key-file", cfg["budget"]["key_file"]]
+    init += ["--heads", cfg["budget"]["heads_file"]]
+    subprocess.run([sys.executable, "-m", "pipelines.cli", *init], check=True)
     return path
 
 

@@ -142,6 +142,7 @@ class Ledger:
     def __init__(self, conn: sqlite3.Connection, path: Path, dataset: str, key: LedgerKey):
         self._conn = conn
         self.path = path
+        self.label = f"the ledger {path}"  # how messages name it (a throw-away one says so)
         self.dataset = dataset
         self.key = key
         self.lifetime = ApproxBudget(1, 0)  # read from the verified meta by _verify

@@ -222,7 +222,7 @@ def publish(
     # δ was checked at validate against schema.max_units, the data against it after reading
     entries = ledger.charge_many(run_id, [(j.name, j.budget()) for j in jobs])
     spent = sum((e.epsilon for e in entries), Fraction(0))
-    log(f"privpipe: charged epsilon {float(spent):g} to the ledger {ledger.path}")
+    log(f"privpipe: charged epsilon {float(spent):g} to {ledger.label}")
     # (a failure from here on keeps the charge: run() marks the entries failed with why)
     bounding: dict[str, Any] = {}
     for i, (job, entry) in enumerate(zip(jobs, entries, strict=True)):

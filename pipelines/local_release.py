@@ -139,7 +139,7 @@ def charge_local(
     entries = ledger.charge_many(run_id, [(j.name, j.budget()) for j in jobs])
     spent = sum((e.epsilon for e in entries), Fraction(0))
     log(
-        f"privpipe: charged epsilon {float(spent):g} to the ledger {ledger.path} for local DP "
+        f"privpipe: charged epsilon {float(spent):g} to {ledger.label} for local DP "
         "(before reading: each person's randomisation is drawn while reading)"
     )
 

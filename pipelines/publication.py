@@ -263,5 +263,6 @@ def uncharged_ledger(plan: Plan, jobs: Sequence[Any]) -> Ledger:
     key = LedgerKey(os.urandom(32), "throw-away key (candidates)", folder / "heads.json")
     path = Ledger.create(folder / "ledger.sqlite", plan.name, ApproxBudget(eps + 1, delta), key)
     ledger = Ledger.open(path, plan.name, key)
+    ledger.label = "no lasting ledger (candidates: computed for comparison, never published)"
     weakref.finalize(ledger, shutil.rmtree, folder, True)
     return ledger
