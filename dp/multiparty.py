@@ -231,11 +231,7 @@ def sum_shares(
 ) -> MultipartyEstimates:
     """The aggregator's step: sum m published shares (m × d); variance and interval."""
     noisy = np.asarray(shares, dtype=np.int64)
-    if noisy.ndim != 2 or noisy.shape[0] < 1:
-        raise ConfigError(f"party histograms must be an m x d array, got shape {noisy.shape}")
-    m = int(noisy.shape[0])
-    if not 0.0 < beta < 1.0:
-        raise ConfigError(f"beta must lie strictly between 0 and 1, got {beta!r}")
+    m = _parties(noisy, beta)
     eps = _epsilons(epsilon, m)
     var = multiparty_variance(eps, m, sensitivity)
     if m == 1:
@@ -243,6 +239,16 @@ def sum_shares(
     else:
         half = NormalDist().inv_cdf(1.0 - beta / 2.0) * math.sqrt(var)
     return MultipartyEstimates(noisy.sum(axis=0), noisy, eps, sensitivity, var, half, beta)
+
+
+def _parties(histograms: IntArray, beta: float) -> int:
+    """The number of parties m of an m × d array of party histograms (ConfigError if the
+    shape or the interval's ``beta`` is wrong)."""
+    if histograms.ndim != 2 or histograms.shape[0] < 1:
+        raise ConfigError(f"party histograms must be an m x d array, got shape {histograms.shape}")
+    if not 0.0 < beta < 1.0:
+        raise ConfigError(f"beta must lie strictly between 0 and 1, got {beta!r}")
+    return int(histograms.shape[0])
 
 
 def noisy_party_sum(
@@ -260,11 +266,7 @@ def noisy_party_sum(
     own, as a party run on its own would draw it).
     """
     exact = np.asarray(exact, dtype=np.int64)
-    if exact.ndim != 2 or exact.shape[0] < 1:
-        raise ConfigError(f"party histograms must be an m x d array, got shape {exact.shape}")
-    m = int(exact.shape[0])
-    if not 0.0 < beta < 1.0:
-        raise ConfigError(f"beta must lie strictly between 0 and 1, got {beta!r}")
+    m = _parties(exact, beta)
     eps = _epsilons(epsilon, m)
     samplers = [sampler] * m if not isinstance(sampler, Sequence) else list(sampler)
     if len(samplers) != m:

@@ -265,6 +265,13 @@ def test_seeded_run_is_reproducible(
 def test_bad_local_config_is_exit_2_before_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], release: dict[str, Any], message: str
 ) -> None:
+    assert_refused_before_anything(tmp_path, capsys, release, message)
+
+
+def assert_refused_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], release: dict[str, Any], message: str
+) -> None:
+    """``release`` alone is exit 2 with ``message``, nothing charged, nothing published."""
     p = LDPProject(tmp_path)
     p.save([release])
     code, _, err = run(["run", str(p.config)], capsys)

@@ -33,9 +33,8 @@ from dp.noise import SecureSampler, SeededTestSampler, laplace_scale, planned_gu
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 from tests.layout import release_dir
 from tests.ledgers import provision_ledger
-from tests.test_cli import assert_nothing_published
 from tests.test_dp_noise import AUDIT_ALPHA, _epsilon_lb
-from tests.test_local_dp_pipeline import DX, LDPProject, ldp, run
+from tests.test_local_dp_pipeline import DX, LDPProject, assert_refused_before_anything, ldp, run
 
 # ----------------------------------------------------------------------------- calibration
 
@@ -275,10 +274,4 @@ def test_three_party_runs_aggregate_to_the_one_process_simulation(
 def test_bad_party_config_is_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], release: dict[str, Any], message: str
 ) -> None:
-    p = LDPProject(tmp_path)
-    p.save([release])
-    code, _, err = run(["run", str(p.config)], capsys)
-    assert code == 2, err
-    assert message in err, err
-    assert p.entries() == []
-    assert_nothing_published(p.out)
+    assert_refused_before_anything(tmp_path, capsys, release, message)
