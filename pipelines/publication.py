@@ -23,10 +23,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
+from anonymity.hierarchy import Hierarchy, canonical_column
+from attacks.matching import suppressed_rows
 from attacks.publication import reproduced_cells, row_order_alignment, to_level
 from dp.budget import ApproxBudget
 from dp.ledger import Ledger
@@ -147,13 +147,6 @@ def check_private_paths(plan: Plan, extra: Iterable[tuple[str, Path]] = ()) -> N
                 )
 
 
-def _suppressed_rows(table: pd.DataFrame, qis: Sequence[str]) -> np.ndarray:
-    cols = [q for q in qis if q in table.columns]
-    if not cols:
-        return np.zeros(len(table), dtype=bool)
-    return np.asarray((table[cols].astype(str) == SUPPRESSED).all(axis=1).to_numpy())
-
-
 def check_combination(
     plan: Plan,
     folder: Path,
@@ -188,7 +181,7 @@ def check_combination(
     problems: list[str] = []
     for t in tables:
         table = releases[t].data
-        suppressed = _suppressed_rows(table, qis)
+        suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
         for d in counts:
             for query, keys, levels in dp_keys[d]:
                 truth = pd.DataFrame(
