@@ -248,7 +248,16 @@ def verify_counts(
     all_star = (labels == SUPPRESSED).all(axis=1)
     star_records = int(counts[all_star].sum())
     dropped = suppressed_records if spec.suppressed == "drop" else 0
-    published = int(counts.sum()) - (dropped if dropped_counts is not None else 0)
+    published = int(counts.sum())
+    if spec.suppressed == "drop" and dropped_counts is not None:
+        # the dropped block's own rows, not the claimed figure, are taken off the total
+        block_rows = int(pd.to_numeric(dropped_counts["count"]).sum())
+        published -= block_rows
+        if block_rows != suppressed_records:
+            failures.append(
+                f"the dropped block holds {block_rows} records, but {suppressed_records} "
+                "are claimed suppressed"
+            )
     if suppressed_records < 0:
         failures.append(f"suppressed_records is negative ({suppressed_records})")
     if published + dropped != input_records:

@@ -106,6 +106,11 @@ def test_dropped_records_count_towards_the_input() -> None:
     # the dropped block is a class too: two dropped records are fewer than k=3
     two = verify_table(GOOD, spec, input_records=8, suppressed_records=2, dropped=dropped.iloc[:2])
     assert not two.ok and two.failures == ["class [zip=*, age=*] has 2 records, fewer than k=3"]
+    # a suppressed figure that the dropped block does not bear out is caught (it used to
+    # balance: the claimed figure was both added to and taken off the total)
+    wrong = verify_table(GOOD, spec, input_records=10, suppressed_records=4, dropped=dropped)
+    assert not wrong.ok
+    assert "the dropped block holds 3 records, but 4 are claimed suppressed" in wrong.failures
     # without the dropped records' counts the block cannot be checked: fail closed
     blind = verify_table(GOOD, spec, input_records=9, suppressed_records=3)
     assert not blind.ok and "cannot be checked" in blind.failures[0]
