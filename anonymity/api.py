@@ -336,7 +336,9 @@ def publish(
 ) -> tuple[pd.DataFrame, int]:
     """Recode a frame (or a batch) for publication: the QI and SA columns only, QIs as
     published labels, suppressed rows all ``*`` or dropped. Returns the table and the
-    number of suppressed records in it."""
+    number of suppressed records in it. The rows keep the input order: this is a step,
+    not a publication — ``anonymize`` and the Beam writer shuffle before anything is
+    written."""
     table, suppressed = _recode(frame, spec, recoding, hierarchies)
     if spec.suppressed == "drop":
         table = table.loc[~suppressed]

@@ -4,7 +4,11 @@ Every release of a dataset spends from one lifetime (epsilon, delta) that lives 
 ledger, written once by `Ledger.create` (`privpipe budget init`); a run never creates a
 ledger. `charge_many` records the spend inside a `BEGIN IMMEDIATE` transaction (SQLite's
 write lock), so concurrent runs, even in different processes, can never together exceed
-the lifetime. Amounts are stored as exact Fraction text ("3/10"), so sums are exact.
+the person-level lifetime. Event-level entries (continual streams that protect one
+period of a person) are outside it: a person present in k periods of such a stream loses
+k times its epsilon, which no lifetime here bounds — `spent("event")` shows that spend
+beside the lifetime, and a stream must be `unit: person` for the lifetime to cover it.
+Amounts are stored as exact Fraction text ("3/10"), so sums are exact.
 
 Authentication (issue 12): the meta (schema, dataset, lifetime) carries an HMAC-SHA256,
 and every entry an HMAC chained from it, under a key held outside the file (dp/ledger_auth).
