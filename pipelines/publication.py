@@ -96,9 +96,12 @@ def split_document(doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, An
     internal = {k: v for k, v in doc.items() if k not in public}
     if group == "anonymity":
         records = doc.get("records") or {}
-        public["records"] = {  # the table itself: its rows, its suppressed (*) rows
-            k: records[k] for k in ("published", "suppressed", "suppressed_as") if k in records
-        }
+        # the table itself: its rows and its suppressed (*) rows. Dropped rows are not in
+        # the table: their number beside the table's length would give the exact input size
+        shown: tuple[str, ...] = ("published", "suppressed_as")
+        if records.get("suppressed_as") != "drop":
+            shown = ("published", "suppressed", "suppressed_as")
+        public["records"] = {k: records[k] for k in shown if k in records}
     elif group == "central":
         metrics = doc.get("metrics") or {}
         public["metrics"] = {k: metrics[k] for k in ("cells_published",) if k in metrics}
@@ -179,6 +182,7 @@ def check_combination(
     counts = [n for n in published if n in dp_keys]
     findings: dict[str, Any] = {"reproduced_cells": [], "row_order": []}
     problems: list[str] = []
+    pairs: list[tuple[str, str]] = []
     for t in tables:
         table = releases[t].data
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
@@ -203,6 +207,7 @@ def check_combination(
                 findings["reproduced_cells"].append(found.as_dict())
                 if found.linked:
                     problems.append(found.message())
+                    pairs.append((t, d))
     for i, a in enumerate(tables):
         for b in tables[i + 1 :]:
             aligned = row_order_alignment(
@@ -211,7 +216,12 @@ def check_combination(
             findings["row_order"].append(aligned.as_dict())
             if aligned.aligned:
                 problems.append(aligned.message())
+                pairs.append((a, b))
     findings["linked"] = problems
+    findings["linked_with"] = {  # release -> the releases it is linked with (names only)
+        n: sorted({y for x, y in pairs if x == n} | {x for x, y in pairs if y == n})
+        for n in sorted({n for pair in pairs for n in pair})
+    }
     findings["accepted"] = bool(problems) and plan.config.accept_linked_releases
     if problems and not plan.config.accept_linked_releases:
         raise PrivacyRefusal(

@@ -348,7 +348,10 @@ def _run(
             attack_rates = headline(attack_results)
         names = [r.name for r in plan.config.releases]
         chosen = [n for n in names if n in published]
-        publication = {"published": chosen, "candidates": [n for n in names if n not in chosen]}
+        publication: dict[str, Any] = {
+            "published": chosen,
+            "candidates": [n for n in names if n not in chosen],
+        }
         if len(chosen) > 1:  # the combination, before a stream advances or anything commits
             publication |= check_combination(
                 plan, out.releases, loaded, chosen, raw, hierarchies,
@@ -408,6 +411,9 @@ def _run(
         for name in chosen:  # public release.json: nothing exact about the data
             path = out.releases / name / "release.json"
             public_doc, details[name] = split_document(load_json(path))
+            linked = publication.get("linked_with", {}).get(name)
+            if linked:  # accepted linked releases say so where they are handed out
+                public_doc["linked_with"] = linked
             write_json(str(path), public_doc)
         manifest["release_details"] = details
         out.arrange(chosen)

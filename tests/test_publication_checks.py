@@ -125,7 +125,8 @@ def test_public_release_json_keeps_no_exact_figure() -> None:
     }
     public, internal = split_document(table_doc)
     assert "4321" not in str(public) and "search" not in public
-    assert public["records"] == {"published": 4300, "suppressed": 21, "suppressed_as": "drop"}
+    # 4300 + 21 would be the 4321 the line above keeps out: a dropped block's size stays in
+    assert public["records"] == {"published": 4300, "suppressed_as": "drop"}
 
 
 def test_one_cell_read_off_exactly_is_linked_even_if_other_rows_are_coarse() -> None:
@@ -138,3 +139,17 @@ def test_one_cell_read_off_exactly_is_linked_even_if_other_rows_are_coarse() -> 
     assert not found.structural and found.linked
     assert found.exact_cells == 2  # (F, flu) and (M, flu)
     assert "not for every row" in found.message()
+
+
+def test_a_dropped_block_size_stays_internal() -> None:
+    """With suppressed: drop, the table's length plus the dropped count is the exact input
+    size: only a starred block (visible in the table anyway) is counted in public."""
+    doc = {"name": "t", "kind": "k_anonymity", "guarantee": {"k": 5}, "verified": True}
+    dropped = {**doc, "records": {"input": 1000, "published": 977, "suppressed": 23,
+                                  "suppressed_as": "drop"}}  # fmt: skip
+    public, internal = split_document(dropped)
+    assert public["records"] == {"published": 977, "suppressed_as": "drop"}
+    assert internal["records"]["suppressed"] == 23
+    starred = {**doc, "records": {**dropped["records"], "published": 1000, "suppressed_as": "star"}}
+    public, _ = split_document(starred)
+    assert public["records"] == {"published": 1000, "suppressed": 23, "suppressed_as": "star"}

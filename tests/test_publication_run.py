@@ -110,6 +110,9 @@ def test_linked_table_and_histogram_refused_unless_accepted(
     assert sorted(os.listdir(project.out / "public")) == ["by_sex", "k2"]
     audit = json.loads(internal_file(project.out, "audit.json").read_text())
     assert any("LINKED RELEASES PUBLISHED" in f for f in audit["findings"])
+    for name, other in (("k2", "by_sex"), ("by_sex", "k2")):  # said where it is handed out
+        doc = json.loads((public_dir(project.out, name) / "release.json").read_text())
+        assert doc["linked_with"] == [other]
     # the same pair with the table coarser than the histogram is not linked
     coarse = {**K2_SEX, "name": "k2", "min_levels": {"sex": 1}, "max_levels": {}}
     project.cfg.update(releases=[coarse, DP_SEX], accept_linked_releases=False)
