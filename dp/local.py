@@ -369,6 +369,30 @@ def estimate(
     return Estimates(par, int(n), sup, counts, var, base, z * np.sqrt(var), beta)
 
 
+def public_halfwidth(
+    parameters: OracleParameters, counts: npt.ArrayLike, beta: float = 0.05
+) -> FloatArray:
+    """Interval half-widths from the published estimates alone (post-processing).
+
+    The exact variance needs n, the number of reports, which is the exact number of persons:
+    an interval computed with it lets anyone solve for n from the published table (a
+    membership oracle for whoever knows everyone else). Here n is replaced by
+    n̂ = max(Σ_v ĉ_v, 0), an unbiased estimate of n from the estimates themselves, and each
+    count term by ĉ_v clamped to [0, n̂]. (For rr/grr Σ_v ĉ_v = n exactly: those protocols'
+    estimates state n themselves, which the release's guarantee says.)
+    """
+    est = np.asarray(counts, dtype=np.float64).reshape(-1)
+    if est.shape != (parameters.d,):
+        raise InputDataError(f"estimates must have length d = {parameters.d}, got {est.shape}")
+    if not 0.0 < beta < 1.0:
+        raise ConfigError(f"beta must lie strictly between 0 and 1, got {beta!r}")
+    p, q = parameters.p_star, parameters.q_star
+    n_hat = max(float(est.sum()), 0.0)
+    var = n_hat * q * (1.0 - q) / (p - q) ** 2 + np.clip(est, 0.0, n_hat) * (1.0 - p - q) / (p - q)
+    z = NormalDist().inv_cdf(1.0 - beta / 2.0)
+    return np.asarray(z * np.sqrt(np.maximum(var, 0.0)), dtype=np.float64)
+
+
 def aggregate(reports: Reports, beta: float = 0.05) -> Estimates:
     """Server side: support counts of one batch of reports, then unbiased estimates."""
     return estimate(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,27 @@ def unbiased(support: npt.ArrayLike, n: int, p_star: float, q_star: float) -> np
     return np.asarray((sup - n * q_star) / (p_star - q_star), dtype=np.float64)
 
 
+PARTICIPATION = (
+    "not protected: the local model protects each person's value (neighbours differ in one "
+    "person's report), not whether a person reported; the collector sees every report, and "
+    "rr/grr estimates sum to the number of reports"
+)
+
+
+def interval_halfwidth(
+    estimates: npt.ArrayLike, p_star: float, q_star: float, confidence: float
+) -> npt.NDArray[Any]:
+    """The published interval's half-width, written out again for the verifier: from the
+    estimates alone, n replaced by n̂ = max(Σ ĉ, 0) (never the number of reports)."""
+    est = np.asarray(estimates, dtype=np.float64)
+    n_hat = max(float(est.sum()), 0.0)
+    var = n_hat * q_star * (1.0 - q_star) / (p_star - q_star) ** 2 + np.clip(est, 0.0, n_hat) * (
+        1.0 - p_star - q_star
+    ) / (p_star - q_star)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    return np.asarray(z * np.sqrt(np.maximum(var, 0.0)), dtype=np.float64)
+
+
 def implied_epsilon(protocol: str, p: float, q: float) -> float:
     """The largest log-ratio of the randomiser's output probabilities, from p and q alone."""
     if not (0.0 < q < 1.0 and 0.0 < p < 1.0):
@@ -109,8 +131,13 @@ def verify_local_release(
     support: npt.ArrayLike,
     table: pd.DataFrame,
     multiparty: Mapping[str, Any] | None = None,
+    confidence: float | None = None,
 ) -> dict[str, Any]:
-    """Re-check a local DP release before publishing; ``ok`` is False with the reasons."""
+    """Re-check a local DP release before publishing; ``ok`` is False with the reasons.
+
+    With ``confidence``, the published interval must be the one computed from the
+    estimates alone (``interval_halfwidth``): an interval from the number of reports would
+    publish the exact number of persons."""
     problems: list[str] = []
     protocol = str(parameters.get("protocol"))
     if protocol not in KNOWN:
@@ -158,6 +185,15 @@ def verify_local_release(
         est = table["estimate"].to_numpy()
         if not (np.all(low <= est) and np.all(est <= high)):
             problems.append("an interval does not contain its estimate")
+        elif confidence is not None:
+            half = interval_halfwidth(est, ps, qs, confidence)
+            if not (
+                np.allclose(est - low, half, rtol=1e-9) and np.allclose(high - est, half, rtol=1e-9)
+            ):
+                problems.append(
+                    "the intervals are not computed from the published estimates alone "
+                    "(an interval from the number of reports states the number of persons)"
+                )
     if multiparty is not None:
         scale = float(multiparty.get("scale", math.nan))
         eps_party = float(multiparty.get("epsilon", math.nan))

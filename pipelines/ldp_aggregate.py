@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dp.local import PROTOCOLS, aggregate, reports_from_frame
+from dp.local import PROTOCOLS, aggregate, public_halfwidth, reports_from_frame
 from privpipe.errors import ConfigError, InputDataError
 
 
@@ -85,11 +85,13 @@ def aggregate_reports(
     except InputDataError as e:
         raise InputDataError(f"{Path(path).name}: {e}") from None
     est = aggregate(reports, beta=1.0 - confidence)
+    # the same interval as the published release: from the estimates alone
+    half = public_halfwidth(est.parameters, est.counts, 1.0 - confidence)
     return pd.DataFrame(
         {
             "value": values,
             "estimate": est.counts.astype(np.float64),
-            "ci_low": est.counts - est.halfwidth,
-            "ci_high": est.counts + est.halfwidth,
+            "ci_low": est.counts - half,
+            "ci_high": est.counts + half,
         }
     )

@@ -44,8 +44,8 @@ import pandas as pd
 from anonymity.hierarchy import SUPPRESSED
 from dp.budget import ApproxBudget, to_fraction
 from dp.ledger import Ledger
-from dp.local import FrequencyOracle
-from dp.local_release import full_domain, verify_local_release
+from dp.local import FrequencyOracle, public_halfwidth
+from dp.local_release import PARTICIPATION, full_domain, verify_local_release
 from dp.multiparty import (
     SUBSTITUTION_L1,
     TRUST_SIMULATION,
@@ -180,7 +180,11 @@ def publish_local(
         assert oracle is not None
         beta = 1.0 - r.confidence
         est = oracle.estimate(partial.n, partial.support, beta=beta)
-        table = _table(job.values, est.counts, est.halfwidth)
+        # the published interval is computed from the estimates alone: the exact variance
+        # needs n, the number of persons, which the interval would otherwise state
+        table = _table(
+            job.values, est.counts, public_halfwidth(oracle.parameters, est.counts, beta)
+        )
         par = oracle.parameters.as_dict()
         d = oracle.d
         metrics: dict[str, Any] = {
@@ -233,7 +237,14 @@ def publish_local(
             for row in models.itertuples()
         ]
         check = verify_local_release(
-            par, r.epsilon, job.values, partial.n, partial.support, table, multiparty_doc
+            par,
+            r.epsilon,
+            job.values,
+            partial.n,
+            partial.support,
+            table,
+            multiparty_doc,
+            confidence=r.confidence,
         )
         if not check["ok"]:
             raise PrivacyRefusal(
@@ -248,6 +259,8 @@ def publish_local(
             "delta": 0.0,
             "model": "local",
             "unit": plan.config.schema_.privacy_unit or "row",
+            "neighbours": "substitution",
+            "participation": PARTICIPATION,
         }
         if multiparty_doc is not None:
             guarantee["multiparty"] = {

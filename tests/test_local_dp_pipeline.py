@@ -14,7 +14,7 @@ import yaml
 
 import dp.local
 from dp.local import parameters
-from dp.local_release import verify_local_release
+from dp.local_release import PARTICIPATION, verify_local_release
 from dp.multiparty import TRUST_SIMULATION
 from pipelines.cli import main
 from tests.layout import internal_file, release_dir
@@ -124,6 +124,8 @@ def test_every_protocol_runs_reports_round_trip_and_parties_compare_models(
             "delta": 0.0,
             "model": "local",
             "unit": "id",
+            "neighbours": "substitution",
+            "participation": PARTICIPATION,
             **(
                 {
                     "multiparty": {
@@ -353,6 +355,22 @@ def test_verifier_checks_epsilon_estimates_and_domain() -> None:
     mp = {"epsilon": 1.0, "scale": 1.0, "sensitivity": 1, "parties": 3}
     check = verify_local_release(par, 1.0, list("abcd"), 100, support, ok_table, mp)
     assert not check["ok"] and "below the L1 change 2" in check["problems"][0]
+
+
+def test_verifier_refuses_an_interval_that_states_the_number_of_persons() -> None:
+    """The interval from the number of reports (n) lets anyone solve for n; the published
+    one must be computed from the estimates alone, and the verifier says no otherwise."""
+    par = parameters("oue", 1.0, 4).as_dict()
+    support = np.array([60, 45, 40, 30])
+    est = dp.local.estimate("oue", 1.0, 4, 100, support, beta=0.05)
+    table = pd.DataFrame({"value": list("abcd"), "estimate": est.counts})
+    by_n = table.assign(ci_low=est.counts - est.halfwidth, ci_high=est.counts + est.halfwidth)
+    check = verify_local_release(par, 1.0, list("abcd"), 100, support, by_n, confidence=0.95)
+    assert not check["ok"] and "number of persons" in check["problems"][0]
+    half = dp.local.public_halfwidth(est.parameters, est.counts, 0.05)
+    public = table.assign(ci_low=est.counts - half, ci_high=est.counts + half)
+    assert verify_local_release(par, 1.0, list("abcd"), 100, support, public, confidence=0.95)["ok"]
+    assert not np.allclose(half, est.halfwidth)  # n̂ = Σ ĉ is not n here
 
 
 def test_ldp_aggregate_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -128,3 +128,27 @@ def test_each_night_is_charged_and_the_stream_advances(two_runs: dict[str, Any])
         1,
         2,
     ]
+
+
+def test_the_local_dp_intervals_do_not_state_the_number_of_persons(
+    two_runs: dict[str, Any],
+) -> None:
+    """The attacker solves the oracle's variance formula for n from each published
+    interval: with an interval computed from the number of reports, every value of the
+    table gives the exact number of persons (a membership oracle for whoever knows everyone
+    else). The published interval must be computed from the estimates alone."""
+    from statistics import NormalDist
+
+    for run in two_runs["runs"]:
+        doc = json.loads(run["public"][Path("ldp_diagnosis/release.json")])
+        table = pd.read_csv(pd.io.common.BytesIO(run["public"][Path("ldp_diagnosis/data.csv")]))
+        par, conf = doc["parameters"]["oracle"], doc["parameters"]["confidence"]
+        p, q = par["p_star"], par["q_star"]
+        z = NormalDist().inv_cdf(0.5 + conf / 2)
+        half = (table["ci_high"] - table["estimate"]).to_numpy()
+        count = table["estimate"].clip(lower=0).to_numpy()
+        solved = ((half / z) ** 2 - count * (1 - p - q) / (p - q)) * (p - q) ** 2 / (q * (1 - q))
+        persons = run["manifest"]["release_details"]["ldp_diagnosis"]["metrics"]["reports"]
+        assert persons >= 100
+        assert not (abs(solved - persons) < 0.5).any(), (persons, solved[:3])
+        assert doc["guarantee"]["participation"].startswith("not protected")
