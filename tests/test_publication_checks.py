@@ -153,3 +153,18 @@ def test_a_dropped_block_size_stays_internal() -> None:
     starred = {**doc, "records": {**dropped["records"], "published": 1000, "suppressed_as": "star"}}
     public, _ = split_document(starred)
     assert public["records"] == {"published": 1000, "suppressed": 23, "suppressed_as": "star"}
+
+
+def test_a_dp_mean_is_checked_like_a_count() -> None:
+    """dp_mean publishes the noisy count of each cell beside the mean: a table that gives
+    that count exactly voids the noise on it, so its keys enter the combination check."""
+    from types import SimpleNamespace
+
+    from pipelines.publication import dp_count_keys
+
+    query = SimpleNamespace(name="mean_salary", group_by=("dx",), levels={"dx": 1})
+    jobs = [
+        SimpleNamespace(name=n, spec=SimpleNamespace(kind=k, queries=[query], partition_by=()))
+        for n, k in (("m", "dp_mean"), ("s", "dp_sum"))
+    ]
+    assert dp_count_keys(jobs) == {"m": [("mean_salary", ["dx"], {"dx": 1})]}
