@@ -214,10 +214,13 @@ def publish(
     seed: int | None,
     log: Callable[[str], None],
     coarsen: Coarsen | None = None,
+    units: int | None = None,
 ) -> dict[str, Any]:
     """Steps 3 and 4 of the module docstring, for every DP release of the run.
 
-    Returns the exact bounding figures per release, for the operator's manifest only.
+    ``units``: the privacy units read, re-checked against ``schema.max_units`` by each
+    release's verifier. Returns the exact bounding figures per release, for the operator's
+    manifest only.
     """
     # δ was checked at validate against schema.max_units, the data against it after reading
     entries = ledger.charge_many(run_id, [(j.name, j.budget()) for j in jobs])
@@ -235,7 +238,7 @@ def publish(
             for q, p in enumerate(job.plans)
         ]
         releases = post_process(job.spec, job.plans, releases, coarsen)
-        check = verify_release(job.spec, job.plans, releases, rows, charged)
+        check = verify_release(job.spec, job.plans, releases, rows, charged, units=units)
         folder = staging / "releases" / job.name
         folder.mkdir(parents=True, exist_ok=True)
         write_table(published_table(job.spec, releases), str(folder / f"data.{fmt}"), fmt)

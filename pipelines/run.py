@@ -327,12 +327,14 @@ def _run(
                 jobs, ledger, run_id, int(profile["rows"]), out.work, out.staging,
                 plan.config.output.format, insecure_seed, log,
                 coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
+                units=unit_count(plan, profile),
             )  # fmt: skip
         if sweep_jobs and sweep_ledger is not None:
             dp_bounding |= publish(
                 sweep_jobs, sweep_ledger, run_id, int(profile["rows"]), out.work, out.staging,
                 plan.config.output.format, insecure_seed, log,
                 coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
+                units=unit_count(plan, profile),
             )  # fmt: skip
         local_summary: dict[str, Any] = {}
         if ljobs:
@@ -504,6 +506,14 @@ def withheld(exc: InputDataError) -> InputDataError:
     )
 
 
+def unit_count(plan: Plan, profile: dict[str, Any]) -> int:
+    """The number of privacy units read (persons with schema.privacy_unit, else rows)."""
+    unit = plan.config.schema_.privacy_unit
+    if unit is not None:
+        return int(profile["columns"].get(unit, {}).get("distinct", 0))
+    return int(profile["rows"])
+
+
 def check_max_units(plan: Plan, profile: dict[str, Any]) -> None:
     """Refuse data with more privacy units than schema.max_units declares (exit 3).
 
@@ -511,10 +521,7 @@ def check_max_units(plan: Plan, profile: dict[str, Any]) -> None:
     s = plan.config.schema_
     if s.max_units is None:
         return
-    if s.privacy_unit is not None:
-        units = int(profile["columns"].get(s.privacy_unit, {}).get("distinct", 0))
-    else:
-        units = int(profile["rows"])
+    units = unit_count(plan, profile)
     if units > s.max_units:
         what = "persons" if s.privacy_unit else "rows"
         raise InputDataError(
