@@ -51,6 +51,7 @@ from dp.continual import (
     TreeState,
     check_period,
     node_scale,
+    nodes_used,
     person_l1_bound,
     round_horizon,
     stream_sensitivity,
@@ -280,6 +281,14 @@ def publish_continual(
             problems.append(f"the state did not record period {job.period}")
         if out.period != job.period or out.counts.shape != (job.cells,):
             problems.append(f"the release is not period {job.period}'s {job.cells} cell(s)")
+        elif not stored.pan_private:
+            # standard mode keeps the noisy nodes of this period's cover: the written counts
+            # must be their sum (pan-private mode never stores the leaf noise, by design)
+            cover = [stored.released.get(j) for j in nodes_used(job.period)]
+            if any(c is None for c in cover) or not np.array_equal(
+                np.sum([c for c in cover if c is not None], axis=0), out.counts
+            ):
+                problems.append("the counts written are not the sum of the state's noisy nodes")
         if len(table) != job.cells:
             problems.append(f"{len(table)} rows published for {job.cells} cells")
         linf = job.spec.linf

@@ -321,3 +321,26 @@ def test_a_period_beyond_the_declared_horizon_is_refused(
     assert code == 4 and "exceeds its horizon T = 6" in err, err
     assert not p.state.exists()
     assert_nothing_published(p.out)
+
+
+def test_counts_that_are_not_the_states_noisy_nodes_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Standard mode: the verifier recomputes the written counts from the state's noisy
+    nodes; a release that adds anything else (here one extra count per cell) is exit 4."""
+    import dataclasses
+
+    from dp.state_store import ContinualStore
+
+    p = StreamProject(tmp_path, pan_private=False, epsilon=1.0)
+    assert p.run(1, capsys)[0] == 0
+    honest = ContinualStore.release
+
+    def tampered(self: ContinualStore, *args: Any, **kwargs: Any) -> Any:
+        out = honest(self, *args, **kwargs)
+        return dataclasses.replace(out, counts=out.counts + 1)
+
+    monkeypatch.setattr(ContinualStore, "release", tampered)
+    code, err = p.run(2, capsys)
+    assert code == 4, err
+    assert "not the sum of the state's noisy nodes" in err
