@@ -150,6 +150,7 @@ class Ledger:
         self.dataset = dataset
         self.key = key
         self.lifetime = ApproxBudget(1, 0)  # read from the verified meta by _verify
+        self._pending: HeadRecord | None = None  # a write's head until its COMMIT
 
     # ------------------------------------------------------------------ create / open
 
@@ -421,13 +422,18 @@ class Ledger:
                 f"the ledger of dataset {self.dataset!r} is {rec.path} (per the heads file "
                 f"{self.key.heads}), not {self.path}: a ledger cannot be moved or replaced"
             )
-        if len(out) < rec.entries:
+        interrupted = (
+            rec.pending_entries is not None
+            and len(out) == rec.pending_entries
+            and macs[rec.pending_entries] == rec.pending_mac
+        )
+        if len(out) < rec.entries and not interrupted:
             raise InputDataError(
                 f"the ledger {self.path} is an older copy: it has {len(out)} entries, but the "
                 f"heads file {self.key.heads} records {rec.entries} (rolled back to a backup "
                 f"or a snapshot?); {_NO_ROLLBACK}"
             )
-        if macs[rec.entries] != rec.mac:
+        if not interrupted and macs[rec.entries] != rec.mac:
             raise InputDataError(
                 f"the ledger {self.path} is another copy: its first {rec.entries} entries do "
                 f"not match the head recorded in the heads file {self.key.heads} (replaced or "
@@ -446,6 +452,7 @@ class Ledger:
         count = int(
             self._conn.execute("SELECT value FROM meta WHERE key = 'entries'").fetchone()[0]
         )
+        start = (count, str(head))  # the verified head this write starts from
         for e in entries:
             fields = [
                 e.id,
@@ -469,8 +476,18 @@ class Ledger:
         self._conn.executemany(
             "UPDATE meta SET value = ? WHERE key = ?", [(head, "head"), (str(count), "entries")]
         )
-        # still inside the write lock: no other run can write between this and COMMIT
-        self.key.record_head(self.dataset, HeadRecord(str(self.path), count, head))
+        # still inside the write lock: no other run can write between this and COMMIT. The
+        # record says where the write started until `_committed` clears it after COMMIT
+        self.key.record_head(
+            self.dataset, HeadRecord(str(self.path), count, head, start[0], start[1])
+        )
+        self._pending = HeadRecord(str(self.path), count, head)
+
+    def _committed(self) -> None:
+        """After COMMIT: the head is final (a shorter ledger from now on is a rollback)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.key.record_head(self.dataset, pending)
 
     @staticmethod
     def _sum(entries: list[LedgerEntry], unit: str = "person") -> ApproxBudget:
@@ -533,6 +550,7 @@ class Ledger:
                 for i, (release, cost) in enumerate(costs, start=1)
             ]
             self._append(out)
+        self._committed()
         return out
 
     def advance_stream(self, run_id: str, stream: str, period: int) -> LedgerEntry:
@@ -564,6 +582,7 @@ class Ledger:
                 period,
             )
             self._append([entry])
+        self._committed()
         return entry
 
     def stream_period(self, stream: str) -> int:

@@ -57,11 +57,19 @@ def default_heads_file(dataset: str) -> Path:
 
 @dataclass(frozen=True)
 class HeadRecord:
-    """The last head a run wrote for one dataset: where its ledger is, how long, its MAC."""
+    """The last head a run wrote for one dataset: where its ledger is, how long, its MAC.
+
+    ``pending_entries``/``pending_mac``: while a write is in flight (recorded before the
+    ledger's COMMIT, cleared right after it), the head it started from. A ledger found at
+    exactly that head was interrupted before its write committed (the caller never got
+    the charge back, so no noise was drawn for it); any other shorter ledger is a rollback.
+    """
 
     path: str
     entries: int
     mac: str
+    pending_entries: int | None = None
+    pending_mac: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,13 @@ class LedgerKey:
                 str(doc["mac"]), self.mac("heads", heads)
             )
             records = {
-                k: HeadRecord(str(v["path"]), int(v["entries"]), str(v["mac"]))
+                k: HeadRecord(
+                    str(v["path"]),
+                    int(v["entries"]),
+                    str(v["mac"]),
+                    None if v.get("pending_entries") is None else int(v["pending_entries"]),
+                    None if v.get("pending_mac") is None else str(v["pending_mac"]),
+                )
                 for k, v in heads.items()
             }
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -390,12 +390,12 @@ def verify_release(
     releases: Sequence[QueryRelease],
     rows: int,
     charged: tuple[Fraction, Fraction] | None = None,
-    units: int | None = None,
+    privacy_units: int | None = None,
 ) -> dict[str, Any]:
     """Re-check the guarantee on the output; PrivacyRefusal (exit 4) on any failure.
 
     ``charged`` is what the ledger recorded: the recomputed bound must not exceed it.
-    ``units``: the privacy units the data held; δ is meaningful only below 1/units, so more
+    ``privacy_units``: the privacy units the data held; δ is meaningful only below 1/units, so more
     units than the declared ``max_units`` fail the check (no figure in the message)."""
     steps, problems = _recorded_steps(spec, plans)
     chosen = Accountant(steps, delta=spec.delta).chosen()
@@ -416,7 +416,7 @@ def verify_release(
     bound = spec.max_units if spec.max_units is not None else rows
     if spec.delta > 0 and bound > 0 and spec.delta * bound >= 1:
         problems.append(f"delta {float(spec.delta)} is not below 1/{bound}")
-    if spec.max_units is not None and units is not None and units > spec.max_units:
+    if spec.max_units is not None and privacy_units is not None and privacy_units > spec.max_units:
         problems.append(
             f"the data holds more privacy units than max_units {spec.max_units} declares"
         )

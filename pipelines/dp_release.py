@@ -238,7 +238,7 @@ def publish(
             for q, p in enumerate(job.plans)
         ]
         releases = post_process(job.spec, job.plans, releases, coarsen)
-        check = verify_release(job.spec, job.plans, releases, rows, charged, units=units)
+        check = verify_release(job.spec, job.plans, releases, rows, charged, privacy_units=units)
         folder = staging / "releases" / job.name
         folder.mkdir(parents=True, exist_ok=True)
         write_table(published_table(job.spec, releases), str(folder / f"data.{fmt}"), fmt)

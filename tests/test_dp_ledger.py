@@ -180,6 +180,37 @@ def test_rolled_back_copy_is_refused(tmp_path: Path) -> None:
     assert e.value.exit_code == 3 and "restore" not in str(e.value)
 
 
+def test_a_write_interrupted_before_its_commit_does_not_lock_the_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heads file is written inside the transaction, before COMMIT: a crash between
+    the two leaves the heads file ahead of the ledger. That ledger must open again (the
+    interrupted charge never reached its caller, so no noise was drawn for it), while a
+    ledger restored to a committed earlier head is still a rollback."""
+    ledger = make(tmp_path)
+    ledger.charge("r1", "a", PureBudget(0.25))
+    shutil.copy(tmp_path / "l.sqlite", tmp_path / "backup.sqlite")
+    honest = Ledger._append
+
+    def crash(self: Ledger, entries: list[object]) -> None:
+        honest(self, entries)  # type: ignore[arg-type]
+        raise KeyboardInterrupt  # the process dies before COMMIT
+
+    monkeypatch.setattr(Ledger, "_append", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ledger.charge("r2", "b", PureBudget(0.5))
+    monkeypatch.undo()
+    ledger.close()
+    assert key_of(tmp_path).read_heads()["d"].entries == 2  # the heads file is ahead
+    with reopen(tmp_path) as again:
+        assert again.spent() == ApproxBudget("0.25", 0)  # the interrupted charge is not there
+        again.charge("r3", "c", PureBudget(0.5))
+        assert again.spent() == ApproxBudget("0.75", 0)
+    shutil.copy(tmp_path / "backup.sqlite", tmp_path / "l.sqlite")  # a committed head later
+    with pytest.raises(InputDataError, match="older copy"):
+        reopen(tmp_path)
+
+
 def test_another_ledger_of_the_same_dataset_and_key_is_refused(tmp_path: Path) -> None:
     """Same length, other chain: a ledger created elsewhere for the dataset swapped in."""
     make(tmp_path).close()

@@ -321,9 +321,9 @@ def test_verification_passes_a_correct_release_and_says_no_to_broken_ones() -> N
         verify_release(spec, plans, [short], len(df))
     # more persons than the declared max_units: the δ claim no longer holds
     declared = dataclasses.replace(spec, max_units=10_000)
-    verify_release(declared, plans, [rel], len(df), units=10_000)
+    verify_release(declared, plans, [rel], len(df), privacy_units=10_000)
     with pytest.raises(PrivacyRefusal, match="more privacy units than max_units 10000"):
-        verify_release(declared, plans, [rel], len(df), units=10_001)
+        verify_release(declared, plans, [rel], len(df), privacy_units=10_001)
 
 
 def test_queries_keep_their_own_budget_in_the_document() -> None:
