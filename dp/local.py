@@ -358,15 +358,24 @@ def estimate(
     sup = np.asarray(support, dtype=np.int64).reshape(-1)
     if sup.shape != (par.d,):
         raise InputDataError(f"support counts must have length d = {par.d}, got {sup.shape}")
+    p, q = par.p_star, par.q_star
+    counts = ((sup - n * q) / (p - q)).astype(np.float64)
+    base, var, half = _interval(par, float(n), counts, beta)
+    return Estimates(par, int(n), sup, counts, var, base, half, beta)
+
+
+def _interval(
+    par: OracleParameters, n: float, counts: FloatArray, beta: float
+) -> tuple[float, FloatArray, FloatArray]:
+    """(count-free variance, per-value variance, half-width) at n reports: the exact
+    n·q*(1−q*)/(p*−q*)² + ĉ·(1−p*−q*)/(p*−q*), ĉ clamped to [0, n]."""
     if not 0.0 < beta < 1.0:
         raise ConfigError(f"beta must lie strictly between 0 and 1, got {beta!r}")
     p, q = par.p_star, par.q_star
-    counts = ((sup - n * q) / (p - q)).astype(np.float64)
     base = n * q * (1.0 - q) / (p - q) ** 2
-    var = base + np.clip(counts, 0.0, float(n)) * (1.0 - p - q) / (p - q)
-    var = np.maximum(var, 0.0)
+    var = np.maximum(base + np.clip(counts, 0.0, n) * (1.0 - p - q) / (p - q), 0.0)
     z = NormalDist().inv_cdf(1.0 - beta / 2.0)
-    return Estimates(par, int(n), sup, counts, var, base, z * np.sqrt(var), beta)
+    return base, var, np.asarray(z * np.sqrt(var), dtype=np.float64)
 
 
 def public_halfwidth(
@@ -384,13 +393,7 @@ def public_halfwidth(
     est = np.asarray(counts, dtype=np.float64).reshape(-1)
     if est.shape != (parameters.d,):
         raise InputDataError(f"estimates must have length d = {parameters.d}, got {est.shape}")
-    if not 0.0 < beta < 1.0:
-        raise ConfigError(f"beta must lie strictly between 0 and 1, got {beta!r}")
-    p, q = parameters.p_star, parameters.q_star
-    n_hat = max(float(est.sum()), 0.0)
-    var = n_hat * q * (1.0 - q) / (p - q) ** 2 + np.clip(est, 0.0, n_hat) * (1.0 - p - q) / (p - q)
-    z = NormalDist().inv_cdf(1.0 - beta / 2.0)
-    return np.asarray(z * np.sqrt(np.maximum(var, 0.0)), dtype=np.float64)
+    return _interval(parameters, max(float(est.sum()), 0.0), est, beta)[2]
 
 
 def aggregate(reports: Reports, beta: float = 0.05) -> Estimates:
