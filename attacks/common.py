@@ -65,6 +65,7 @@ __all__ = [
     "map_guess",
     "membership",
     "membership_bound",
+    "public_prior",
     "risk_interval",
 ]
 
@@ -522,6 +523,21 @@ def _attack(
     return _Scored(hits, n, prior_hits, gone[:, : domain.shape[0]])
 
 
+def public_prior(raw_sa: Any, *others: Any) -> tuple[ObjArray, FloatArray]:
+    """The sensitive domain (canonical values of the input and of ``others``, sorted) and
+    the public prior over it: the value shares of the input ``raw_sa``."""
+    base = canonical_column(np.asarray(raw_sa, dtype=object))
+    parts = [
+        base,
+        *(canonical_column(np.asarray(o, dtype=object)) for o in others if o is not None),
+    ]
+    domain = np.unique(np.concatenate(parts)).astype(object)
+    counts = pd.Series(base).value_counts()
+    prior = counts.reindex(domain, fill_value=0).to_numpy(dtype=np.float64)
+    prior = prior / prior.sum() if prior.sum() > 0 else prior
+    return domain, prior
+
+
 def attribute_inference(
     model: PosteriorModel,
     members: pd.DataFrame,
@@ -533,20 +549,16 @@ def attribute_inference(
     epsilon: float | None = None,
     delta: float = 0.0,
     note: str | None = None,
+    population: tuple[ObjArray, FloatArray] | None = None,
 ) -> dict[str, Any]:
     """The common attribute-inference attack on one artefact, as audit.json's
     ``common.attribute_inference`` (contract §2). ``members``: the targets (records of
     the input); ``raw_sa``: the input's sensitive column (the public prior); ``control``:
     records of the same population not in the input; ``epsilon``/``delta``: the
     likelihood-ratio guarantee of one record's sensitive value, if the artefact has one."""
-    parts = [canonical_column(np.asarray(raw_sa, dtype=object)),
-             canonical_column(members[sa].to_numpy(dtype=object))]  # fmt: skip
-    if control is not None:
-        parts.append(canonical_column(control[sa].to_numpy(dtype=object)))
-    domain = np.unique(np.concatenate(parts)).astype(object)
-    counts = pd.Series(parts[0]).value_counts()
-    prior = counts.reindex(domain, fill_value=0).to_numpy(dtype=np.float64)
-    prior = prior / prior.sum() if prior.sum() > 0 else prior
+    domain, prior = population or public_prior(
+        raw_sa, members[sa], None if control is None else control[sa]
+    )
     res = _attack(model, members, sa, domain, prior, knowledge, True)
     acc = res.hits / res.n if res.n else 0.0
     prior_acc = res.prior_hits / res.n if res.n else 0.0
@@ -561,7 +573,9 @@ def attribute_inference(
         "control_targets": 0,
         "risk": None,
         "risk_interval": None,
-        "bound": None if epsilon is None else accuracy_bound(prior, res.eliminated, epsilon, delta),
+        "bound": None
+        if epsilon is None
+        else accuracy_bound(prior, res.eliminated, epsilon, delta, knowledge),
         "method": model.method,
         "note": note,
     }
@@ -653,6 +667,7 @@ def common_attack(
     epsilon: float | None = None,
     delta: float = 0.0,
     note: str | None = None,
+    population: tuple[ObjArray, FloatArray] | None = None,
 ) -> dict[str, Any]:
     """Both common measures of one artefact: ``{"attribute_inference", "membership"}``.
     ``attribute_epsilon``: the log-likelihood-ratio bound between two values of one
@@ -660,7 +675,7 @@ def common_attack(
     return {
         "attribute_inference": attribute_inference(
             model, members, raw_sa, sa, knowledge, control=control,
-            epsilon=attribute_epsilon, delta=attribute_delta, note=note,
+            epsilon=attribute_epsilon, delta=attribute_delta, note=note, population=population,
         ),
         "membership": membership(
             model, members, knowledge, control=control, epsilon=epsilon, delta=delta

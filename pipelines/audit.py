@@ -51,6 +51,7 @@ from attacks.common import (
     RawRowsModel,
     TableModel,
     common_attack,
+    public_prior,
 )
 from dp.noise import SeededTestSampler, planned_guarantee
 from pipelines.config import (
@@ -397,9 +398,16 @@ def run_common(
     members = knowledge.select_targets(raw).reset_index(drop=True)
     controls = None if control is None else knowledge.select_targets(control).reset_index(drop=True)
     raw_sa = raw[sa].to_numpy(dtype=object)
+    population = public_prior(raw_sa, members[sa], None if controls is None else controls[sa])
     out = {
         BASELINE: common_attack(
-            RawRowsModel(raw, known, sa), members, raw_sa, sa, knowledge, control=controls
+            RawRowsModel(raw, known, sa),
+            members,
+            raw_sa,
+            sa,
+            knowledge,
+            control=controls,
+            population=population,
         )
     }
     for name, release in releases.items():
@@ -409,7 +417,7 @@ def run_common(
         out[name] = common_attack(
             model, members, raw_sa, sa, knowledge, control=controls,
             attribute_epsilon=attr_eps, attribute_delta=attr_delta, epsilon=eps, delta=delta,
-            note=note,
+            note=note, population=population,
         )  # fmt: skip
     return out
 
