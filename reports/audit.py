@@ -142,6 +142,11 @@ COMMON_METHODOLOGY: Final = {
     "baselines": "the public prior (the input's sensitive distribution, same guess rule, same "
     "b) and, when attacks.control gives held-out records, the same attack on them "
     "(anonymeter risk)",
+    "bound": "DP and local DP: a record's value changes the output's likelihood by at most "
+    "e^ε' (2/scale per discrete-Laplace count query, else 2ε; local DP: the oracle's ε), so "
+    "the accuracy is at most e^ε'π/(e^ε'π + 1 - π) (+δ), π the prior mass of the b+1 most "
+    "common values; population correlations a DP table publishes can exceed it (the control "
+    "baseline separates the two); none for anonymised tables",
     "membership": "score = published evidence for the record (matching published rows, the "
     "noisy count of its cell, the estimate of its value); threshold chosen on one half of "
     "members and controls, TPR - FPR measured on the other half (Newcombe interval)",

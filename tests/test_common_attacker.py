@@ -148,9 +148,7 @@ def _simulated_release(noised: bool, epsilon: float) -> tuple[float, float]:
     rng = np.random.default_rng(11)
     n = 2000
     raw = pd.DataFrame({"q": [f"p{i}" for i in range(n)], "s": rng.choice(["u", "v"], n)})
-    cells = pd.DataFrame(
-        {"q": np.repeat(raw["q"].to_numpy(), 2), "s": np.tile(["u", "v"], n)}
-    )
+    cells = pd.DataFrame({"q": np.repeat(raw["q"].to_numpy(), 2), "s": np.tile(["u", "v"], n)})
     truth = (cells["s"].to_numpy() == np.repeat(raw["s"].to_numpy(), 2)).astype(np.int64)
     scale = 2.0 / epsilon  # a record's value moves one unit between two cells: L1 = 2
     counts = SeededTestSampler(3).discrete_laplace(truth, scale) if noised else truth
@@ -244,7 +242,7 @@ def test_audit_has_the_common_attacker_for_every_release_and_the_baseline(
         common = entry["common"]
         assert set(common["attribute_inference"]) == ATTRIBUTE_KEYS, name
         assert set(common["membership"]) == MEMBERSHIP_KEYS, name
-        assert SUMMARY_KEYS <= set(entry["summary"]), name
+        assert set(entry["summary"]) >= SUMMARY_KEYS, name
         ai = common["attribute_inference"]
         assert ai["targets"] == 1000 and entry["summary"]["attribute_accuracy"] == ai["accuracy"]
     methods = {n: e["common"]["attribute_inference"]["method"] for n, e in entries.items()}
