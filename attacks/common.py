@@ -34,6 +34,7 @@ view, not a release. Pure core: numpy, pandas, scipy and the standard library (n
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ import pandas as pd
 
 from anonymity.hierarchy import Hierarchy, canonical_column
 from attacks.knowledge import AttackerKnowledge
-from attacks.matching import match_targets
+from attacks.matching import TargetView, match_targets
 from attacks.stats import wilson_interval
 from attacks.table import worst_elimination
 
@@ -62,7 +63,9 @@ __all__ = [
     "attribute_inference",
     "common_attack",
     "eliminate",
+    "forget_views",
     "map_guess",
+    "matched_view",
     "membership",
     "membership_bound",
     "public_prior",
@@ -193,6 +196,62 @@ def _at_truth(w: FloatArray, labels: ObjArray, truth: Any) -> FloatArray:
     return out
 
 
+_VIEWS: dict[bytes, TargetView] = {}
+_VIEWS_KEPT: Final = 16
+
+
+def _fingerprint(frame: pd.DataFrame) -> bytes:
+    """A content hash of a frame (values and column names, not its index)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(repr(list(frame.columns)).encode())
+    digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    return digest.digest()
+
+
+def _hierarchy_key(name: str, hierarchy: Hierarchy) -> bytes:
+    table = np.asarray(hierarchy.table, dtype=object).ravel().astype(str)
+    aliases = repr(sorted(hierarchy.aliases.items())).encode()
+    hashed = np.asarray(pd.util.hash_array(table), dtype=np.uint64)
+    return name.encode() + hashed.tobytes() + aliases
+
+
+def forget_views() -> None:
+    """Drop the remembered matches (end of a run's attacks)."""
+    _VIEWS.clear()
+
+
+def matched_view(
+    published: pd.DataFrame,
+    targets: pd.DataFrame,
+    qis: Sequence[str],
+    sa: str,
+    hierarchies: Mapping[str, Hierarchy] | None = None,
+    *,
+    known: Sequence[str] | None = None,
+    target_rows: IntArray | None = None,
+) -> TargetView:
+    """``attacks.matching.match_targets``, remembered for the last few calls (keyed by
+    content): the kind-specific table attacks and the common attacker match the same
+    targets to the same table once per run."""
+    h = hierarchies or {}
+    key = hashlib.blake2b(
+        b"".join([
+            _fingerprint(published), _fingerprint(targets),
+            repr((tuple(qis), sa, None if known is None else tuple(known))).encode(),
+            *(_hierarchy_key(q, x) for q, x in sorted(h.items())),
+            b"" if target_rows is None else np.asarray(target_rows, np.int64).tobytes(),
+        ]),
+        digest_size=16,
+    ).digest()  # fmt: skip
+    view = _VIEWS.get(key)
+    if view is None:
+        view = match_targets(published, targets, qis, sa, h, known=known, target_rows=target_rows)
+        if len(_VIEWS) >= _VIEWS_KEPT:
+            _VIEWS.pop(next(iter(_VIEWS)))
+        _VIEWS[key] = view
+    return view
+
+
 @dataclass(frozen=True)
 class TableModel:
     """An anonymised table: the sensitive counts of the classes covering the record's known
@@ -210,9 +269,10 @@ class TableModel:
     def weights(
         self, records: pd.DataFrame, domain: ObjArray, prior: FloatArray, *, members: bool
     ) -> tuple[FloatArray, ObjArray]:
-        view = match_targets(
-            self.published, records, self.qis, self.sa, self.hierarchies, known=self.known
-        )
+        view = matched_view(
+            self.published, records, self.qis, self.sa, self.hierarchies, known=self.known,
+            target_rows=records.index.to_numpy(dtype=np.int64),
+        )  # fmt: skip
         w = view.counts[view.target_tuple].astype(np.float64)
         return w, view.sa_values
 

@@ -38,7 +38,6 @@ from attacks import (
     histogram_attribute_inference,
     homogeneity,
     linkage,
-    match_targets,
     membership_inference,
     similarity,
     skewness,
@@ -51,6 +50,8 @@ from attacks.common import (
     RawRowsModel,
     TableModel,
     common_attack,
+    forget_views,
+    matched_view,
     public_prior,
 )
 from dp.noise import SeededTestSampler, planned_guarantee
@@ -100,7 +101,7 @@ def _table_attacks(
     if not wanted:
         return {}
     rows = knowledge.target_rows(len(raw))
-    view = match_targets(
+    view = matched_view(  # remembered: the common attacker matches the same targets
         published,
         raw.iloc[rows],
         qis,
@@ -395,7 +396,8 @@ def run_common(
     qis, sa = tuple(s.quasi_identifiers), str(s.sensitive)
     knowledge = knowledge_of(cfg)
     known = knowledge.known_qis(qis)
-    members = knowledge.select_targets(raw).reset_index(drop=True)
+    rows = knowledge.target_rows(len(raw))
+    members = raw.iloc[rows].set_axis(pd.Index(rows))  # positions: matched_view's key
     controls = None if control is None else knowledge.select_targets(control).reset_index(drop=True)
     raw_sa = raw[sa].to_numpy(dtype=object)
     population = public_prior(raw_sa, members[sa], None if controls is None else controls[sa])
@@ -419,6 +421,7 @@ def run_common(
             attribute_epsilon=attr_eps, attribute_delta=attr_delta, epsilon=eps, delta=delta,
             note=note, population=population,
         )  # fmt: skip
+    forget_views()
     return out
 
 
