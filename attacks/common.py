@@ -399,14 +399,16 @@ def _report_likelihood(reports: Any, oracle: Mapping[str, Any], d: int) -> Float
 class LocalReportModel:
     """Local DP: the target's own report, simulated with the release's protocol and ε
     (seeded: the attacker's view, not a release); posterior ∝ P(report | s)·prior(s).
-    Control records sent no report (prior). Membership score: the published estimate of
-    the record's value."""
+    Control records sent no report (prior); values outside the public domain are reported
+    as ``other`` when the release has one, else not at all (prior). Membership score: the
+    published estimate of the record's value."""
 
     domain: tuple[str, ...]
     oracle: Mapping[str, Any]
     sa: str
     estimates: pd.DataFrame | None = None
     seed: int = 0
+    other: str | None = None
     method: str = "own report"
     membership_method: str = "published estimate of the record's value"
 
@@ -422,6 +424,8 @@ class LocalReportModel:
         if not members:
             return w, labels
         codes = _codes(canonical_column(records[self.sa].to_numpy(dtype=object)), labels)
+        if self.other is not None and self.other in self.domain:  # reported as ``other``
+            codes[codes < 0] = self.domain.index(self.other)
         reported = np.flatnonzero(codes >= 0)  # values outside the public domain: no report
         if reported.size:
             source = SeededRandom(self.seed)

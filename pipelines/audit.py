@@ -348,7 +348,8 @@ def common_model(
         if note:
             return PriorModel(), None, 0.0, ldp_eps, 0.0, note
         domain = tuple(str(v) for v in canonical_column(np.asarray(params["domain"], dtype=object)))
-        lmodel = LocalReportModel(domain, oracle, sa, release.data, seed=cfg.seed)
+        other = None if params.get("other") is None else str(params["other"])
+        lmodel = LocalReportModel(domain, oracle, sa, release.data, seed=cfg.seed, other=other)
         return lmodel, ldp_eps, 0.0, ldp_eps, 0.0, None
     planned = planned_guarantee(doc)
     eps = float(planned.get("epsilon") or 0.0) if planned.get("epsilon") is not None else None
@@ -375,7 +376,14 @@ def common_model(
         return PriorModel(), attr_eps, attr_delta, eps, delta, None
     cells, keys, levels = found
     cmodel = CellModel(cells, tuple(keys), levels, known, sa, dict(hierarchies))
-    return cmodel, attr_eps, attr_delta, eps, delta, None
+    note = None
+    if cmodel.method == "noisy cells" and any(k in known for k in keys):
+        note = (
+            "the bound limits what the release says about one record; correlations between "
+            "the known quasi-identifiers and the sensitive value that it publishes for "
+            "everyone can exceed it (compare control_accuracy)"
+        )
+    return cmodel, attr_eps, attr_delta, eps, delta, note
 
 
 def run_common(

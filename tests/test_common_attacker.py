@@ -93,6 +93,26 @@ def test_noisy_histogram_by_hand() -> None:
     assert model.scores(targets, members=True).tolist() == [7.0, 5.0, 0.0, 0.0]
 
 
+def test_cells_at_coarser_levels_map_the_target_and_share_a_category_by_the_prior() -> None:
+    from anonymity.hierarchy import Hierarchy
+
+    hq = Hierarchy("q", np.array([["a1", "A", "*"], ["a2", "A", "*"], ["b1", "B", "*"]], object))
+    hs = Hierarchy("s", np.array([["x1", "X", "*"], ["x2", "X", "*"], ["y1", "Y", "*"]], object))
+    cells = pd.DataFrame(
+        {"q": ["A", "A", "B", "B"], "s": ["X", "Y", "X", "Y"], "count": [10, 2, 0, 5]}
+    )
+    model = CellModel(cells, ("q", "s"), {"q": 1, "s": 1}, ("q",), "s", {"q": hq, "s": hs})
+    raw_sa = pd.Series(["x1"] * 3 + ["x2"] + ["y1"] * 6)  # prior x1 .3, x2 .1, y1 .6
+    targets = pd.DataFrame({"q": ["a1", "b1", "a2"], "s": ["x1", "y1", "x2"]})
+    domain, prior = public_prior(raw_sa, targets["s"])
+    w, labels = model.weights(targets, domain, prior, members=True)
+    assert list(labels) == ["x1", "x2", "y1"]
+    assert np.allclose(w, [[7.5, 2.5, 2.0], [0.0, 0.0, 5.0], [7.5, 2.5, 2.0]])
+    res = attribute_inference(model, targets, raw_sa, "s", B0)
+    assert res["accuracy"] == pytest.approx(2 / 3)  # x1 right, y1 right, x2 wrong
+    assert model.scores(targets, members=True).tolist() == [10.0, 5.0, 10.0]
+
+
 def test_raw_table_with_unique_quasi_identifiers_is_fully_disclosed() -> None:
     raw = pd.DataFrame({"q": [f"r{i}" for i in range(50)], "s": ["u", "v"] * 25})
     res = attribute_inference(RawRowsModel(raw, ("q",), "s"), raw, raw["s"], "s", B0)
@@ -254,3 +274,12 @@ def test_audit_has_the_common_attacker_for_every_release_and_the_baseline(
     assert base["accuracy"] > entries["k5"]["common"]["attribute_inference"]["accuracy"]
     assert entries["dp"]["common"]["attribute_inference"]["bound"] is not None
     assert "common_attacker" in audit["methodology"]
+    # `privpipe report` rebuilds the audit and keeps the common attacker's results
+    assert main(["report", str(tmp_path / "out")]) == 0
+    rebuilt = json.loads(internal_file(tmp_path / "out", "audit.json").read_text())
+    assert rebuilt["releases"]["k5"]["common"] == audit["releases"]["k5"]["common"]
+    assert rebuilt["baseline"]["common"] == audit["baseline"]["common"]
+    assert (
+        rebuilt["releases"]["dp"]["summary"]["attribute_accuracy"]
+        == (audit["releases"]["dp"]["summary"]["attribute_accuracy"])
+    )
