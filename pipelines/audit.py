@@ -20,6 +20,7 @@ Targets are records (rows), as in the literature's attacker model.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,13 +38,30 @@ from attacks import (
     histogram_attribute_inference,
     homogeneity,
     linkage,
-    match_targets,
     membership_inference,
     similarity,
     skewness,
 )
+from attacks.common import (
+    CellModel,
+    LocalReportModel,
+    PosteriorModel,
+    PriorModel,
+    RawRowsModel,
+    TableModel,
+    common_attack,
+    forget_views,
+    matched_view,
+    public_prior,
+)
 from dp.noise import SeededTestSampler, planned_guarantee
-from pipelines.config import ANONYMITY_KINDS, DP_KINDS, TABLE_ATTACK_NAMES, AttacksConfig
+from pipelines.config import (
+    ANONYMITY_KINDS,
+    CONTINUAL_KINDS,
+    DP_KINDS,
+    TABLE_ATTACK_NAMES,
+    AttacksConfig,
+)
 from pipelines.plan import Plan
 
 if TYPE_CHECKING:  # reports (matplotlib) is imported only when a report is written
@@ -83,7 +101,7 @@ def _table_attacks(
     if not wanted:
         return {}
     rows = knowledge.target_rows(len(raw))
-    view = match_targets(
+    view = matched_view(  # remembered: the common attacker matches the same targets
         published,
         raw.iloc[rows],
         qis,
@@ -262,6 +280,170 @@ def run_attacks(
     return results
 
 
+# --------------------------------------------------------------------------- common attacker
+
+COMMON_KINDS = (*ATTACKED_KINDS, "dp_continual_count", "dp_party_histogram")
+COUNT_KINDS = ("dp_count", "dp_histogram")
+
+
+def _cell_query(
+    release: Release, sa: str, known: Sequence[str]
+) -> tuple[pd.DataFrame, list[str], dict[str, int]] | None:
+    """The noisy count cells of a count release (its query with the sensitive attribute
+    among the keys and the most known keys), their key columns and levels."""
+    params = release.parameters
+    data = release.data
+    if "count" not in data.columns:
+        return None
+    if release.kind in COUNT_KINDS:
+        queries: dict[str, Any] = params.get("queries") or {}
+        options = []
+        for name, q in queries.items():
+            keys = [*params.get("partition_by", []), *q.get("group_by", [])]
+            cells = data[data["query"] == name] if "query" in data.columns else data
+            rank = (sa in keys, sum(k in known for k in keys))
+            options.append((rank, cells, keys, dict(q.get("levels") or {})))
+        if not options:
+            return None
+        _, cells, keys, levels = max(options, key=lambda o: o[0])
+        return cells, keys, {k: int(v) for k, v in levels.items()}
+    if release.kind == "dp_continual_count":
+        return data, list(params.get("group_by") or []), {}
+    attribute = params.get("attribute")
+    if release.kind == "dp_party_histogram" and attribute in data.columns:
+        return data, [str(attribute)], {}
+    return None
+
+
+def common_model(
+    release: Release, plan: Plan, hierarchies: Mapping[str, Hierarchy]
+) -> tuple[PosteriorModel, float | None, float, float | None, float, str | None]:
+    """The posterior model of one release for the common attacker, with the guarantee its
+    bounds use: (model, ε between two values of one record, its δ, membership ε, δ, note).
+
+    Central DP: a record's sensitive value moves one unit between two cells of each count
+    query, a likelihood ratio of at most e^(2/scale) per discrete-Laplace query (≤ 2ε,
+    group privacy of remove + add, which is used otherwise, with δ·(1 + e^ε))."""
+    cfg = plan.config.attacks
+    assert cfg is not None
+    s = plan.config.schema_
+    qis, sa = tuple(s.quasi_identifiers), str(s.sensitive)
+    known = knowledge_of(cfg).known_qis(qis)
+    doc = release.document
+    if release.kind in ANONYMITY_KINDS:
+        published = release.data[[*qis, sa]]
+        model = TableModel(
+            published, qis, sa, {q: hierarchies[q] for q in qis if q in hierarchies}, known
+        )
+        return model, None, 0.0, None, 0.0, None
+    if release.kind == "local_dp":
+        params = release.parameters
+        oracle = dict(params["oracle"])
+        ldp_eps = float(oracle["epsilon"])
+        note = (
+            None
+            if params.get("attribute") == sa
+            else (f"reports are of {params.get('attribute')!r}, not the sensitive attribute")
+        )
+        if note:
+            return PriorModel(), None, 0.0, ldp_eps, 0.0, note
+        domain = tuple(str(v) for v in canonical_column(np.asarray(params["domain"], dtype=object)))
+        other = None if params.get("other") is None else str(params["other"])
+        lmodel = LocalReportModel(domain, oracle, sa, release.data, seed=cfg.seed, other=other)
+        return lmodel, ldp_eps, 0.0, ldp_eps, 0.0, None
+    planned = planned_guarantee(doc)
+    eps = float(planned.get("epsilon") or 0.0) if planned.get("epsilon") is not None else None
+    delta = float(planned.get("delta") or 0.0)
+    if eps is None:
+        return PriorModel(), None, 0.0, None, 0.0, "the release states no epsilon"
+    attr_eps, attr_delta = 2.0 * eps, min(1.0, (1.0 + math.exp(min(eps, 700.0))) * delta)
+    noises = [q.get("count_noise") for q in (release.parameters.get("queries") or {}).values()]
+    if (
+        release.kind in COUNT_KINDS
+        and noises
+        and all(
+            n and n.get("mechanism") == "discrete_laplace" and float(n.get("scale") or 0) > 0
+            for n in noises
+        )
+    ):
+        attr_eps = min(attr_eps, sum(2.0 / float(n["scale"]) for n in noises if n))
+    found = (
+        None
+        if release.kind not in (*COUNT_KINDS, *CONTINUAL_KINDS, "dp_party_histogram")
+        else _cell_query(release, sa, known)
+    )
+    if found is None:
+        return PriorModel(), attr_eps, attr_delta, eps, delta, None
+    cells, keys, levels = found
+    cmodel = CellModel(cells, tuple(keys), levels, known, sa, dict(hierarchies))
+    note = None
+    if cmodel.method == "noisy cells" and any(k in known for k in keys):
+        note = (
+            "the bound limits what the release says about one record; correlations between "
+            "the known quasi-identifiers and the sensitive value that it publishes for "
+            "everyone can exceed it (compare control_accuracy)"
+        )
+    return cmodel, attr_eps, attr_delta, eps, delta, note
+
+
+def run_common(
+    plan: Plan,
+    releases: Mapping[str, Release],
+    raw: pd.DataFrame,
+    hierarchies: Mapping[str, Hierarchy],
+    control: pd.DataFrame | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The common attacker (attacks.common) on the raw table (``BASELINE``) and every
+    release: ``{name: {"attribute_inference": {...}, "membership": {...}}}``. ``raw``
+    holds members only; ``control`` records of the same population not in the input
+    (same columns), or None."""
+    cfg = plan.config.attacks
+    s = plan.config.schema_
+    if cfg is None or not s.sensitive or s.sensitive not in raw.columns:
+        return {}
+    qis, sa = tuple(s.quasi_identifiers), str(s.sensitive)
+    knowledge = knowledge_of(cfg)
+    known = knowledge.known_qis(qis)
+    rows = knowledge.target_rows(len(raw))
+    members = raw.iloc[rows].set_axis(pd.Index(rows))  # positions: matched_view's key
+    controls = None if control is None else knowledge.select_targets(control).reset_index(drop=True)
+    raw_sa = raw[sa].to_numpy(dtype=object)
+    population = public_prior(raw_sa, members[sa], None if controls is None else controls[sa])
+    out = {
+        BASELINE: common_attack(
+            RawRowsModel(raw, known, sa),
+            members,
+            raw_sa,
+            sa,
+            knowledge,
+            control=controls,
+            population=population,
+        )
+    }
+    for name, release in releases.items():
+        if release.kind not in COMMON_KINDS:
+            continue
+        model, attr_eps, attr_delta, eps, delta, note = common_model(release, plan, hierarchies)
+        out[name] = common_attack(
+            model, members, raw_sa, sa, knowledge, control=controls,
+            attribute_epsilon=attr_eps, attribute_delta=attr_delta, epsilon=eps, delta=delta,
+            note=note, population=population,
+        )  # fmt: skip
+    forget_views()
+    return out
+
+
+def common_releases(plan: Plan, staging: Path, loaded: Mapping[str, Release]) -> dict[str, Release]:
+    """Every staged release the common attacker reads (those read already reused)."""
+    from reports import load_release
+
+    return {
+        r.name: loaded.get(r.name) or load_release(staging / "releases" / r.name)
+        for r in plan.config.releases
+        if r.kind in COMMON_KINDS
+    }
+
+
 def attacker_summary(plan: Plan, records: int) -> dict[str, Any]:
     """The attacker model of the run, for audit.json."""
     cfg = plan.config.attacks
@@ -301,9 +483,11 @@ def write_audit(
     manifest: Mapping[str, Any],
     loaded: Mapping[str, Release],
     into: Path | None = None,
+    common: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Path]:
     """audit.json, report.md and report.html of the staged run (into ``into``, default the
-    staging folder); releases already read for the attacks are not read again."""
+    staging folder); releases already read for the attacks are not read again. ``common``:
+    ``run_common``'s results (``releases.<name>.common``, ``baseline.common``)."""
     from reports import Run, audit_run, load_release, write_reports
 
     rc = plan.config.report
@@ -334,6 +518,7 @@ def write_audit(
         sensitive=s.sensitive,
         queries=[q.model_dump() for q in rc.queries] if rc else (),
         sweeps=plan.sweeps or None,
+        common=common,
     )
     if attacks is not None:
         audit["attacker"] = attacker_summary(plan, len(raw))
@@ -444,6 +629,13 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
             if entry.get("attacks")
         }
         baseline = (previous.get("baseline") or {}).get("attacks")
+        common = {
+            name: entry["common"]
+            for name, entry in previous.get("releases", {}).items()
+            if entry.get("common")
+        }
+        if (previous.get("baseline") or {}).get("common"):
+            common[BASELINE] = previous["baseline"]["common"]
         rc = plan.config.report
         audit = audit_run(
             load_run(d),
@@ -455,6 +647,7 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
             sensitive=plan.config.schema_.sensitive,
             queries=[q.model_dump() for q in rc.queries] if rc else (),
             sweeps=plan.sweeps or None,
+            common=common or None,
         )
         for key in ("attacker", "publication", "budget"):
             if key in previous:

@@ -28,9 +28,11 @@ from pipelines.audit import (
     ATTACKED_KINDS,
     RAW_TABLE,
     audit_columns,
+    common_releases,
     headline,
     load_releases,
     run_attacks,
+    run_common,
     wants_audit,
     write_audit,
 )
@@ -404,9 +406,13 @@ def _run(
         }
         if wants_audit(plan):
             assert raw is not None
+            common = None
+            if plan.config.attacks is not None:  # every release staged (continual too)
+                every = common_releases(plan, out.staging, loaded)
+                common = run_common(plan, every, raw, hierarchies, control=None)
             write_audit(
                 plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
-                into=out.internal,
+                into=out.internal, common=common,
             )  # fmt: skip
             manifest["report"] = f"{INTERNAL}/report.html"
         details: dict[str, Any] = {}

@@ -40,8 +40,11 @@ from reports.workload import Workload, build_workload, true_answers
 
 __all__ = [
     "AUDIT_FORMAT",
+    "COMMON_DEFINITIONS",
+    "COMMON_METHODOLOGY",
     "audit_run",
     "build_audit",
+    "common_summary",
     "compare_runs",
     "findings",
     "guarantee_text",
@@ -51,6 +54,7 @@ __all__ = [
 
 AUDIT_FORMAT: Final = "privpipe-audit/1"
 BASELINE: Final = "raw data (no protection)"
+COMMON_BASELINE: Final = "raw"  # the baseline's key in audit_run's ``common``
 
 SAFE_DETAILS: Final = frozenset(
     {
@@ -101,6 +105,53 @@ ATTACK_DEFINITIONS: Final = {
     "(simulated with the release's own noise)",
     "ldp_report": "guessing a person's value from their own local-DP report",
 }
+
+COMMON_DEFINITIONS: Final = {
+    "attribute_accuracy": "common attacker: share of targets whose sensitive value it guesses "
+    "right (MAP of its posterior given the release, the target's known quasi-identifiers and "
+    "b ruled-out values); the same attack and scoring for every release and the raw table",
+    "prior_accuracy": "the same guess rule from the public prior alone (the sensitive "
+    "attribute's distribution over the input): what population statistics give",
+    "attribute_advantage": "(accuracy - prior accuracy) / (1 - prior accuracy): the share of "
+    "the prior's wrong guesses the release turns right",
+    "control_accuracy": "the same attack on control records (same population, not in the "
+    "input): what the release teaches about everyone",
+    "attribute_risk": "anonymeter risk (accuracy - control accuracy) / (1 - control "
+    "accuracy): what the release leaks about its members beyond what it teaches about anyone",
+    "membership_advantage": "TPR - FPR of the common membership test (members vs control "
+    "records, threshold chosen on one half, measured on the other); bounded by "
+    "(e^ε - 1 + 2δ)/(e^ε + 1) under (ε,δ)-DP",
+    "attribute_bound": "for DP releases: the MAP accuracy the guarantee allows from the real "
+    "prior, e^ε'π*/(e^ε'π* + 1 - π*) (+δ), ε' bounding the likelihood ratio between two "
+    "values of one record and π* the largest prior share left after elimination",
+}
+"""Glossary of the common attacker's rates (the report renders it)."""
+
+COMMON_METHODOLOGY: Final = {
+    "knowledge": "each target's known quasi-identifiers and b sensitive values it rules out "
+    "(worst case: the b wrong values most likely under its posterior; or b random true "
+    "negatives), the same for every release",
+    "guess": "the most likely sensitive value (MAP) of the posterior given the published "
+    "artefact, after elimination: raw table - the rows with the target's exact known "
+    "quasi-identifiers; anonymised tables - the sensitive counts of the classes covering them "
+    "(suppressed block: the block's); DP counts with sensitive cells - the noisy cells "
+    "(clamped at 0) of the target's cell; DP releases without sensitive cells - the public "
+    "prior; local DP - P(own report | value) x prior; no evidence - the prior",
+    "scoring": "a guess counts only if it equals the target's true value; accuracy with a "
+    "Wilson 95% interval",
+    "baselines": "the public prior (the input's sensitive distribution, same guess rule, same "
+    "b) and, when attacks.control gives held-out records, the same attack on them "
+    "(anonymeter risk)",
+    "bound": "DP and local DP: a record's value changes the output's likelihood by at most "
+    "e^ε' (2/scale per discrete-Laplace count query, else 2ε; local DP: the oracle's ε), so "
+    "the accuracy is at most e^ε'π/(e^ε'π + 1 - π) (+δ), π the prior mass of the b+1 most "
+    "common values; population correlations a DP table publishes can exceed it (the control "
+    "baseline separates the two); none for anonymised tables",
+    "membership": "score = published evidence for the record (matching published rows, the "
+    "noisy count of its cell, the estimate of its value); threshold chosen on one half of "
+    "members and controls, TPR - FPR measured on the other half (Newcombe interval)",
+}
+"""methodology.common_attacker of audit.json."""
 
 HEADLINE_ATTACKS: Final = (
     "homogeneity",
@@ -241,13 +292,27 @@ def _summary(
     }
 
 
+def common_summary(common: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The common attacker's headline numbers for ``summary`` (contract §2)."""
+    ai = (common or {}).get("attribute_inference") or {}
+    mi = (common or {}).get("membership") or {}
+    return {
+        "attribute_accuracy": ai.get("accuracy"),
+        "attribute_advantage": ai.get("advantage_prior"),
+        "attribute_risk": ai.get("risk"),
+        "membership_advantage": mi.get("advantage"),
+    }
+
+
 def release_entry(
     release: Release,
     utility: Mapping[str, Any],
     attacks: Mapping[str, Any] | Sequence[AttackResult] | None = None,
     headline: Sequence[str] = HEADLINE_ATTACKS,
+    common: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One ``releases.<name>`` entry of audit.json."""
+    """One ``releases.<name>`` entry of audit.json (``common``: the common attacker's
+    results, ``attacks.common``)."""
     guarantee = {k: v for k, v in release.guarantee.items() if k != "accounting"}
     acc = normalise_attacks(attacks)
     entry: dict[str, Any] = {
@@ -263,7 +328,9 @@ def release_entry(
     models = (release.document.get("metrics") or {}).get("error_by_model")
     if models:  # local DP: the same histogram's error under central, multiparty, local noise
         entry["error_by_model"] = plain(list(models))
-    entry["summary"] = plain(_summary(utility, acc, headline))
+    if common is not None:
+        entry["common"] = plain(dict(common))
+    entry["summary"] = plain({**_summary(utility, acc, headline), **common_summary(common)})
     return entry
 
 
@@ -494,6 +561,8 @@ def build_audit(
         audit["baseline"] = dict(baseline)
     audit["sweeps"] = {n: list(s) for n, s in (sweeps or {}).items()}
     audit["methodology"] = _methodology(workload, int(dataset.get("rows") or rows), o, all_attacks)
+    if any("common" in e for e in [*entries.values(), *([baseline] if baseline else [])]):
+        audit["methodology"]["common_attacker"] = dict(COMMON_METHODOLOGY)
     audit["findings"] = findings(audit)
     return plain(audit)  # type: ignore[no-any-return]
 
@@ -510,6 +579,7 @@ def audit_run(
     queries: Sequence[Mapping[str, Any]] = (),
     sweeps: Mapping[str, Sequence[str]] | None = None,
     options: UtilityOptions | None = None,
+    common: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The whole audit of a finished run: utility of every release, attacks, findings.
 
@@ -517,7 +587,8 @@ def audit_run(
     default to the manifest's quasi-identifiers plus the sensitive attribute (from
     ``sensitive`` or the anonymised releases' parameters). ``attacks`` maps release
     names to their attack results; ``baseline_attacks`` (attacks on the raw table) adds a
-    ``baseline`` entry.
+    ``baseline`` entry. ``common`` maps release names (and ``"raw"`` for the baseline) to
+    the common attacker's results (``releases.<name>.common``).
     """
     manifest = run.manifest
     if sensitive is None:
@@ -532,7 +603,10 @@ def audit_run(
     truth = true_answers(raw, workload)
     entries = {
         name: release_entry(
-            r, release_utility(r, truth, hierarchies, options), (attacks or {}).get(name)
+            r,
+            release_utility(r, truth, hierarchies, options),
+            (attacks or {}).get(name),
+            common=(common or {}).get(name),
         )
         for name, r in run.releases.items()
     }
@@ -540,7 +614,10 @@ def audit_run(
     if baseline_attacks is not None:
         base = raw_release(raw, list(workload.columns))
         baseline = release_entry(
-            base, release_utility(base, truth, hierarchies, options), baseline_attacks
+            base,
+            release_utility(base, truth, hierarchies, options),
+            baseline_attacks,
+            common=(common or {}).get(COMMON_BASELINE),
         )
     return build_audit(
         manifest,
