@@ -495,13 +495,15 @@ def _table(
     cls: str,
     keep: int = 1,
     row_attrs: Sequence[str] | None = None,
+    tid: str | None = None,
 ) -> str:
     """Tables of pre-rendered cells (``<td>...</td>``), split to MAX_TABLE_COLUMNS."""
     out = []
     groups = _split_columns(head, keep)
     for gi, cols in enumerate(groups):
         suffix = f" part-{gi + 1}" if len(groups) > 1 else ""
-        out.append(f'<table class="{_e(cls)}{suffix}"><thead><tr>')
+        ident = f' id="{_e(tid)}"' if tid and gi == 0 else ""
+        out.append(f'<table class="{_e(cls)}{suffix}"{ident}><thead><tr>')
         out += [f"<th>{_e(head[c])}</th>" for c in cols]
         out.append("</tr></thead><tbody>")
         for ri, r in enumerate(rows):
@@ -560,7 +562,7 @@ def _summary_table(audit: Mapping[str, Any], attacks: Sequence[str]) -> str:
             ]
         )
         attrs.append(f' data-release="{_e(name)}"')
-    out = [_table(head, rows, "summary", row_attrs=attrs)]
+    out = [_table(head, rows, "summary", row_attrs=attrs, tid="summary-table")]
     if attacks:
         head2 = ["Release", *[f"{a} rate" for a in attacks]]
         rows2 = []
@@ -572,7 +574,7 @@ def _summary_table(audit: Mapping[str, Any], attacks: Sequence[str]) -> str:
             rows2.append(cells)
         out.append(
             "<h3>Kind-specific attacks (detail; not comparable across methods)</h3>"
-            + _table(head2, rows2, "summary-attacks")
+            + _table(head2, rows2, "summary-attacks", row_attrs=attrs)
         )
     return "".join(out)
 
