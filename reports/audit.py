@@ -336,7 +336,9 @@ def _methodology(
         "headline": "a release's attack success (summary, trade-off plot) is the headline "
         "rate of the first of these attacks it was measured on: "
         + ", ".join(HEADLINE_ATTACKS)
-        + "; summary.max_attack names its most successful attack",
+        + "; summary.max_attack names its most successful attack. These kind-specific "
+        "rates are detail: releases are compared (findings, trade-off plot, recommendation) "
+        "only on the common measures, summary.error and summary.attribute_advantage",
         "report_privacy": "this report shows aggregates only (rates, errors, counts of rows, "
         "classes and queries), column names and release parameters; never a raw record, a "
         "raw value or a single cell count",

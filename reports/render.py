@@ -357,8 +357,8 @@ def tradeoff_figure(audit: Mapping[str, Any]) -> tuple[Any, list[Any]] | None:
                 seen.add("bound")
         front = pareto_front(decide_points(audit))
         if len(front) > 0:
-            fx = [p.error for p in front]
-            fy = [p.advantage for p in front]
+            fx = [float(p.error or 0.0) for p in front]  # the front is measured
+            fy = [float(p.advantage or 0.0) for p in front]
             ax.plot(
                 fx, fy, "--", color="#2e7d32", linewidth=1.2, zorder=1,
                 drawstyle="steps-post" if len(front) > 1 else "default",
@@ -699,10 +699,11 @@ def distribution_svg(column: str, block: Mapping[str, Any]) -> str:
     """A small hand-written SVG bar chart: per value, the raw share (dark) and each
     release's estimated share (colours as in its legend)."""
     values = [str(v) for v in block.get("values") or []]
-    series = [("raw data", block.get("raw"))] + [
-        (str(n), v) for n, v in (block.get("releases") or {}).items() if v is not None
+    candidates: list[tuple[str, Any]] = [("raw data", block.get("raw"))]
+    candidates += [(str(n), v) for n, v in (block.get("releases") or {}).items()]
+    series: list[tuple[str, list[float]]] = [
+        (n, [float(x) for x in v]) for n, v in candidates if v is not None
     ]
-    series = [(n, v) for n, v in series if v is not None]
     bar, gap, label_w, plot_w = 5, 6, 130, 240
     legend_h = 14 * len(series) + 8
     group_h = bar * len(series) + gap
@@ -923,10 +924,23 @@ def _attacks_table(attacks: Mapping[str, Mapping[str, Any]]) -> str:
             and measured is not None
             and float(measured) > float(a["bound"]) + 1e-9
         )
-        out.append(f"<tr><td>{_e(name)}</td>{_num_td(a.get('rate'))}")
+        if name == "linkage" and a.get("rate") is not None:  # 1/|candidates|: a ratio
+            rate_text = f"{fmt_rate(a['rate'])} ({fmt_one_in(a['rate'])})"
+            out.append(
+                f'<tr><td>{_e(name)}</td><td class="num" data-value="{_dv(a["rate"])}">'
+                f"{_e(rate_text)}</td>"
+            )
+        else:
+            out.append(f"<tr><td>{_e(name)}</td>{_num_td(a.get('rate'))}")
         out.append(f"<td>{_e(fmt_rate(lo))} – {_e(fmt_rate(hi))}</td>")
         out.append(_num_td(a.get("targets"), fmt_count))
-        out.append(_num_td(a.get("bound")))
+        if name == "linkage" and a.get("bound") is not None:
+            out.append(
+                f'<td class="num" data-value="{_dv(a["bound"])}">'
+                f"{_e(fmt_rate(a['bound']))} ({_e(fmt_one_in(a['bound']))})</td>"
+            )
+        else:
+            out.append(_num_td(a.get("bound")))
         cls = ' class="warn"' if warn else ""
         out.append(
             f"<td{cls}>{_e(br)} = {_e(fmt_rate(measured))}{' (above bound)' if warn else ''}</td>"

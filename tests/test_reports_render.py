@@ -578,6 +578,8 @@ def test_budget_section_and_ratios(report: dict[str, Any]) -> None:
     section = render_html(full).split('<section id="budget">', 1)[1].split("</section>", 1)[0]
     assert "e^ε = 2.72" in section and 'data-value="2.5"' in section
     assert "lifetime ε = 10" in section
+    k5 = render_html(full).split('id="release-k5"', 1)[1].split("</section>", 1)[0]
+    assert "20.0% (1 in 5)" in k5  # linkage bound 1/k shown as a ratio
     assert fmt_one_in(0.2) == "1 in 5" and fmt_one_in(0.001) == "1 in 1,000"
     assert fmt_one_in(0.3) == "1 in 3.3" and fmt_one_in(0) == "0"
 
