@@ -350,7 +350,8 @@ def write_audit(
            "not charged to any ledger, as they never leave the operator.")
     )  # fmt: skip
     audit["budget"] = {"ledger": str(plan.ledger_path), "audit_ledger": audit_ledger, "note": note}
-    audit["budget"] |= budget_figures(plan, releases, published)
+    charged = (manifest.get("budget") or {}).get("charged_this_run")
+    audit["budget"] |= budget_figures(plan, releases, published, charged)
     audit["recommendation"] = recommend(
         audit, rc.max_advantage if rc is not None else DEFAULT_MAX_ADVANTAGE, published
     )
@@ -395,11 +396,16 @@ def release_charge(release: Release) -> dict[str, Any] | None:
 
 
 def budget_figures(
-    plan: Plan, releases: Mapping[str, Release], published: Sequence[str]
+    plan: Plan,
+    releases: Mapping[str, Release],
+    published: Sequence[str],
+    charged_this_run: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``audit["budget"]`` ``releases`` (each DP release's charge from its release.json,
     and which ledger it went to) and ``remaining``/``spent``/``lifetime`` read from the
-    dataset's ledger after this run (None, with ``ledger_note``, when it cannot be read)."""
+    dataset's ledger after this run (None, with ``ledger_note``, when it cannot be read).
+    A published release the ledger did not charge in this run (a continual stream's later
+    period) says so."""
     from pipelines.dp_release import open_ledger
     from privpipe.errors import PrivpipeError
 
@@ -416,6 +422,8 @@ def budget_figures(
         else:
             where = "not charged (candidate, never published)"
         per[name] = {**charge, "published": name in published, "ledger": where}
+        if name in published and charged_this_run is not None and name not in charged_this_run:
+            per[name]["ledger"] = "dataset ledger (charged in an earlier run)"
     out: dict[str, Any] = {"releases": per, "remaining": None, "spent": None, "lifetime": None}
     if b is None or plan.ledger_path is None:
         out["ledger_note"] = "no budget: section in the config (no DP release)"

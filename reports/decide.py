@@ -226,8 +226,12 @@ def recommend(
             f"{'it is' if len(by) == 1 else 'each is'} at least as useful and as safe, "
             "and better on one measure, so do not publish it."
         )
+    by_reason: dict[str, list[str]] = {}
     for name, reason in not_compared.items():
-        sentences.append(f"{name} is not compared ({reason}).")
+        by_reason.setdefault(reason, []).append(name)
+    for reason, names in by_reason.items():
+        verb = "is" if len(names) == 1 else "are"
+        sentences.append(f"{', '.join(names)} {verb} not compared ({reason}).")
     differs = False
     if published is not None and choice is not None:
         differs = list(published) != [choice.name]

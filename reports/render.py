@@ -63,8 +63,9 @@ h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:2px solid #d8dee8;padding
 margin-top:2em}h3{margin-bottom:.3em}
 table{border-collapse:collapse;margin:.6em 0;font-size:.92em;max-width:100%}
 th,td{border:1px solid #d8dee8;padding:.25em .55em;text-align:left;vertical-align:top;
-overflow-wrap:anywhere;word-break:normal}
-th{background:#f2f5f9}td.num{text-align:right;font-variant-numeric:tabular-nums}
+overflow-wrap:break-word}
+th{background:#f2f5f9}td.num{text-align:right;font-variant-numeric:tabular-nums;
+white-space:nowrap}
 .meta{color:#5a6473}.warn{color:#a4000f;font-weight:600}
 .decision{border:2px solid #2e7d32;background:#f1f8f1;padding:.6em 1em;border-radius:4px}
 .decision p.choice{font-size:1.15em;font-weight:600;margin:.2em 0}
