@@ -181,7 +181,8 @@ def _attack_names(audit: Mapping[str, Any]) -> list[str]:
 
 def _svg(fig: Any) -> str:
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    # the padding leaves room for a browser whose fallback font is wider than DejaVu Sans
+    fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight", pad_inches=0.3)
     plt.close(fig)
     text = buf.getvalue()
     start = text.find("<svg")
@@ -374,7 +375,7 @@ def tradeoff_figure(audit: Mapping[str, Any]) -> tuple[Any, list[Any]] | None:
         lo_y = min([0.0, *ys]) - 0.05
         ax.set_ylim(lo_y, max(1.0, max(ys) + 0.05))
         ax.set_xlabel("common workload mean relative error (lower is more useful)")
-        ax.set_ylabel("common attribute advantage over the prior\n(lower is safer; 95% interval)")
+        ax.set_ylabel("attribute advantage over the prior\n(common attacker; lower is safer)")
         ax.grid(True, alpha=0.3)
         ax.legend(
             loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5, frameon=False,

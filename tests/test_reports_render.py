@@ -301,7 +301,7 @@ def test_numbers_in_html_equal_audit_json(report: dict[str, Any]) -> None:
     assert audit == report["audit"]
     full = _with_common(audit)
     html = render_html(full)
-    common = _rows(html, "summary\"")
+    common = _rows(html, 'summary"')
     assert set(common) == {"raw data (no protection)", "k5", "dp1"}
     entries = {"raw data (no protection)": full["baseline"], **full["releases"]}
     checked = 0
