@@ -633,6 +633,11 @@ def compare_runs(
         "sweeps": {k: v for k, v in series.items() if len(v) > 1},
         "methodology": first.get("methodology") or {},
     }
+    combined["generalisation"] = {
+        f"{label}/{r}": levels
+        for label, a in zip(names, audits, strict=True)
+        for r, levels in (a.get("generalisation") or {}).items()
+    }
     combined["findings"] = findings(combined) + _drift(names, audits)
     return plain(combined)  # type: ignore[no-any-return]
 

@@ -406,6 +406,7 @@ def test_compare_runs_makes_series(report: dict[str, Any], tmp_path: Path) -> No
     assert list(combined["releases"]) == ["monday/k5", "monday/dp1", "tuesday/k10", "tuesday/dp1"]
     assert combined["sweeps"] == {"dp1": ["monday/dp1", "tuesday/dp1"]}
     assert [r["run_id"] for r in combined["runs"]] == ["test-run-k5", "test-run-k10"]
+    assert set(combined["generalisation"]) == {"monday/k5", "tuesday/k10"}
     page = _parse(render_html(combined))
     assert page.errors == [] and page.tags.count("svg") >= 2
     with pytest.raises(ValueError, match="distinct"):
