@@ -489,6 +489,7 @@ def write_audit(
     staging folder); releases already read for the attacks are not read again. ``common``:
     ``run_common``'s results (``releases.<name>.common``, ``baseline.common``)."""
     from reports import Run, audit_run, load_release, write_reports
+    from reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
 
     rc = plan.config.report
     s = plan.config.schema_
@@ -534,6 +535,11 @@ def write_audit(
            "not charged to any ledger, as they never leave the operator.")
     )  # fmt: skip
     audit["budget"] = {"ledger": str(plan.ledger_path), "audit_ledger": audit_ledger, "note": note}
+    charged = (manifest.get("budget") or {}).get("charged_this_run")
+    audit["budget"] |= budget_figures(plan, releases, published, charged)
+    audit["recommendation"] = recommend(
+        audit, rc.max_advantage if rc is not None else DEFAULT_MAX_ADVANTAGE, published
+    )
     audit.setdefault("methodology", {})["publication"] = note
     pub = dict(manifest.get("publication") or {})
     audit["publication"] = pub
@@ -543,6 +549,80 @@ def write_audit(
                 f"LINKED RELEASES PUBLISHED (accept_linked_releases: true): {problem}"
             )
     return write_reports(into or staging, audit)
+
+
+def release_charge(release: Release) -> dict[str, Any] | None:
+    """What a release's release.json says it charged: central DP ``charged``; local DP
+    ``guarantee.ledger_epsilon``; a continual stream its event-level ε (charged once per
+    stream). None for releases that spend no budget."""
+    doc = release.document
+    g = dict(doc.get("guarantee") or {})
+    charged = doc.get("charged")
+    if isinstance(charged, Mapping) and charged.get("epsilon") is not None:
+        return {
+            "epsilon": float(charged["epsilon"]),
+            "delta": float(charged.get("delta") or 0.0),
+            "unit": "person",
+        }
+    if g.get("ledger_epsilon") is not None:
+        return {
+            "epsilon": float(g["ledger_epsilon"]),
+            "delta": float(g.get("delta") or 0.0),
+            "unit": "person",
+        }
+    if g.get("model") == "continual" and g.get("epsilon") is not None:
+        return {
+            "epsilon": float(g["epsilon"]),
+            "delta": float(g.get("delta") or 0.0),
+            "unit": str(g.get("unit") or "event"),
+            "note": str(g.get("charged") or "charged once per stream"),
+        }
+    return None
+
+
+def budget_figures(
+    plan: Plan,
+    releases: Mapping[str, Release],
+    published: Sequence[str],
+    charged_this_run: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``audit["budget"]`` ``releases`` (each DP release's charge from its release.json,
+    and which ledger it went to) and ``remaining``/``spent``/``lifetime`` read from the
+    dataset's ledger after this run (None, with ``ledger_note``, when it cannot be read).
+    A published release the ledger did not charge in this run (a continual stream's later
+    period) says so."""
+    from pipelines.dp_release import open_ledger
+    from privpipe.errors import PrivpipeError
+
+    b = plan.config.budget
+    per: dict[str, Any] = {}
+    for name, r in releases.items():
+        charge = release_charge(r)
+        if charge is None:
+            continue
+        if name in published:
+            where = "dataset ledger"
+        elif b is not None and b.audit_ledger:
+            where = "audit ledger"
+        else:
+            where = "not charged (candidate, never published)"
+        per[name] = {**charge, "published": name in published, "ledger": where}
+        if name in published and charged_this_run is not None and name not in charged_this_run:
+            per[name]["ledger"] = "dataset ledger (charged in an earlier run)"
+    out: dict[str, Any] = {"releases": per, "remaining": None, "spent": None, "lifetime": None}
+    if b is None or plan.ledger_path is None:
+        out["ledger_note"] = "no budget: section in the config (no DP release)"
+        return out
+    try:
+        with open_ledger(plan) as ledger:
+            left, spent, life = ledger.remaining(), ledger.spent(), ledger.lifetime
+    except PrivpipeError as exc:
+        out["ledger_note"] = f"the ledger could not be read: {exc}"
+        return out
+    out["remaining"] = {"epsilon": float(left.epsilon), "delta": float(left.delta)}
+    out["spent"] = {"epsilon": float(spent.epsilon), "delta": float(spent.delta)}
+    out["lifetime"] = {"epsilon": float(life.epsilon), "delta": float(life.delta)}
+    return out
 
 
 def headline(results: Mapping[str, Mapping[str, AttackResult]]) -> dict[str, dict[str, float]]:
@@ -596,6 +676,7 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
     from pipelines.plan import load_plan
     from privpipe.errors import ConfigError, InputDataError
     from reports import audit_run, compare_runs, load_run, write_reports
+    from reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
 
     if len(run_dirs) > 1 and output is None:
         raise ConfigError("several runs are compared into a new folder: give --output DIR")
@@ -652,6 +733,9 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
         for key in ("attacker", "publication", "budget"):
             if key in previous:
                 audit[key] = previous[key]
+        audit["recommendation"] = recommend(
+            audit, rc.max_advantage if rc is not None else DEFAULT_MAX_ADVANTAGE
+        )
         note = (previous.get("methodology") or {}).get("publication")
         if note:
             audit.setdefault("methodology", {})["publication"] = note

@@ -659,6 +659,15 @@ class ReportConfig(_Model):
         default=None, description="Workload columns (default: QIs and the sensitive attribute)."
     )
     queries: list[CountQueryConfig] = Field(default_factory=list)
+    max_advantage: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="The recommendation's threshold: publish the most useful release on the "
+        "Pareto front whose common attribute advantage over the prior (upper end of its 95% "
+        "interval) stays at or under this; if none does, the front's least-leaking one.",
+    )
 
 
 class SweepConfig(BaseModel):

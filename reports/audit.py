@@ -34,6 +34,7 @@ import pandas as pd
 
 from anonymity.hierarchy import Hierarchy
 from attacks.result import AttackResult, plain
+from reports.distributions import distributions, generalisation_levels
 from reports.run import ANONYMISED_KINDS, Release, Run
 from reports.utility import UtilityOptions, raw_release, release_utility
 from reports.workload import Workload, build_workload, true_answers
@@ -46,6 +47,7 @@ __all__ = [
     "build_audit",
     "common_summary",
     "compare_runs",
+    "comparison_findings",
     "findings",
     "guarantee_text",
     "normalise_attacks",
@@ -401,7 +403,9 @@ def _methodology(
         "headline": "a release's attack success (summary, trade-off plot) is the headline "
         "rate of the first of these attacks it was measured on: "
         + ", ".join(HEADLINE_ATTACKS)
-        + "; summary.max_attack names its most successful attack",
+        + "; summary.max_attack names its most successful attack. These kind-specific "
+        "rates are detail: releases are compared (findings, trade-off plot, recommendation) "
+        "only on the common measures, summary.error and summary.attribute_advantage",
         "report_privacy": "this report shows aggregates only (rates, errors, counts of rows, "
         "classes and queries), column names and release parameters; never a raw record, a "
         "raw value or a single cell count",
@@ -502,25 +506,61 @@ def findings(audit: Mapping[str, Any]) -> list[str]:
     releases: Mapping[str, Mapping[str, Any]] = audit.get("releases") or {}
     for name, e in releases.items():
         out += _release_finding(name, e, sensitive)
+    out += comparison_findings(releases)
+    return out
+
+
+def comparison_findings(releases: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Findings that compare releases, on the common measures only (contract §2–§3): the
+    common workload error and the common attacker's advantage over the prior."""
+    out: list[str] = []
     summaries = {n: e.get("summary") or {} for n, e in releases.items()}
-    scored = [
-        (float(s["error"]), n)
-        for n, s in summaries.items()
-        if s.get("error") is not None and s.get("full_workload")
-    ]
-    attacked = [
-        (float(s["attack_success"]), n, s["attack"])
-        for n, s in summaries.items()
-        if s.get("attack_success") is not None
-    ]
+    workload = next(
+        (
+            str(((e.get("utility") or {}).get("common") or {}).get("workload"))
+            for e in releases.values()
+            if ((e.get("utility") or {}).get("common") or {}).get("workload")
+        ),
+        None,
+    )
+    on = f"the common workload ({workload})" if workload else "the common workload"
+    scored = [(float(s["error"]), n) for n, s in summaries.items() if s.get("error") is not None]
     if len(scored) > 1:
         err, best = min(scored)
+        worst_err, worst = max(scored)
         out.append(
-            f"Most useful release on the whole workload: {best} (mean relative error {_pct(err)})."
+            f"Most useful release on {on}: {best} (mean relative error {_pct(err)}; "
+            f"least useful {worst}, {_pct(worst_err)})."
         )
-    if len(attacked) > 1:
-        rate, safest, attack = min(attacked)
-        out.append(f"Lowest headline attack success: {safest} ({_pct(rate)}, {attack}).")
+    adv = [
+        (float(s["attribute_advantage"]), n)
+        for n, s in summaries.items()
+        if s.get("attribute_advantage") is not None
+    ]
+    if len(adv) > 1:
+        (lo, safest), (hi, leakiest) = min(adv), max(adv)
+        out.append(
+            f"The common attacker (same knowledge, MAP guess, scored correct only on the true "
+            f"value) gains least over the public prior on {safest} (advantage {_pct(lo)}) and "
+            f"most on {leakiest} ({_pct(hi)})."
+        )
+    elif summaries and not adv:
+        out.append(
+            "No release has the common attacker's measures (summary.attribute_advantage), so "
+            "releases are not compared on attack success; the per-release attacks above "
+            "measure different things and are not comparable across methods."
+        )
+    mem = [
+        (float(s["membership_advantage"]), n)
+        for n, s in summaries.items()
+        if s.get("membership_advantage") is not None
+    ]
+    if len(mem) > 1:
+        hi_m, most = max(mem)
+        out.append(
+            f"Highest membership advantage (true minus false positive rate, members vs "
+            f"control records): {most} ({_pct(hi_m)})."
+        )
     return out
 
 
@@ -619,7 +659,7 @@ def audit_run(
             baseline_attacks,
             common=(common or {}).get(COMMON_BASELINE),
         )
-    return build_audit(
+    audit = build_audit(
         manifest,
         entries,
         baseline=baseline,
@@ -629,6 +669,9 @@ def audit_run(
         options=options,
         rows=truth.rows,
     )
+    audit["generalisation"] = generalisation_levels(run.releases, hierarchies)
+    audit["distributions"] = distributions(run.releases, truth, hierarchies, options)
+    return plain(audit)  # type: ignore[no-any-return]
 
 
 def compare_runs(
@@ -667,6 +710,11 @@ def compare_runs(
         "sweeps": {k: v for k, v in series.items() if len(v) > 1},
         "methodology": first.get("methodology") or {},
     }
+    combined["generalisation"] = {
+        f"{label}/{r}": levels
+        for label, a in zip(names, audits, strict=True)
+        for r, levels in (a.get("generalisation") or {}).items()
+    }
     combined["findings"] = findings(combined) + _drift(names, audits)
     return plain(combined)  # type: ignore[no-any-return]
 
@@ -683,12 +731,12 @@ def _drift(names: Sequence[str], audits: Sequence[Mapping[str, Any]]) -> list[st
             continue
         a, b = first[rname].get("summary") or {}, last[rname].get("summary") or {}
         ea, eb = a.get("error"), b.get("error")
-        sa, sb = a.get("attack_success"), b.get("attack_success")
+        sa, sb = a.get("attribute_advantage"), b.get("attribute_advantage")
         bits = []
         if ea is not None and eb is not None and not math.isclose(ea, eb):
             bits.append(f"workload error {_pct(ea)} → {_pct(eb)}")
         if sa is not None and sb is not None and not math.isclose(sa, sb):
-            bits.append(f"attack success {_pct(sa)} → {_pct(sb)}")
+            bits.append(f"common attribute advantage {_pct(sa)} → {_pct(sb)}")
         if bits:
             out.append(f"{rname} from {names[0]} to {names[-1]}: " + ", ".join(bits) + ".")
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,7 +40,16 @@ from reports import (
     render_markdown,
     write_reports,
 )
-from reports.render import fmt_count, fmt_rate
+from reports.audit import comparison_findings
+from reports.decide import recommend
+from reports.render import (
+    MAX_TABLE_COLUMNS,
+    SECTIONS,
+    fmt_one_in,
+    fmt_rate,
+    text_box,
+    tradeoff_figure,
+)
 from tests.layout import candidate_dir, internal_file, public_dir, release_dir
 
 PLANTED = "Zebrafish poisoning"
@@ -260,30 +270,58 @@ def test_html_is_one_self_contained_well_formed_page(report: dict[str, Any]) -> 
         assert section in page.section_ids
 
 
+def _rows(text: str, cls: str) -> dict[str, list[tuple[dict[str, str | None], str]]]:
+    """Cells per release of every table whose class starts with ``cls`` (split parts
+    joined; each row's first cell, the repeated release name, left out)."""
+    out: dict[str, list[tuple[dict[str, str | None], str]]] = {}
+    for chunk in text.split(f'<table class="{cls}')[1:]:
+        page = _parse("<table>" + chunk.split("</table>", 1)[0].split(">", 1)[1] + "</table>")
+        seen: set[str] = set()
+        for release, attrs, cell in page.cells:
+            if release is None:
+                continue
+            if release not in seen:
+                seen.add(release)
+                continue
+            out.setdefault(release, []).append((attrs, cell))
+    return out
+
+
+def _headers(text: str, cls: str) -> list[str]:
+    """Header cells of every table whose class starts with ``cls``, first column left out."""
+    heads: list[str] = []
+    for chunk in text.split(f'<table class="{cls}')[1:]:
+        head = chunk.split("</thead>", 1)[0]
+        heads += [h.split("</th>", 1)[0] for h in head.split("<th>")[2:]]
+    return heads
+
+
 def test_numbers_in_html_equal_audit_json(report: dict[str, Any]) -> None:
     audit = json.loads(report["texts"]["audit.json"])
     assert audit == report["audit"]
-    page = _parse(report["texts"]["report.html"])
-    summary = [c for c in page.cells if c[0] is not None]
-    releases = {r for r, _, _ in summary}
-    assert releases == {"raw data (no protection)", "k5", "dp1"}
-    entries = {"raw data (no protection)": audit["baseline"], **audit["releases"]}
+    full = _with_common(audit)
+    html = render_html(full)
+    common = _rows(html, 'summary"')
+    assert set(common) == {"raw data (no protection)", "k5", "dp1"}
+    entries = {"raw data (no protection)": full["baseline"], **full["releases"]}
     checked = 0
+    attack_heads = _headers(html, "summary-attacks")
+    attack_cells = _rows(html, "summary-attacks")
     for name, entry in entries.items():
-        cells = [(a, t) for r, a, t in summary if r == name and a.get("data-value") is not None]
+        cells = [(a, t) for a, t in common[name] if a.get("data-value") is not None]
         values = [json.loads(str(a["data-value"])) for a, _ in cells]
-        u = entry["utility"]
-        expected = [
-            u["queries"],
-            u["mean_relative_error"],
-            u["within_10pct"],
-            u["mean_absolute_error"],
+        s = entry["summary"]
+        assert values == [
+            s["error"],
+            s["attribute_accuracy"],
+            entry["common"]["attribute_inference"]["prior_accuracy"],
+            s["attribute_advantage"],
+            s["attribute_risk"],
+            s["membership_advantage"],
         ]
-        assert values[:4] == expected
-        assert cells[0][1] == fmt_count(u["queries"])
-        assert cells[1][1] == fmt_rate(u["mean_relative_error"])
-        attack_names = [h for h in _summary_headers(report["texts"]["report.html"])[7:]]
-        for (attrs, text), attack in zip(cells[4:], attack_names, strict=True):
+        assert cells[0][1] == fmt_rate(s["error"])
+        assert cells[3][1].startswith(fmt_rate(s["attribute_advantage"]) + " (")
+        for (attrs, text), attack in zip(attack_cells[name], attack_heads, strict=True):
             rate = (entry["attacks"].get(attack.removesuffix(" rate")) or {}).get("rate")
             assert json.loads(str(attrs["data-value"])) == rate
             assert text == fmt_rate(rate)
@@ -292,11 +330,6 @@ def test_numbers_in_html_equal_audit_json(report: dict[str, Any]) -> None:
     # the planted sensitive value does not change that the raw table answers exactly
     assert audit["baseline"]["utility"]["mean_absolute_error"] == 0.0
     assert audit["releases"]["k5"]["utility"]["mean_relative_error"] > 0
-
-
-def _summary_headers(text: str) -> list[str]:
-    table = text.split('id="summary-table"', 1)[1].split("</thead>", 1)[0]
-    return [h.split("</th>", 1)[0] for h in table.split("<th>")[1:]]
 
 
 def test_audit_shape_and_findings(report: dict[str, Any]) -> None:
@@ -373,7 +406,202 @@ def test_compare_runs_makes_series(report: dict[str, Any], tmp_path: Path) -> No
     assert list(combined["releases"]) == ["monday/k5", "monday/dp1", "tuesday/k10", "tuesday/dp1"]
     assert combined["sweeps"] == {"dp1": ["monday/dp1", "tuesday/dp1"]}
     assert [r["run_id"] for r in combined["runs"]] == ["test-run-k5", "test-run-k10"]
+    assert set(combined["generalisation"]) == {"monday/k5", "tuesday/k10"}
     page = _parse(render_html(combined))
     assert page.errors == [] and page.tags.count("svg") >= 2
     with pytest.raises(ValueError, match="distinct"):
         compare_runs([first, other], labels=["a", "a"])
+
+
+# ------------------------------------------------------------- issue 13: a report that decides
+
+
+def _with_common(audit: dict[str, Any]) -> dict[str, Any]:
+    """The audit with the common attacker's keys (contract §2) written by hand."""
+    full = json.loads(json.dumps(audit))
+    accuracy = {"baseline": 0.9, "k5": 0.5, "dp1": 0.25}
+    prior = 0.2
+    for name, entry in [("baseline", full["baseline"]), *full["releases"].items()]:
+        acc = accuracy.get(name, 0.3)
+        adv = (acc - prior) / (1 - prior)
+        entry["common"] = {
+            "attribute_inference": {
+                "accuracy": acc,
+                "interval": [acc - 0.03, acc + 0.03],
+                "targets": 800,
+                "prior_accuracy": prior,
+                "advantage_prior": adv,
+                "control_accuracy": prior + 0.01,
+                "risk": adv * 0.9,
+                "bound": 0.7311 if name == "dp1" else None,
+                "method": "test",
+                "note": None,
+            },
+            "membership": {"advantage": acc / 10, "interval": [0.0, acc / 5]},
+        }
+        entry["summary"].update(
+            attribute_accuracy=acc,
+            attribute_advantage=adv,
+            attribute_risk=adv * 0.9,
+            membership_advantage=acc / 10,
+        )
+    return full
+
+
+def test_sections_in_order_recommendation_first(report: dict[str, Any]) -> None:
+    full = _with_common(report["audit"])
+    text = render_html(full)
+    page = _parse(text)
+    top = [i for i in page.section_ids if not i.startswith("release-")]
+    assert page.errors == [] and top == [sid for sid, _ in SECTIONS]
+    assert page.section_ids[0] == "recommendation"
+    rec = recommend(full)
+    assert rec["choice"] in rec["front"]
+    first = text.split('<section id="recommendation">', 1)[1].split("</section>", 1)[0]
+    assert f"Publish {rec['choice']}" in first and "Pareto front" in first
+    md = render_markdown(full)
+    headings = [line for line in md.splitlines() if line.startswith("## ")]
+    assert headings == [f"## {h}" for _, h in SECTIONS]
+    assert f"**Publish {rec['choice']}" in md.split("## Findings", 1)[0]
+
+
+def test_no_table_has_hidden_columns(report: dict[str, Any]) -> None:
+    full = _with_common(report["audit"])
+    names = [f"attack_{i:02d}" for i in range(13)]
+    for a in names:  # many kind-specific attacks: more columns than fit
+        full["releases"]["k5"]["attacks"][a] = {"rate": 0.1, "targets": 10}
+    text = render_html(full)
+    css = text.split("<style>", 1)[1].split("</style>", 1)[0]
+    assert "overflow-x" not in css and "overflow:hidden" not in css and "@media print" in css
+    assert 'class="scroll"' not in text
+    for chunk in text.split("<table")[1:]:
+        head = chunk.split("</table>", 1)[0]
+        first_row = head.split("</tr>", 1)[0]
+        assert len(re.findall(r"<t[hd][ >]", first_row)) <= MAX_TABLE_COLUMNS
+    # split, not dropped: every attack still has its column
+    heads = _headers(text, "summary-attacks")
+    assert all(f"{a} rate" in heads for a in names)
+    assert text.count('<table class="summary-attacks part-') >= 3
+
+
+def _crowded() -> dict[str, Any]:
+    releases = {}
+    for i in range(12):
+        e = {"kind": "dp_histogram" if i % 2 else "k_anonymity", "summary": {}}
+        e["summary"] = {"error": 0.2 + 0.001 * i, "attribute_advantage": 0.3 + 0.001 * i}
+        releases[f"release_number_{i}"] = e
+    releases["far"] = {"kind": "local_dp", "summary": {"error": 0.9, "attribute_advantage": 0.05}}
+    return {"releases": releases, "generalisation": {}}
+
+
+def test_tradeoff_labels_do_not_overlap() -> None:
+    made = tradeoff_figure(_crowded())
+    assert made is not None
+    fig, texts = made
+    renderer = fig.canvas.get_renderer()
+    boxes = [text_box(t, renderer) for t in texts]
+    assert len(boxes) == 13
+    ax = fig.axes[0]
+    p0 = ax.transData.transform((0.2, 0.3))
+    p1 = ax.transData.transform((0.201, 0.301))
+    # the points are closer than a label is tall: labels at one fixed offset would overlap
+    assert abs(p1[1] - p0[1]) < boxes[0].height
+    for i, a in enumerate(boxes):
+        for b in boxes[:i]:
+            assert not a.overlaps(b), (texts[i].get_text(), a, b)
+
+
+def test_tradeoff_plots_the_common_measures(report: dict[str, Any]) -> None:
+    full = _with_common(report["audit"])
+    full["generalisation"] = {"k5": {"zip": {"text": "local recoding (mondrian)"}}}
+    made = tradeoff_figure(full)
+    assert made is not None
+    fig, texts = made
+    ax = fig.axes[0]
+    drawn = sorted(
+        (round(float(x), 9), round(float(y), 9)) for c in ax.collections for x, y in c.get_offsets()
+    )
+    for name, e in [("raw data (no protection)", full["baseline"]), *full["releases"].items()]:
+        s = e["summary"]
+        assert (round(s["error"], 9), round(s["attribute_advantage"], 9)) in drawn, name
+    assert "advantage over the prior" in ax.get_ylabel()
+    assert "common workload" in ax.get_xlabel()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"raw", "Mondrian", "central DP"} <= set(legend)
+    assert any("Pareto front" in t for t in legend) and any("chance" in t for t in legend)
+    assert any("bound" in t for t in legend)  # dp1's bound drawn
+    assert {t.get_text() for t in texts} == {"raw data (no protection)", "k5", "dp1"}
+    assert tradeoff_figure(report["audit"]) is None  # no common measures: no fake plot
+
+
+def test_findings_compare_on_common_measures(report: dict[str, Any]) -> None:
+    assert not any("headline" in f for f in report["audit"]["findings"])
+    assert any("not compared on attack success" in f for f in report["audit"]["findings"])
+    full = _with_common(report["audit"])
+    text = " ".join(comparison_findings(full["releases"]))
+    assert "gains least over the public prior on dp1 (advantage 6.2%)" in text
+    assert "most on k5 (37.5%)" in text
+    assert "Highest membership advantage" in text and "k5 (5.0%)" in text
+
+
+def test_publication_attacks_rendered_generically(report: dict[str, Any]) -> None:
+    full = _with_common(report["audit"])
+    full["publication_attacks"] = {
+        "composition": [
+            {
+                "releases": ["k5", "dp1"],
+                "odd_key": 0.25,
+                "breach": True,
+                "finding": "Intersecting k5 and dp1 narrows the disease of 1 in 4 targets.",
+            }
+        ],
+        "row_linking": [{"releases": ["k5"], "breach": False, "finding": "No order survives."}],
+    }
+    text = render_html(full)
+    section = text.split('<section id="publication-attacks">', 1)[1].split("</section>", 1)[0]
+    assert "odd_key" in _headers(section, "publication-attack")
+    assert 'data-value="0.25"' in section and '<td class="warn">yes</td>' in section
+    assert "narrows the disease of 1 in 4 targets" in section and "No order survives." in section
+    assert "BREACH: Intersecting k5" in render_markdown(full)
+
+
+def test_budget_section_and_ratios(report: dict[str, Any]) -> None:
+    full = _with_common(report["audit"])
+    full["budget"] = {
+        "releases": {
+            "dp1": {"epsilon": 1.0, "delta": 0.0, "unit": "person", "published": True,
+                    "ledger": "dataset ledger"},
+        },
+        "remaining": {"epsilon": 2.5, "delta": 1e-6},
+        "spent": {"epsilon": 7.5, "delta": 0.0},
+        "lifetime": {"epsilon": 10.0, "delta": 1e-6},
+    }  # fmt: skip
+    section = render_html(full).split('<section id="budget">', 1)[1].split("</section>", 1)[0]
+    assert "e^ε = 2.72" in section and 'data-value="2.5"' in section
+    assert "lifetime ε = 10" in section
+    k5 = render_html(full).split('id="release-k5"', 1)[1].split("</section>", 1)[0]
+    assert "20.0% (1 in 5)" in k5  # linkage bound 1/k shown as a ratio
+    assert fmt_one_in(0.2) == "1 in 5" and fmt_one_in(0.001) == "1 in 1,000"
+    assert fmt_one_in(0.3) == "1 in 3.3" and fmt_one_in(0) == "0"
+
+
+def test_generalisation_levels_and_distributions(report: dict[str, Any]) -> None:
+    audit = report["audit"]
+    levels = audit["generalisation"]["k5"]
+    assert set(levels) == set(QIS) and all(v["text"].startswith("level ") for v in levels.values())
+    assert "dp1" not in audit["generalisation"]
+    cols = audit["distributions"]["columns"]
+    assert set(cols) == {*QIS, SA}
+    disease = cols[SA]
+    assert PLANTED not in disease["values"]  # one record: below min_count, pooled
+    assert sum(disease["raw"]) == pytest.approx(1.0)
+    raw_share = report["raw"][SA].value_counts(normalize=True)
+    for v, share in zip(disease["values"][:-1], disease["raw"], strict=False):
+        assert share == pytest.approx(raw_share[v])
+    for name in ("k5", "dp1"):
+        shares = disease["releases"][name]
+        assert shares is not None and sum(shares) == pytest.approx(1.0)
+        assert max(abs(a - b) for a, b in zip(shares, disease["raw"], strict=True)) < 0.05
+    assert cols["zip"]["releases"]["dp1"] is None  # dp1 does not answer zip
+    text = report["texts"]["report.html"]
+    assert text.count('<figure class="dist"') == len(cols)
