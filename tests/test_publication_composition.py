@@ -168,9 +168,15 @@ def _nightly_project(root: Path) -> Path:
         "releases": [  # the table hides sex, so neither count per sex is reproduced
             {"name": "k3", "kind": "k_anonymity", "k": 3, "min_levels": {"sex": 1}},
             {"name": "by_sex", "kind": "dp_histogram", "epsilon": 1.0, "group_by": ["sex"]},
-            {"name": "weekly", "kind": "dp_continual_count", "epsilon": 1.0, "horizon": 4,
-             "group_by": ["sex"], "domain": {"sex": ["F", "M"]}},
-        ],  # fmt: skip
+            {
+                "name": "weekly",
+                "kind": "dp_continual_count",
+                "epsilon": 1.0,
+                "horizon": 4,
+                "group_by": ["sex"],
+                "domain": {"sex": ["F", "M"]},
+            },
+        ],
         "publish": ["k3", "by_sex", "weekly"],
         "budget": {"ledger": "ledger.sqlite", "lifetime_epsilon": 10},
         "output": {"dir": "out"},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy.optimize import linprog
 
@@ -17,6 +18,8 @@ from attacks.reconstruction import (
     round_to,
 )
 from dp.noise import SecureSampler, laplace_scale
+from pipelines.pubattacks import reconstruction_entry
+from reports import Release
 
 DOMAIN = (4, 3, 3)  # three small columns: 36 cells
 
@@ -119,3 +122,54 @@ def test_lower_bounds_and_the_domain_cap() -> None:
     assert (found.counts.reshape(DOMAIN).sum(axis=2).ravel() >= counts - 1).all()
     with pytest.raises(ValueError, match="at most"):
         reconstruct((100, 100), [])
+
+
+# --------------------------------------------------------------------------- the audit's entry
+
+
+def _histograms(table: np.ndarray, scale: float, sampler: SecureSampler) -> dict[str, Release]:
+    """The three two-way marginals of ``table`` as published DP histograms (the noise
+    from the release path's sampler, at ``scale``)."""
+    names = ("a", "b", "c")
+    out = {}
+    for keep in ((0, 1), (1, 2), (0, 2)):
+        keys = [names[j] for j in keep]
+        drop = tuple(j for j in range(3) if j not in keep)
+        counts = table.sum(axis=drop)
+        cells = pd.DataFrame(
+            [(f"{keys[0]}{i}", f"{keys[1]}{j}") for i in range(counts.shape[0])
+             for j in range(counts.shape[1])], columns=keys,
+        )  # fmt: skip
+        cells["count"] = sampler.discrete_laplace(counts.ravel().astype(np.int64), scale)
+        query = "".join(keys)
+        params = {
+            "partition_by": [],
+            "queries": {query: {"group_by": keys, "levels": {}, "count_noise": {"scale": scale}}},
+        }
+        doc = {"name": query, "kind": "dp_histogram", "parameters": params}
+        out[query] = Release(query, "dp_histogram", cells, doc)
+    return out
+
+
+def _records(table: np.ndarray) -> pd.DataFrame:
+    a, b, c = np.nonzero(table)
+    reps = table[a, b, c]
+    return pd.DataFrame(
+        {"a": np.repeat([f"a{i}" for i in a], reps), "b": np.repeat([f"b{i}" for i in b], reps),
+         "c": np.repeat([f"c{i}" for i in c], reps)}
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("epsilon", "breach"), [(50.0, True), (0.02, False)])
+def test_the_audit_entry_says_yes_for_light_noise_and_no_for_heavy(
+    epsilon: float, breach: bool
+) -> None:
+    table = _table()
+    releases = _histograms(table, laplace_scale(1.0, epsilon), SecureSampler())
+    entry = reconstruction_entry(
+        list(releases), releases, _records(table), {}, ["a", "b"], ["a", "b", "c"], set(releases)
+    )
+    assert entry is not None and entry["cells"] == 36 and not entry["hypothetical"]
+    assert entry["breach"] is breach, entry
+    if breach:
+        assert entry["matched"] > 0.95 and "determine the microdata" in entry["finding"]
