@@ -12,7 +12,10 @@ integer record counts per domain cell that agrees with them:
   program minimises the total absolute deviation from them, each weighted by 1/scale.
 
 An integer program (scipy's HiGHS, ``milp``) within a time limit; past it, the linear
-relaxation (``linprog``) rounded to records. The reconstruction is scored by the share of
+relaxation (``linprog``) rounded to records. Among the tables that fit the counts equally
+well, a second program picks the one nearest the product of the first one's margins (a
+vertex of the first program piles records into few cells; the split the counts leave
+open is best guessed from the margins). The reconstruction is scored by the share of
 its records that equal a real record exactly (Σ_c min(recon_c, true_c) / Σ_c recon_c),
 beside the same score of *chance* reconstructions built from the reconstruction's own
 one-way margins: their independence product, and a uniform spread.
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +53,7 @@ Kind = Literal["exact", "lower", "noisy"]
 # one LP variable per cell; HiGHS solves a few thousand variables with a few thousand
 # constraints in well under a second, the integer program within its time limit
 MAX_CELLS = 4096
+INTEGER_CELLS = 512  # the tie-break's last program in integers up to this many cells
 
 
 @dataclass(frozen=True)
@@ -161,8 +165,10 @@ def reconstruct(
         options={"time_limit": time_limit, "disp": False},
     )
     if result.x is not None:
-        x = np.rint(result.x[:n]).astype(np.int64)
-        return Reconstruction(np.maximum(x, 0), "integer program", float(result.fun or 0.0), names)
+        x = np.maximum(np.rint(result.x[:n]), 0).astype(np.int64)
+        fun = float(result.fun or 0.0)
+        x = _tie_break(a_all, lo_all, hi_all, c, fun, x, domain, time_limit)
+        return Reconstruction(x, "integer program", fun, names)
     # no integer solution in time (or none exists): the relaxation, rounded
     a_eq = a_all[np.isfinite(hi_all) & (lo_all == hi_all)]
     b_eq = lo_all[np.isfinite(hi_all) & (lo_all == hi_all)]
@@ -180,12 +186,103 @@ def reconstruct(
     if relaxed.x is None:
         raise ValueError(f"the published counts admit no table: {relaxed.message}")
     x = np.asarray(relaxed.x[:n], dtype=np.float64)
+    fun = float(relaxed.fun or 0.0)
+    x = _tie_break(a_all, lo_all, hi_all, c, fun, x, domain, time_limit).astype(np.float64)
     return Reconstruction(
         round_to(x, round(x.sum())),
         "linear relaxation, rounded",
         float(relaxed.fun or 0.0),
         names,
     )
+
+
+def _tie_break(
+    a_all: sparse.csr_matrix,
+    lo_all: FloatArray,
+    hi_all: FloatArray,
+    c: FloatArray,
+    fun: float,
+    x: npt.ArrayLike,
+    domain: Sequence[int],
+    time_limit: float,
+) -> IntArray:
+    """The optimal table nearest a uniform spread, then nearest the product of that one's
+    margins (linear programs, rounded to records by largest remainder; the last one in
+    integers for domains of at most INTEGER_CELLS cells when the solver finds them
+    within 2 s)."""
+    first = np.asarray(x, dtype=np.float64)
+    best = round_to(first, round(float(first.sum())))
+    prior = np.full(first.shape[0], first.sum() / max(first.shape[0], 1))
+    for _ in range(2):
+        found = _closest(a_all, lo_all, hi_all, c, fun, prior, time_limit, False)
+        if found is None:
+            break
+        best = round_to(found.astype(np.float64), round(float(found.sum())))
+        prior = _product(best, domain)
+    # in integers if the program manages it quickly (rounding may cut a bound by a record)
+    if len(prior) > INTEGER_CELLS:
+        return best
+    exact = _closest(a_all, lo_all, hi_all, c, fun, prior, min(time_limit, 2.0), True)
+    return best if exact is None else np.asarray(exact, dtype=np.int64)
+
+
+def _closest(
+    a_all: sparse.csr_matrix,
+    lo_all: FloatArray,
+    hi_all: FloatArray,
+    c: FloatArray,
+    fun: float,
+    prior: FloatArray,
+    time_limit: float,
+    integer: bool,
+) -> npt.NDArray[Any] | None:
+    """Among the tables as close to the noisy counts as the optimum (``fun``), the one
+    nearest (L1) to ``prior``: the LP's vertex piles records into few cells, while any
+    split the counts leave open is best guessed from the margins' product (the attacker
+    of the census reconstruction likewise chose the most likely of the consistent tables).
+    None if the program finds nothing in time."""
+    n, rows = prior.shape[0], a_all.shape[0]
+    k2 = c.shape[0] - n
+    eye = sparse.identity(n, format="csr")
+    a = sparse.vstack(
+        [
+            sparse.hstack([a_all, sparse.csr_matrix((rows, 2 * n))]),
+            sparse.hstack([sparse.csr_matrix(c[None, :]), sparse.csr_matrix((1, 2 * n))]),
+            sparse.hstack([eye, sparse.csr_matrix((n, k2)), -eye, eye]),
+        ],
+        format="csr",
+    )
+    tol = 1e-6 * max(1.0, abs(fun)) + 1e-6
+    lo = np.concatenate([lo_all, [-np.inf], prior])
+    hi = np.concatenate([hi_all, [fun + tol], prior])
+    objective = np.concatenate([np.zeros(n + k2), np.ones(2 * n)])
+    integrality = np.concatenate([np.full(n, 1 if integer else 0), np.zeros(k2 + 2 * n)])
+    result = milp(
+        objective,
+        constraints=LinearConstraint(a, lo, hi),
+        integrality=integrality,
+        bounds=Bounds(0, np.inf),
+        options={"time_limit": time_limit, "disp": False},
+    )
+    if result.x is None:
+        return None
+    x = np.maximum(np.asarray(result.x[:n], dtype=np.float64), 0.0)
+    return np.rint(x).astype(np.int64) if integer else x
+
+
+def _product(counts: npt.ArrayLike, domain: Sequence[int]) -> FloatArray:
+    """The independence product of a table's one-way margins, as records per cell."""
+    table = np.asarray(counts, dtype=np.float64).reshape(tuple(domain))
+    total = float(table.sum())
+    product = np.full(tuple(domain), total, dtype=np.float64)
+    if total <= 0:
+        return product.ravel()
+    for j in range(len(domain)):
+        axes = tuple(i for i in range(len(domain)) if i != j)
+        shape = [1] * len(domain)
+        shape[j] = domain[j]
+        product = product * (table.sum(axis=axes) / total).reshape(shape)
+    return product.ravel()
 
 
 def match_share(reconstructed: IntArray, truth: IntArray) -> float:
@@ -199,15 +296,5 @@ def match_share(reconstructed: IntArray, truth: IntArray) -> float:
 
 def independence(counts: IntArray, domain: Sequence[int]) -> IntArray:
     """The chance reconstruction from one-way margins: their product, rounded to records."""
-    table = np.asarray(counts, dtype=np.float64).reshape(tuple(domain))
-    total = float(table.sum())
-    if total <= 0:
-        return np.zeros(table.size, dtype=np.int64)
-    product = np.ones(tuple(domain), dtype=np.float64)
-    for j in range(len(domain)):
-        axes = tuple(i for i in range(len(domain)) if i != j)
-        margin = table.sum(axis=axes) / total
-        shape = [1] * len(domain)
-        shape[j] = domain[j]
-        product = product * margin.reshape(shape)
-    return round_to((product * total).ravel(), round(total))
+    total = int(np.asarray(counts, dtype=np.int64).sum())
+    return round_to(_product(counts, domain), total)
