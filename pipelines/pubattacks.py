@@ -371,7 +371,15 @@ def reconstruction_entry(
     ok = np.all(np.stack(truth_codes) >= 0, axis=0)
     flat = np.ravel_multi_index([t[ok] for t in truth_codes], sizes)
     truth = np.bincount(flat, minlength=int(np.prod(sizes))).astype(np.int64)
-    found = reconstruct(sizes, marginals, time_limit=TIME_LIMIT)
+    try:
+        found = reconstruct(sizes, marginals, time_limit=TIME_LIMIT)
+    except ValueError as e:  # inconsistent exact counts: nothing fits them, nothing to score
+        names_used = sorted({m.name.split("/")[0] for m in marginals})
+        return _entry(
+            names_used, published, columns=", ".join(domain), cells=int(np.prod(sizes)),
+            method="none", records=0, matched=0.0, chance=0.0, uniform=0.0, tables_only=0.0,
+            breach=False, finding=f"no table fits the published counts ({e})",
+        )  # fmt: skip
     matched = match_share(found.counts, truth)
     chance = match_share(independence(found.counts, sizes), truth)
     uniform = match_share(round_to(np.ones(truth.size), int(found.counts.sum())), truth)
