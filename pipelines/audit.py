@@ -63,6 +63,7 @@ from pipelines.config import (
     AttacksConfig,
 )
 from pipelines.plan import Plan
+from pipelines.pubattacks import across_runs, breach_findings, publication_attacks
 
 if TYPE_CHECKING:  # reports (matplotlib) is imported only when a report is written
     from reports import Release
@@ -548,6 +549,10 @@ def write_audit(
             audit.setdefault("findings", []).append(
                 f"LINKED RELEASES PUBLISHED (accept_linked_releases: true): {problem}"
             )
+    # the publication as a whole: what the published set gives together (and, marked
+    # hypothetical, what publishing a candidate beside it would give)
+    audit["publication_attacks"] = publication_attacks(plan, releases, raw, hierarchies)
+    audit.setdefault("findings", []).extend(breach_findings(audit["publication_attacks"]))
     return write_reports(into or staging, audit)
 
 
@@ -681,7 +686,8 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
     if len(run_dirs) > 1 and output is None:
         raise ConfigError("several runs are compared into a new folder: give --output DIR")
     audits = []
-    labels = []
+    labels: list[str] = []
+    runs: list[tuple[str, Path, dict[str, Any]]] = []
     for d in run_dirs:
         manifest_path = d / "internal" / "manifest.json"
         if not manifest_path.is_file():
@@ -730,7 +736,7 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
             sweeps=plan.sweeps or None,
             common=common or None,
         )
-        for key in ("attacker", "publication", "budget"):
+        for key in ("attacker", "publication", "budget", "publication_attacks"):
             if key in previous:
                 audit[key] = previous[key]
         audit["recommendation"] = recommend(
@@ -739,15 +745,29 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
         note = (previous.get("methodology") or {}).get("publication")
         if note:
             audit.setdefault("methodology", {})["publication"] = note
-        linked = [f for f in previous.get("findings") or [] if f.startswith("LINKED RELEASES")]
+        linked = [
+            f
+            for f in previous.get("findings") or []
+            if f.startswith(("LINKED RELEASES", "PUBLICATION ATTACK"))
+        ]
         if linked:
             audit.setdefault("findings", []).extend(linked)
         audits.append(audit)
         labels.append(str(manifest.get("run_id", d.name)))
+        runs.append((labels[-1], d, manifest))
     if len(audits) == 1:
         target = output or run_dirs[0] / "internal"
         target.mkdir(parents=True, exist_ok=True)
         return write_reports(target, audits[0])["report.html"]
     assert output is not None
     output.mkdir(parents=True, exist_ok=True)
-    return write_reports(output, compare_runs(audits, labels))["report.html"]
+    combined = compare_runs(audits, labels)
+    # the runs' public/ folders held together: the latest run's records are the targets
+    s = plan.config.schema_
+    targets = raw
+    if plan.config.attacks is not None:
+        targets = knowledge_of(plan.config.attacks).select_targets(raw)
+    entries = across_runs(runs, targets, hierarchies, list(s.quasi_identifiers), s.sensitive)
+    combined["publication_attacks"] = {"across_runs": entries}
+    combined.setdefault("findings", []).extend(breach_findings({"across_runs": entries}))
+    return write_reports(output, combined)["report.html"]

@@ -8,8 +8,12 @@
   the scratch folder never lie inside ``DIR/public`` or ``DIR/internal`` (the commit
   replaces those folders as wholes; the public one is handed out).
 - :func:`check_combination` — the releases published together (``publish:``) are
-  attacked as one publication (``attacks.publication``); a linked pair is refused
-  (exit 4) unless ``accept_linked_releases: true``.
+  attacked as one publication (``attacks.publication``, ``attacks.composition``); a
+  linked pair is refused (exit 4) unless ``accept_linked_releases: true``. Composition
+  rule: two published tables that each claim l-diversity (>= l distinct sensitive values
+  per class) are linked when intersecting a target's classes leaves it fewer than l
+  candidate values (and neither table alone did); k-anonymity or t-closeness tables
+  claim no number of values, so their composition is a finding, not a refusal.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import pandas as pd
 
 from anonymity.hierarchy import Hierarchy, canonical_column
+from attacks.composition import compose_tables
 from attacks.matching import suppressed_rows
 from attacks.publication import reproduced_cells, row_order_alignment, to_level
 from dp.budget import ApproxBudget
@@ -182,7 +187,7 @@ def check_combination(
     }
     tables = [n for n in published if kinds[n] in ANONYMITY_KINDS]
     counts = [n for n in published if n in dp_keys]
-    findings: dict[str, Any] = {"reproduced_cells": [], "row_order": []}
+    findings: dict[str, Any] = {"reproduced_cells": [], "row_order": [], "composition": []}
     problems: list[str] = []
     pairs: list[tuple[str, str]] = []
     for t in tables:
@@ -219,6 +224,20 @@ def check_combination(
             if aligned.aligned:
                 problems.append(aligned.message())
                 pairs.append((a, b))
+    sa = plan.config.schema_.sensitive
+    for i, a in enumerate(tables):
+        for b in tables[i + 1 :]:
+            found = _composition(releases[a], releases[b], raw, qis, sa, hierarchies)
+            if found is None:
+                continue
+            findings["composition"].append(found.as_dict())
+            if found.breach:  # both claim l values per class; together they give fewer
+                problems.append(
+                    found.message() + " (publish only one of them: their classes cut each other)"
+                )
+                pairs.append((a, b))
+            elif found.gain > 0:
+                log(f"privpipe: note (composition, not a breach): {found.message()}")
     findings["linked"] = problems
     findings["linked_with"] = {  # release -> the releases it is linked with (names only)
         n: sorted({y for x, y in pairs if x == n} | {x for x, y in pairs if y == n})
@@ -236,6 +255,26 @@ def check_combination(
     for p in problems:
         log(f"privpipe: WARNING linked releases published (accept_linked_releases): {p}")
     return findings
+
+
+def _composition(
+    first: Any,
+    second: Any,
+    raw: pd.DataFrame | None,
+    qis: Sequence[str],
+    sa: str | None,
+    hierarchies: Mapping[str, Hierarchy],
+) -> Any:
+    """The composition attack (attacks.composition) on two published tables, every
+    accepted record a target (a guarantee holds for every class); None without the SA."""
+    if raw is None or not sa or sa not in raw.columns:
+        return None
+    if sa not in first.data.columns or sa not in second.data.columns:
+        return None
+    return compose_tables(
+        {first.name: first.data, second.name: second.data}, raw, qis, sa, hierarchies,
+        guarantees={r.name: (r.document or {}).get("guarantee") for r in (first, second)},
+    )  # fmt: skip
 
 
 def dp_count_keys(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,12 @@ import pandas as pd
 import pytest
 
 from attacks.publication import row_order_alignment
+from pipelines.audit import audit_columns, read_columns
 from pipelines.cli import main
+from pipelines.hierarchies import HierarchyResolver
+from pipelines.plan import load_plan
+from pipelines.pubattacks import publication_attacks
+from reports import load_release
 from tests.layout import internal_file
 from tests.ledgers import open_config_ledger, provision_ledger
 from tests.test_reports_pipeline import demo_project
@@ -38,6 +44,8 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runs = []
     for i, extra in enumerate(([], ["--period", "2"])):
         assert main(["run", str(config), *extra]) == 0
+        if i == 0:  # the first night's folder, as the attacker kept it
+            shutil.copytree(out, tmp / "night1")
         runs.append(
             {
                 "public": {p.relative_to(out / "public"): p.read_bytes() for p in _files(out)},
@@ -152,3 +160,61 @@ def test_the_local_dp_intervals_do_not_state_the_number_of_persons(
         assert persons >= 100
         assert not (abs(solved - persons) < 0.5).any(), (persons, solved[:3])
         assert doc["guarantee"]["participation"].startswith("not protected")
+
+
+def _public_releases(out: Path) -> dict[str, Any]:
+    """What the attacker holds: every release under public/ (data and public release.json)."""
+    return {p.name: load_release(p) for p in sorted((out / "public").iterdir()) if p.is_dir()}
+
+
+def _scoring(two_runs: dict[str, Any]) -> tuple[Any, pd.DataFrame, dict[str, Any]]:
+    """The plan, the input's audit columns (only to score) and the hierarchies."""
+    plan = load_plan(two_runs["config"], output_dir=two_runs["out"])
+    cols = audit_columns(plan)
+    raw = read_columns(plan, cols)
+    hierarchies = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)(
+        {c: raw[c].value_counts() for c in cols}
+    )
+    return plan, raw, hierarchies
+
+
+def test_the_publication_attacks_on_public_find_no_breach(two_runs: dict[str, Any]) -> None:
+    """Composition, differencing, exact totals and reconstruction on public/ alone: the
+    attacks run (each has entries) and none finds a breach; the audit agrees."""
+    plan, raw, hierarchies = _scoring(two_runs)
+    public = _public_releases(two_runs["out"])
+    assert set(public) == {"k5", "dp_zip", "ldp_diagnosis", "weekly_visits"}
+    found = publication_attacks(plan, public, raw, hierarchies)
+    assert found["differencing"] and found["reconstruction"]
+    for attack, entries in found.items():
+        for e in entries:
+            assert not e["hypothetical"] and not e["breach"], (attack, e)
+    # the table's length is the exact number of visits: a finding, not a breach, beside
+    # counts of several cells
+    totals = [e for e in found["differencing"] if e["attack"] == "exact total"]
+    assert totals and all(e["structural"] and e["cells"] > 1 for e in totals)
+    (rec,) = found["reconstruction"]
+    assert rec["matched"] < 0.9 and rec["cells"] > 1
+    audit = json.loads(internal_file(two_runs["out"], "audit.json").read_text())
+    published = [
+        e for entries in audit["publication_attacks"].values() for e in entries
+        if not e["hypothetical"]
+    ]  # fmt: skip
+    assert published and not [e for e in published if e["breach"]]
+
+
+def test_across_the_two_nights(two_runs: dict[str, Any], tmp_path: Path) -> None:
+    """`privpipe report NIGHT1 NIGHT2`: the two nights' k5 tables neither join row by row
+    nor narrow a target's diagnoses; dp_zip's cells published twice are charged twice."""
+    cmp = tmp_path / "cmp"
+    assert main(["report", str(two_runs["tmp"] / "night1"), str(two_runs["out"]),
+                 "--output", str(cmp)]) == 0  # fmt: skip
+    entries = json.loads((cmp / "audit.json").read_text())["publication_attacks"]["across_runs"]
+    by = {(e["releases"][0], e["attack"]): e for e in entries}
+    assert not by[("k5", "row linking")]["breach"]
+    comp = by[("k5", "composition")]
+    assert comp["disclosed"] <= comp["disclosed_alone"] + 0.01 and not comp["breach"]
+    twice = by[("dp_zip", "averaging")]
+    assert twice["charged_both"] and not twice["breach"]
+    assert twice["epsilon_together"] == pytest.approx(1.0)
+    assert by[("weekly_visits", "averaging")]["charged_both"]

@@ -1,0 +1,197 @@
+"""The composition attack (Ganta, Kasiviswanathan, Smith, KDD 2008).
+
+Two (or more) anonymised tables of the same records, generalised differently, each
+hide a target's sensitive value among the values of the class(es) covering it. The
+attacker who holds both intersects them: the target's candidate values are those found
+in its covering classes of *every* table. Neither table alone may disclose; together
+they can. An l-diverse table promises at least l distinct values per class; when the
+intersection leaves a target fewer than l candidates, the promise no longer holds for
+the publication as a whole.
+
+Matching reuses :func:`attacks.matching.match_targets` (coverage by hierarchy
+ancestors, ranges, ``*``; the suppressed block as a class). A table in which no class
+(nor the suppressed block) covers a target tells the attacker nothing about it: every
+value stays a candidate.
+
+Everything runs on distinct (tuple of table 1, tuple of table 2, ...) combinations, never
+per target. Pure core: numpy and pandas only (no Beam).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from anonymity.hierarchy import Hierarchy
+from attacks.matching import TargetView, match_targets
+
+__all__ = ["Composition", "claimed_values", "compose", "compose_tables"]
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+
+
+def claimed_values(guarantee: Mapping[str, Any] | None) -> int | None:
+    """Distinct sensitive values per class a table's guarantee promises, or None.
+
+    Every l-diversity variant (distinct, entropy with entropy >= log l, recursive
+    (c,l)) implies at least ceil(l) distinct values per class. k-anonymity and
+    t-closeness promise no number of values.
+    """
+    if not guarantee or guarantee.get("l") is None:
+        return None
+    return math.ceil(float(guarantee["l"]) - 1e-9)
+
+
+@dataclass(frozen=True)
+class Composition:
+    """What intersecting the tables gives the attacker, against each table alone."""
+
+    releases: tuple[str, ...]
+    targets: int
+    disclosed: float  # share of targets with one candidate left, and it is the true value
+    disclosed_alone: tuple[float, ...]  # the same share from each table alone
+    candidates: float  # mean candidates per target, combined
+    candidates_alone: tuple[float, ...]
+    claim: int | None  # fewest distinct values per class the tables all promise (None: none)
+    below_claim: int  # targets left with fewer candidates than the claim, each table alone not
+
+    @property
+    def breach(self) -> bool:
+        """Every table claims l values per class and the combination leaves fewer."""
+        return self.claim is not None and self.below_claim > 0
+
+    @property
+    def gain(self) -> float:
+        """Disclosure the combination adds over the best single table."""
+        return self.disclosed - max(self.disclosed_alone, default=0.0)
+
+    def message(self) -> str:
+        names = " and ".join(repr(n) for n in self.releases)
+        alone = ", ".join(f"{d:.1%}" for d in self.disclosed_alone)
+        text = (
+            f"intersecting the classes of {names} leaves {self.candidates:.2f} candidate "
+            f"sensitive values per target on average and discloses {self.disclosed:.1%} of "
+            f"{self.targets} targets (each table alone: {alone})"
+        )
+        if self.breach:
+            text += (
+                f"; {self.below_claim} target(s) keep fewer than the {self.claim} values "
+                "every table claims per class"
+            )
+        elif self.claim is None and self.gain > 0:
+            text += " (the tables claim no number of values per class: a finding, not a breach)"
+        return text
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "releases": list(self.releases),
+            "targets": self.targets,
+            "disclosed": self.disclosed,
+            "disclosed_alone": max(self.disclosed_alone, default=0.0),
+            "candidates": self.candidates,
+            "candidates_alone": min(self.candidates_alone, default=0.0),
+            "claim": self.claim,
+            "below_claim": self.below_claim,
+            "breach": self.breach,
+            "finding": self.message(),
+        }
+
+
+def _candidates(view: TargetView, domain: pd.Index) -> tuple[BoolArray, IntArray]:
+    """(per distinct tuple: which values of ``domain`` are candidates; per target: its
+    tuple). A tuple no class covers keeps every value."""
+    cols = np.asarray(domain.get_indexer(view.sa_values.astype(str)), dtype=np.int64)
+    present = view.counts > 0
+    out = np.zeros((present.shape[0], len(domain)), dtype=bool)
+    out[:, cols] = present
+    out[~present.any(axis=1)] = True
+    return out, view.target_tuple
+
+
+def compose(
+    views: Sequence[TargetView],
+    names: Sequence[str],
+    claims: Sequence[int | None] = (),
+) -> Composition:
+    """Intersect the candidate values of the same targets over ``views`` (one per table,
+    targets in the same order). ``claims``: values per class each table promises."""
+    if len(views) < 2 or len(views) != len(names):
+        raise ValueError("compose needs two or more views and one name per view")
+    n = views[0].n_targets
+    if any(v.n_targets != n for v in views):
+        raise ValueError("the views must hold the same targets")
+    domain = pd.Index(sorted({str(s) for v in views for s in v.sa_values}), dtype=object)
+    per_view = [_candidates(v, domain) for v in views]
+    truth = np.full(n, -1, dtype=np.int64)
+    for v in views:  # the true value, in the common domain (any view that knows it)
+        codes = np.asarray(domain.get_indexer(v.sa_values.astype(str)), dtype=np.int64)
+        known = v.true_codes >= 0
+        truth[known] = codes[v.true_codes[known]]
+    # distinct combinations of the views' tuples: one intersection each
+    combo, target_combo = np.unique(
+        np.stack([t for _, t in per_view], axis=1), axis=0, return_inverse=True
+    )
+    target_combo = np.asarray(target_combo, dtype=np.int64).reshape(-1)
+    both = np.ones((combo.shape[0], len(domain)), dtype=bool)
+    alone_sizes: list[IntArray] = []
+    alone_disclosed: list[float] = []
+    rows = np.arange(n)
+    for j, (cands, _) in enumerate(per_view):
+        mine = cands[combo[:, j]]
+        both &= mine
+        size = mine.sum(axis=1).astype(np.int64)
+        alone_sizes.append(size)
+        per_target = size[target_combo]
+        hit = (per_target == 1) & (truth >= 0) & mine[target_combo, np.maximum(truth, 0)]
+        alone_disclosed.append(float(hit[rows].mean()) if n else 0.0)
+    size = both.sum(axis=1).astype(np.int64)
+    per_target = size[target_combo]
+    hit = (per_target == 1) & (truth >= 0) & both[target_combo, np.maximum(truth, 0)]
+    claim_list = list(claims) or [None] * len(views)
+    claim = None if any(c is None for c in claim_list) else min(c for c in claim_list if c)
+    below = 0
+    if claim is not None:
+        alone_ok = np.all(np.stack(alone_sizes, axis=1) >= claim, axis=1)
+        below = int(((size < claim) & alone_ok)[target_combo].sum())
+    return Composition(
+        releases=tuple(names),
+        targets=int(n),
+        disclosed=float(hit.mean()) if n else 0.0,
+        disclosed_alone=tuple(alone_disclosed),
+        candidates=float(per_target.mean()) if n else 0.0,
+        candidates_alone=tuple(float(s[target_combo].mean()) if n else 0.0 for s in alone_sizes),
+        claim=claim,
+        below_claim=below,
+    )
+
+
+def compose_tables(
+    tables: Mapping[str, pd.DataFrame],
+    targets: pd.DataFrame,
+    qis: Sequence[str],
+    sa: str,
+    hierarchies: Mapping[str, Hierarchy],
+    *,
+    guarantees: Mapping[str, Mapping[str, Any] | None] | None = None,
+    known: Sequence[str] | None = None,
+) -> Composition:
+    """Match ``targets`` (raw QIs, and their true SA to score) in each published table and
+    intersect. ``guarantees``: each table's release.json guarantee (its claim)."""
+    views = []
+    for table in tables.values():
+        present = [q for q in qis if q in table.columns]
+        views.append(
+            match_targets(
+                table, targets, present, sa,
+                {q: hierarchies[q] for q in present if q in hierarchies}, known=known,
+            )
+        )  # fmt: skip
+    g = guarantees or {}
+    return compose(views, list(tables), [claimed_values(g.get(n)) for n in tables])
