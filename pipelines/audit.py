@@ -39,9 +39,11 @@ from attacks import (
     linkage,
     match_targets,
     membership_inference,
+    person_contribution,
     similarity,
     skewness,
 )
+from attacks.publication import published_levels
 from dp.noise import SeededTestSampler, planned_guarantee
 from pipelines.config import ANONYMITY_KINDS, DP_KINDS, TABLE_ATTACK_NAMES, AttacksConfig
 from pipelines.plan import Plan
@@ -73,6 +75,7 @@ def _table_attacks(
     hierarchies: Mapping[str, Hierarchy],
     guarantee: Mapping[str, Any] | None,
     reference: Mapping[str, float],
+    levels: Mapping[str, int] | None = None,
 ) -> dict[str, AttackResult]:
     cfg = plan.config.attacks
     assert cfg is not None
@@ -91,6 +94,7 @@ def _table_attacks(
         {q: hierarchies[q] for q in qis if q in hierarchies},
         known=knowledge.known_qis(qis),
         target_rows=rows,
+        levels=levels,
     )
     out: dict[str, AttackResult] = {}
     for name, params in wanted.items():
@@ -150,7 +154,8 @@ def _dp_attacks(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, At
         ):
             if name in wanted:
                 # the optimal test's success does not depend on the count: a simulation of
-                # this query's noise against the bound of the query's own epsilon
+                # this query's noise, the count shifted by one person's full contribution
+                # (the L1 sensitivity), against the bound of the query's own epsilon
                 out[name] = fn(
                     0,
                     scale=float(noise["scale"]),
@@ -161,36 +166,50 @@ def _dp_attacks(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, At
                     delta=delta,
                     sensitivity=float(noise["sensitivity"]),
                     seed=cfg.seed,
+                    shift=person_contribution(params, noise),  # one person's whole effect
                 )
     return out
 
 
-def ml_guess(reports: Any, rng: np.random.Generator) -> np.ndarray:
-    """The attacker's guess of each person's value from their own report alone: uniform
-    among the values the report supports (GRR: the reported value; unary encodings: the
-    set bits; local hashing: the values hashing to the reported bucket)."""
+def report_support(reports: Any) -> np.ndarray:
+    """(n x d) booleans: the values each person's report supports (GRR: the reported
+    value; unary encodings: the set bits; local hashing: the values hashing to the
+    reported bucket); a report supporting nothing supports every value."""
     from dp.local import keyed_hash
 
     n, d = reports.n, reports.d
     if reports.protocol in ("rr", "grr"):
-        return np.asarray(reports.values, dtype=np.int64)
-    if reports.bits is not None:
+        support = np.zeros((n, d), dtype=bool)
+        support[np.arange(n), np.asarray(reports.values, dtype=np.int64)] = True
+    elif reports.bits is not None:
         support = reports.unpacked_bits().astype(bool)
     else:
         values = np.arange(d, dtype=np.int64)
         support = np.stack(
             [keyed_hash(reports.keys, int(v), reports.g) == reports.values for v in values], axis=1
         )
-    empty = ~support.any(axis=1)
-    support[empty] = True  # nothing supported: a uniform guess over the domain
-    weights = rng.random((n, d)) * support  # uniform choice among supported values
+    support[~support.any(axis=1)] = True
+    return support
+
+
+def ml_guess(reports: Any, rng: np.random.Generator) -> np.ndarray:
+    """The attacker's guess of each person's value from their own report alone: uniform
+    among the values the report supports (GRR: the reported value; unary encodings: the
+    set bits; local hashing: the values hashing to the reported bucket)."""
+    if reports.protocol in ("rr", "grr"):
+        return np.asarray(reports.values, dtype=np.int64)
+    support = report_support(reports)
+    weights = rng.random(support.shape) * support  # uniform choice among supported values
     return np.asarray(weights.argmax(axis=1), dtype=np.int64)
 
 
 def _local_attack(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, AttackResult]:
     """The attacker reads a target's own local-DP report (simulated with the release's
-    protocol and ε on the targets' true values) and guesses the value it supports."""
+    protocol and ε on the targets' true values) and guesses the value it supports; the
+    bound and the MAP guess use the attribute's real distribution over the public domain
+    (posterior odds <= e^ε × prior odds), beside the always-most-common guess."""
     from attacks import report_attack
+    from attacks.ldp import map_guess
     from dp.local import perturb
     from dp.secure_random import SeededRandom
 
@@ -207,7 +226,13 @@ def _local_attack(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, 
     source = SeededRandom(cfg.seed)  # a simulation of the attacker's view, not a release
     reports = perturb(oracle["protocol"], codes, float(oracle["epsilon"]), len(domain), source)
     guess = ml_guess(reports, np.random.default_rng(cfg.seed))
-    result = report_attack(codes, guess, epsilon=float(oracle["epsilon"]), domain_size=len(domain))
+    everyone = pd.Categorical(canonical_column(raw[attribute]), categories=domain).codes
+    prior = np.bincount(everyone[everyone >= 0], minlength=len(domain)).astype(np.float64)
+    eps = float(oracle["epsilon"])
+    result = report_attack(
+        codes, guess, epsilon=eps, domain_size=len(domain), prior=prior,
+        map_guesses=map_guess(report_support(reports), prior, eps),
+    )  # fmt: skip
     return {"ldp_report": result}
 
 
@@ -245,7 +270,13 @@ def run_attacks(
     reference = _reference(raw, sa)
     results: dict[str, dict[str, AttackResult]] = {
         BASELINE: _table_attacks(
-            baseline_table(raw, qis, sa), raw, plan, hierarchies, None, reference
+            baseline_table(raw, qis, sa),
+            raw,
+            plan,
+            hierarchies,
+            None,
+            reference,
+            {q: 0 for q in qis},
         )
     }
     wanted = plan.config.attacks.attacks() if plan.config.attacks else {}
@@ -254,6 +285,7 @@ def run_attacks(
             results[name] = _table_attacks(
                 release.data[[*qis, sa]], raw, plan, hierarchies,
                 planned_guarantee(release.document), reference,
+                published_levels(release.document),
             )  # fmt: skip
         elif release.kind in DP_KINDS:
             results[name] = _dp_attacks(release, raw, plan)

@@ -315,3 +315,29 @@ def test_dp_fraction_epsilon_is_plain_json() -> None:
         "k=5, l=3 (recursive, c=4)"
     )
     assert guarantee_text("raw", {}) == "no protection"
+
+
+# --------------------------------------------------------------------------- issue 13 fixes
+
+
+def test_bound_warning_only_when_the_interval_excludes_the_bound() -> None:
+    """A point estimate just above the bound whose Wilson interval holds it is what an
+    attack at the bound measures half the time: no WARNING; an interval above: WARNING."""
+    from reports.audit import findings
+
+    def audit(rate: float, interval: list[float], bound_rate: str = "rate") -> dict:
+        attack = {"rate": rate, "targets": 10_000, "interval": interval, "bound": 0.6225,
+                  "bound_rate": bound_rate}  # fmt: skip
+        if bound_rate != "rate":
+            attack[bound_rate] = rate
+            attack["rate"] = 0.1
+        entry = {"kind": "dp_count", "guarantee_text": "ε=0.5", "attacks": {"membership": attack}}
+        return {"releases": {"dp_zip": entry}}
+
+    inside = " ".join(findings(audit(0.6260, [0.6165, 0.6354])))
+    assert "measured 62.6% (membership)" in inside and "WARNING" not in inside
+    above = " ".join(findings(audit(0.6500, [0.6406, 0.6592])))
+    assert "WARNING: membership exceeds its theoretical bound" in above
+    # a bounded rate other than the headline: its own interval on the same targets
+    assert "WARNING" not in " ".join(findings(audit(0.6260, [0.09, 0.11], "map_accuracy")))
+    assert "WARNING" in " ".join(findings(audit(0.6500, [0.09, 0.11], "map_accuracy")))
