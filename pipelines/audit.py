@@ -333,9 +333,13 @@ def write_audit(
     manifest: Mapping[str, Any],
     loaded: Mapping[str, Release],
     into: Path | None = None,
+    work: Path | None = None,
 ) -> dict[str, Path]:
     """audit.json, report.md and report.html of the staged run (into ``into``, default the
-    staging folder); releases already read for the attacks are not read again."""
+    staging folder); releases already read for the attacks are not read again. ``work``:
+    the run's private work folder, whose DP cells (bounded, before noise) split each DP
+    release's error into bounding bias and noise."""
+    from pipelines.dp_release import bounded_truth
     from reports import Run, audit_run, load_release, write_reports
 
     rc = plan.config.report
@@ -366,6 +370,11 @@ def write_audit(
         sensitive=s.sensitive,
         queries=[q.model_dump() for q in rc.queries] if rc else (),
         sweeps=plan.sweeps or None,
+        bounded={
+            name: bounded_truth(work, name, r.document)
+            for name, r in releases.items()
+            if work is not None and r.kind in DP_KINDS
+        },
     )
     if attacks is not None:
         audit["attacker"] = attacker_summary(plan, len(raw))

@@ -404,7 +404,7 @@ def _run(
             assert raw is not None
             write_audit(
                 plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
-                into=out.internal,
+                into=out.internal, work=out.work,
             )  # fmt: skip
             manifest["report"] = f"{INTERNAL}/report.html"
         details: dict[str, Any] = {}
