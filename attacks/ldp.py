@@ -141,7 +141,6 @@ def report_attack(
     if prior is not None:
         pi = _prior(prior, domain_size)
         codes_true = np.asarray(true_values, dtype=np.int64).reshape(-1)
-        rates["prior_success"] = float(pi.max())
         rates["most_common_accuracy"] = (
             float((codes_true == int(np.argmax(pi))).mean()) if n else 0.0
         )

@@ -409,6 +409,20 @@ def headline(results: Mapping[str, Mapping[str, AttackResult]]) -> dict[str, dic
     }
 
 
+def keep_bounded_split(audit: dict[str, Any], previous: Mapping[str, Any]) -> None:
+    """A rebuilt report has no work folder (the DP jobs' bounded cells are gone with the
+    run): each DP release keeps the own-estimand figures and bias/noise split its run
+    measured, from the previous audit.json, as attack results are kept."""
+    before = previous.get("releases") or {}
+    for name, entry in (audit.get("releases") or {}).items():
+        old = (before.get(name) or {}).get("utility") or {}
+        if old.get("noise") is None or (entry.get("utility") or {}).get("noise") is not None:
+            continue
+        for key in ("own", "bias", "noise", "split"):
+            entry["utility"][key] = old.get(key)
+        entry["summary"]["own_error"] = (before[name].get("summary") or {}).get("own_error")
+
+
 def read_columns(plan: Plan, columns: list[str]) -> pd.DataFrame:
     """The input's ``columns`` read directly (``privpipe report`` rebuilding a finished run).
 
@@ -500,6 +514,7 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
         for key in ("attacker", "publication", "budget"):
             if key in previous:
                 audit[key] = previous[key]
+        keep_bounded_split(audit, previous)
         note = (previous.get("methodology") or {}).get("publication")
         if note:
             audit.setdefault("methodology", {})["publication"] = note
