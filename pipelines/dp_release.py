@@ -15,7 +15,7 @@ Order of a run with DP releases (DESIGN.md "Fail closed", issue: ledger contract
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -249,7 +249,7 @@ def publish(
     return bounding
 
 
-def bounded_truth(work: Path, name: str, document: dict[str, Any]) -> dict[str, pd.DataFrame]:
+def bounded_truth(work: Path, name: str, document: Mapping[str, Any]) -> dict[str, pd.DataFrame]:
     """The exact bounded cells of DP release ``name`` before noise, per query, for the
     audit's utility only (never published): the DP job's cells as
     ``transforms.dp_aggregate`` wrote them to the run's private ``work`` folder

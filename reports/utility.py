@@ -600,9 +600,9 @@ def release_utility(
     else:
         common_true = _cat([*trues, *missed])
         common_est = _cat([*ests, *[np.zeros_like(t) for t in missed]])
-        ways = "/".join(str(w) for w in truth.workload.ways())
+        arity = "/".join(str(w) for w in truth.workload.ways())
         workload = (
-            f"the default workload: every cell of the {ways}-way marginals over "
+            f"the default workload: every cell of the {arity}-way marginals over "
             f"{', '.join(truth.workload.columns)} ({int(common_true.shape[0])} count queries)"
         )
         answered = int(common_true.shape[0]) - skipped_cells
