@@ -16,6 +16,7 @@ from attacks.dp import (
     histogram_attribute_inference,
     membership_inference,
     optimal_success,
+    person_contribution,
 )
 from attacks.knowledge import AttackerKnowledge
 from attacks.ldp import grr_posterior, grr_success_bound, report_attack
@@ -57,6 +58,7 @@ __all__ = [
     "match_targets",
     "membership_inference",
     "optimal_success",
+    "person_contribution",
     "proximity",
     "report_attack",
     "similarity",

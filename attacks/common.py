@@ -229,6 +229,7 @@ def matched_view(
     *,
     known: Sequence[str] | None = None,
     target_rows: IntArray | None = None,
+    levels: Mapping[str, int] | None = None,
 ) -> TargetView:
     """``attacks.matching.match_targets``, remembered for the last few calls (keyed by
     content): the kind-specific table attacks and the common attacker match the same
@@ -237,7 +238,10 @@ def matched_view(
     key = hashlib.blake2b(
         b"".join([
             _fingerprint(published), _fingerprint(targets),
-            repr((tuple(qis), sa, None if known is None else tuple(known))).encode(),
+            repr((
+                tuple(qis), sa, None if known is None else tuple(known),
+                None if levels is None else sorted(levels.items()),
+            )).encode(),
             *(_hierarchy_key(q, x) for q, x in sorted(h.items())),
             b"" if target_rows is None else np.asarray(target_rows, np.int64).tobytes(),
         ]),
@@ -245,7 +249,9 @@ def matched_view(
     ).digest()  # fmt: skip
     view = _VIEWS.get(key)
     if view is None:
-        view = match_targets(published, targets, qis, sa, h, known=known, target_rows=target_rows)
+        view = match_targets(
+            published, targets, qis, sa, h, known=known, target_rows=target_rows, levels=levels
+        )
         if len(_VIEWS) >= _VIEWS_KEPT:
             _VIEWS.pop(next(iter(_VIEWS)))
         _VIEWS[key] = view
@@ -263,6 +269,7 @@ class TableModel:
     sa: str
     hierarchies: Mapping[str, Hierarchy]
     known: tuple[str, ...]
+    levels: Mapping[str, int] | None = None  # a full-domain table's published levels
     method: str = "class posterior"
     membership_method: str = "published rows with the record's sensitive value in its classes"
 
@@ -271,7 +278,7 @@ class TableModel:
     ) -> tuple[FloatArray, ObjArray]:
         view = matched_view(
             self.published, records, self.qis, self.sa, self.hierarchies, known=self.known,
-            target_rows=records.index.to_numpy(dtype=np.int64),
+            target_rows=records.index.to_numpy(dtype=np.int64), levels=self.levels,
         )  # fmt: skip
         w = view.counts[view.target_tuple].astype(np.float64)
         return w, view.sa_values

@@ -46,6 +46,7 @@ __all__ = [
     "histogram_attribute_inference",
     "membership_inference",
     "optimal_success",
+    "person_contribution",
 ]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
@@ -84,15 +85,31 @@ def _zero_mass(mechanism: Mechanism, scale: float) -> float:
     return 1.0 / (1.0 + 2.0 * float(np.exp(-(k**2) / (2.0 * scale * scale)).sum()))
 
 
-def optimal_success(mechanism: Mechanism, scale: float) -> float:
-    """Exact success of the optimal test between counts c and c+1 (uniform prior).
+def _cdf(mechanism: Mechanism, scale: float, at: int) -> float:
+    """P[Z <= at] of the symmetric integer noise, ``at`` >= -1."""
+    if at < 0:
+        return 1.0 - _cdf(mechanism, scale, -at - 1)
+    if mechanism == "discrete_laplace":
+        p = math.exp(-1.0 / scale)
+        return 1.0 - p ** (at + 1) / (1.0 + p)
+    k = np.arange(at + 1, at + math.ceil(40.0 * scale) + 2, dtype=np.float64)
+    tail = float(np.exp(-(k**2) / (2.0 * scale * scale)).sum())  # P[Z > at] / P[Z = 0]
+    return 1.0 - tail * _zero_mass(mechanism, scale)
 
-    For symmetric unimodal integer noise the test is "y >= c+1", right with probability
-    ½ + ½·P[Z = 0]; for discrete Laplace with b = 1/ε that is exactly e^ε/(1+e^ε).
+
+def optimal_success(mechanism: Mechanism, scale: float, shift: int = 1) -> float:
+    """Exact success of the optimal test between counts c and c+``shift`` (uniform prior).
+
+    ``shift`` is what one person changes the count by (their full contribution). For
+    symmetric unimodal integer noise the test is "y >= c + ⌈shift/2⌉", right with
+    probability ½(P[Z <= ⌊shift/2⌋] + P[Z <= ⌈shift/2⌉ - 1]); for shift 1 that is
+    ½ + ½·P[Z = 0], for discrete Laplace with b = shift/ε exactly e^ε/(1+e^ε).
     """
+    if shift < 1:
+        raise ValueError(f"shift must be an integer >= 1, got {shift!r}")
     if scale <= 0:
         return 1.0
-    return 0.5 + 0.5 * _zero_mass(mechanism, scale)
+    return 0.5 * (_cdf(mechanism, scale, shift // 2) + _cdf(mechanism, scale, (shift + 1) // 2 - 1))
 
 
 def _epsilon_delta(
@@ -118,6 +135,27 @@ def _noise(sampler: NoiseSampler, mechanism: Mechanism, values: IntArray, scale:
     if mechanism == "discrete_gaussian":
         return sampler.discrete_gaussian(values, scale)
     raise ValueError(f"mechanism must be discrete_laplace or discrete_gaussian, got {mechanism!r}")
+
+
+def _shift(shift: int) -> int:
+    """A person's contribution to one count: an integer >= 1."""
+    if isinstance(shift, bool) or int(shift) != shift or shift < 1:
+        raise ValueError(f"shift must be an integer >= 1, got {shift!r}")
+    return int(shift)
+
+
+def person_contribution(parameters: Mapping[str, Any], noise: Mapping[str, Any]) -> int:
+    """How much one person can move one released count: the L1 sensitivity the count's
+    noise was calibrated to (release.json ``count_noise.sensitivity`` for discrete
+    Laplace), else max_partitions × max_contributions_per_partition (a Gaussian's
+    recorded sensitivity is L2), else 1."""
+    if noise.get("mechanism") == "discrete_laplace" and noise.get("sensitivity"):
+        return max(1, round(float(noise["sensitivity"])))
+    l0 = parameters.get("max_partitions")
+    linf = parameters.get("max_contributions_per_partition")
+    if l0 and linf:
+        return max(1, int(l0) * int(linf))
+    return max(1, round(float(noise.get("sensitivity") or 1)))
 
 
 def _coin_flips(seed: int, trials: int) -> npt.NDArray[np.bool_]:
@@ -187,20 +225,24 @@ def membership_inference(
     delta: float = 0.0,
     sensitivity: float = 1.0,
     seed: int = 0,
+    shift: int = 1,
 ) -> AttackResult:
     """Membership inference on one released count by the likelihood-ratio test.
 
-    Each trial flips a fair coin: the target is in (true count ``count``+1) or out
-    (``count``); the attacker, who knows ``count`` (everyone else), sees the noisy count
-    y and says "in" iff y >= count+1, the optimal test for symmetric unimodal noise.
-    ``scale`` is b (Laplace) or σ (Gaussian). Bound (e^ε+δ)/(1+e^ε), ε from the
-    arguments or b = sensitivity/ε; ``expected_success`` is the exact theoretical value.
+    Each trial flips a fair coin: the target is in (true count ``count`` + ``shift``, the
+    person's full contribution to the release) or out (``count``); the attacker, who
+    knows ``count`` (everyone else), sees the noisy count y and says "in" iff
+    y >= count + ⌈shift/2⌉, the optimal test for symmetric unimodal noise. ``scale`` is
+    b (Laplace) or σ (Gaussian). Bound (e^ε+δ)/(1+e^ε), ε from the arguments or b =
+    sensitivity/ε; ``expected_success`` is the exact theoretical value.
     """
+    step = _shift(shift)
     bits = _coin_flips(seed, trials)
-    noisy = _noise(sampler, mechanism, count + bits.astype(np.int64), scale)
-    guess = noisy >= count + 1
+    noisy = _noise(sampler, mechanism, count + step * bits.astype(np.int64), scale)
+    guess = noisy >= count + (step + 1) // 2
     bound, details = _bound_and_details(mechanism, scale, epsilon, delta, sensitivity, count, seed)
-    details["expected_success"] = optimal_success(mechanism, scale)
+    details["expected_success"] = optimal_success(mechanism, scale, step)
+    details["shift"] = step
     return _trial_result("membership_inference", guess, bits, bound, details)
 
 
@@ -215,19 +257,25 @@ def differencing_attack(
     delta: float = 0.0,
     sensitivity: float = 1.0,
     seed: int = 0,
+    shift: int = 1,
 ) -> AttackResult:
     """Differencing attack: q(D) - q(D without t) reveals t's bit (has the attribute or not).
 
-    Each trial: the target's bit x is a fair coin; q(D) = ``count`` + x and q(D - t) =
-    ``count`` are released, each with its own noise; the attacker guesses x = 1 iff the
-    difference is >= 1. Exact with ``NoNoise``; with noise bounded by (e^ε+δ)/(1+e^ε),
-    ε being the guarantee of the release that contains t.
+    Each trial: the target's bit x is a fair coin; q(D) = ``count`` + ``shift``·x (the
+    person's full contribution) and q(D - t) = ``count`` are released, each with its own
+    noise; the attacker guesses x = 1 iff the difference is >= ⌈shift/2⌉. Exact with
+    ``NoNoise``; with noise bounded by (e^ε+δ)/(1+e^ε), ε being the guarantee of the
+    release that contains t.
     """
+    step = _shift(shift)
     bits = _coin_flips(seed, trials)
-    values = np.concatenate([count + bits.astype(np.int64), np.full(trials, count, dtype=np.int64)])
+    values = np.concatenate(
+        [count + step * bits.astype(np.int64), np.full(trials, count, dtype=np.int64)]
+    )
     noisy = _noise(sampler, mechanism, values, scale)
-    guess = (noisy[:trials] - noisy[trials:]) >= 1
+    guess = (noisy[:trials] - noisy[trials:]) >= (step + 1) // 2
     bound, details = _bound_and_details(mechanism, scale, epsilon, delta, sensitivity, count, seed)
+    details["shift"] = step
     return _trial_result("differencing", guess, bits, bound, details)
 
 

@@ -1,8 +1,13 @@
 """Match targets to the published equivalence classes that may hold them.
 
 The attacker knows a target's raw QI values, not its row. A published label *covers* a
-raw value when it equals the value, is one of its ancestors in the QI's hierarchy (any
-level), is ``*``, or is a Mondrian range ``[lo, hi]`` holding the numeric value. A class
+raw value when it is the value's ancestor in the QI's hierarchy at the level the release
+published that column at (full-domain releases name it in release.json; a local recoding
+such as Mondrian publishes each label at the lowest level holding it), is ``*``, or is a
+Mondrian range ``[lo, hi]`` holding the numeric value; values outside the hierarchy (or
+a QI without one) are covered by an equal label. Labels are compared as hierarchy codes
+at one level, so a string that names different groups at different levels (a leaf
+called like another level's group) never matches at the wrong level. A class
 (distinct tuple of published labels over the QIs the attacker knows) covers a target
 when every label covers the target's value. Full-domain releases give one class per
 target; local recodings (Mondrian) may give several, which the attacker pools. The
@@ -87,14 +92,30 @@ def suppressed_rows(published: pd.DataFrame, qis: Sequence[str]) -> BoolArray:
 # --------------------------------------------------------------------------- coverage
 
 
+def _lowest_levels(labels: ObjArray, hierarchy: Hierarchy) -> IntArray:
+    """Per label: the lowest hierarchy level holding it (-1: none)."""
+    index = pd.Index(labels, dtype=object)
+    out = np.full(labels.shape[0], -1, dtype=np.int64)
+    for level in range(hierarchy.levels - 1, -1, -1):  # lower levels last: they win
+        found = np.asarray(index.get_indexer(hierarchy.label_names(level)), dtype=np.int64)
+        out[found[found >= 0]] = level
+    return out
+
+
 def coverage(
-    raw: ObjArray, labels: ObjArray, hierarchy: Hierarchy | None = None
+    raw: ObjArray,
+    labels: ObjArray,
+    hierarchy: Hierarchy | None = None,
+    level: int | None = None,
 ) -> tuple[IntArray, IntArray]:
     """Pairs (raw index, label index) where the label covers the raw value, sorted by raw.
 
-    Equality, ``*``, hierarchy ancestors at any level (when ``hierarchy`` is given) and
-    numeric ranges ``[lo, hi]`` (inclusive) and ``[lo, hi)`` (Mondrian's grid ranges,
-    hi excluded) are all recognised.
+    With a ``hierarchy``, a raw value of it is covered by its ancestor at ``level`` (the
+    release's published level of the column), or, when ``level`` is None (a local
+    recoding), by each label that is its ancestor at the label's lowest level; other raw
+    values (and every value without a hierarchy) by an equal label. ``*`` covers
+    everything; numeric ranges ``[lo, hi]`` (inclusive) and ``[lo, hi)`` (Mondrian's grid
+    ranges, hi excluded) cover the numbers inside.
     """
     n_raw, n_lab = raw.shape[0], labels.shape[0]
     index = pd.Index(labels, dtype=object)
@@ -107,16 +128,33 @@ def coverage(
         cols.append(found[keep])
 
     every = np.arange(n_raw, dtype=np.int64)
-    add(every, np.asarray(index.get_indexer(raw), dtype=np.int64))
+    equal = np.asarray(index.get_indexer(raw), dtype=np.int64)
     star = np.flatnonzero(labels == SUPPRESSED)
     for position in star.tolist():
         add(every, np.full(n_raw, position, dtype=np.int64))
-    if hierarchy is not None:
+    if hierarchy is None:
+        add(every, equal)
+    else:
         codes = hierarchy.encode(raw)
         known = np.flatnonzero(codes >= 0).astype(np.int64)
-        for level in range(1, hierarchy.levels):
+        add(np.flatnonzero(codes < 0).astype(np.int64), equal[codes < 0])
+        if level is not None:
+            if not 0 <= level < hierarchy.levels:
+                raise ValueError(
+                    f"level {level} of {hierarchy.attribute!r}: the hierarchy has levels "
+                    f"0..{hierarchy.levels - 1}"
+                )
             ancestors = hierarchy.generalize(codes[known], level)
             add(known, np.asarray(index.get_indexer(ancestors), dtype=np.int64))
+        else:
+            lowest = _lowest_levels(labels, hierarchy)
+            for j in range(hierarchy.levels):
+                found = np.asarray(
+                    index.get_indexer(hierarchy.generalize(codes[known], j)), dtype=np.int64
+                )
+                at_j = found >= 0
+                at_j[at_j] = lowest[found[at_j]] == j
+                add(known, np.where(at_j, found, -1))
     bounds = pd.Series(labels, dtype=object).astype(str).str.extract(_RANGE)
     lo = pd.to_numeric(bounds[0], errors="coerce").to_numpy(dtype=np.float64)
     hi = pd.to_numeric(bounds[1], errors="coerce").to_numpy(dtype=np.float64)
@@ -240,6 +278,7 @@ def match_targets(
     known: Sequence[str] | None = None,
     suppressed: BoolArray | None = None,
     target_rows: IntArray | None = None,
+    levels: Mapping[str, int] | None = None,
 ) -> TargetView:
     """Map each target (raw QI values, and its true SA if ``targets`` has the column) to
     the published classes covering it, and pool their SA counts.
@@ -247,7 +286,9 @@ def match_targets(
     ``published`` has the QI and SA columns of the release (an anonymised table, or the
     raw table itself as the no-protection baseline); ``known`` restricts matching to the
     QIs the attacker knows (default all); ``suppressed`` overrides the all-``*`` rule
-    (which does not apply when every row is all ``*``: that is one generalised class).
+    (which does not apply when every row is all ``*``: that is one generalised class);
+    ``levels`` are the hierarchy levels the release published each QI at (full-domain
+    releases; None or a missing QI: each label at its lowest level, see ``coverage``).
     """
     qis = tuple(qis)
     known_qis = tuple(q for q in qis if known is None or q in known)
@@ -293,7 +334,9 @@ def match_targets(
     for qi in known_qis:
         lab_codes, lab_names = canonical_strings(kept[qi].to_numpy(dtype=object))
         raw_codes, raw_names = canonical_strings(targets[qi].to_numpy(dtype=object))
-        raw_ids, lab_ids = coverage(raw_names, lab_names, hierarchies.get(qi))
+        raw_ids, lab_ids = coverage(
+            raw_names, lab_names, hierarchies.get(qi), (levels or {}).get(qi)
+        )
         relations.append((raw_ids, lab_ids, raw_names.shape[0], lab_names.shape[0]))
         label_cols.append(lab_codes)
         raw_cols.append(raw_codes)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,7 @@ __all__ = [
     "Alignment",
     "Reproduction",
     "common_level",
+    "published_levels",
     "reproduced_cells",
     "row_order_alignment",
     "to_level",
@@ -55,14 +57,45 @@ def _level_of(h: Hierarchy) -> dict[str, int]:
     return out
 
 
-def to_level(values: pd.Series, hierarchy: Hierarchy | None, level: int) -> pd.Series:
+def published_levels(document: Mapping[str, Any]) -> dict[str, int] | None:
+    """The hierarchy level of each QI a full-domain release published (release.json
+    ``transformation.levels``); None for local recodings (each label at its own level)."""
+    transformation = document.get("transformation") or {}
+    if transformation.get("type") != "full_domain" or not transformation.get("levels"):
+        return None
+    return {str(k): int(v) for k, v in transformation["levels"].items()}
+
+
+def to_level(
+    values: pd.Series,
+    hierarchy: Hierarchy | None,
+    level: int,
+    source_level: int | None = None,
+) -> pd.Series:
     """Each published value mapped to its label at ``level``; NaN where the value is
     coarser than ``level`` (or unknown, e.g. a Mondrian range): it cannot be counted in
-    one cell. Without a hierarchy the values are raw (level 0)."""
+    one cell. Without a hierarchy the values are raw (level 0). ``source_level``: the
+    level the values were published at (a full-domain release's level of the column);
+    then a value is read at that level only (by the hierarchy's codes there), so a
+    string naming different groups at different levels is never read at the wrong one;
+    None: each value at the lowest level holding it."""
     strings = values.astype(str)
     if hierarchy is None:
         return strings.where(strings != SUPPRESSED) if level == 0 else strings.where(False)
-    return strings.map(_ancestors(hierarchy, min(level, hierarchy.height)))
+    top = min(level, hierarchy.height)
+    if source_level is None:
+        return strings.map(_ancestors(hierarchy, top))
+    if source_level > top:  # coarser than the level asked for: no cell holds it
+        return pd.Series(np.nan, index=values.index, dtype=object)
+    ids = hierarchy.label_ids(source_level)  # per raw value: its label id at source_level
+    first = pd.Series(np.arange(len(ids))).groupby(ids).first()  # one raw value per id
+    names = pd.Index(hierarchy.label_names(source_level), dtype=object)
+    found = names.get_indexer(strings.to_numpy(dtype=object))
+    up = np.asarray(hierarchy.labels(top), dtype=object)
+    out = np.full(len(strings), np.nan, dtype=object)
+    hit = found >= 0
+    out[hit] = up[first.reindex(found[hit]).to_numpy()]
+    return pd.Series(out, index=values.index, dtype=object)
 
 
 @dataclass(frozen=True)
@@ -141,12 +174,15 @@ def reproduced_cells(
     suppressed: np.ndarray,
     *,
     names: tuple[str, str, str] = ("table", "release", "query"),
+    table_levels: Mapping[str, int] | None = None,
 ) -> Reproduction:
     """Whether grouping ``table`` by ``keys`` reproduces the DP ``cells`` exactly.
 
     ``cells``: the DP release's published cells (their ``keys`` columns, labels at
     ``levels``); ``truth``: the accepted input rows (raw values of ``keys``), the count
-    each cell estimates; ``suppressed``: per table row, True if the row was suppressed.
+    each cell estimates; ``suppressed``: per table row, True if the row was suppressed;
+    ``table_levels``: the levels a full-domain table published its columns at (labels
+    read at those levels only; None: each label at its lowest level).
     """
     keys = list(keys)
     missing = tuple(k for k in keys if k not in table.columns)
@@ -155,7 +191,10 @@ def reproduced_cells(
     if missing:
         return Reproduction(*names, tuple(keys), n, n_sup, n - n_sup, len(cells), 0, missing)
     mapped = pd.DataFrame(
-        {k: to_level(table[k], hierarchies.get(k), levels.get(k, 0)) for k in keys},
+        {
+            k: to_level(table[k], hierarchies.get(k), levels.get(k, 0), (table_levels or {}).get(k))
+            for k in keys
+        },
         index=table.index,
     )
     keep = ~np.asarray(suppressed, dtype=bool)
@@ -165,7 +204,7 @@ def reproduced_cells(
         return Reproduction(*names, (), n, n_sup, 0, max(len(cells), 1), exact)
     from_table = mapped[keep].dropna().value_counts()
     true = pd.DataFrame(
-        {k: to_level(truth[k], hierarchies.get(k), levels.get(k, 0)) for k in keys}
+        {k: to_level(truth[k], hierarchies.get(k), levels.get(k, 0), 0) for k in keys}
     ).value_counts()
     published = cells[keys].astype(str)
     index = pd.MultiIndex.from_frame(published)  # value_counts of a frame: a MultiIndex

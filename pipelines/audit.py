@@ -39,6 +39,7 @@ from attacks import (
     homogeneity,
     linkage,
     membership_inference,
+    person_contribution,
     similarity,
     skewness,
 )
@@ -54,6 +55,7 @@ from attacks.common import (
     matched_view,
     public_prior,
 )
+from attacks.publication import published_levels
 from dp.noise import SeededTestSampler, planned_guarantee
 from pipelines.config import (
     ANONYMITY_KINDS,
@@ -92,6 +94,7 @@ def _table_attacks(
     hierarchies: Mapping[str, Hierarchy],
     guarantee: Mapping[str, Any] | None,
     reference: Mapping[str, float],
+    levels: Mapping[str, int] | None = None,
 ) -> dict[str, AttackResult]:
     cfg = plan.config.attacks
     assert cfg is not None
@@ -110,6 +113,7 @@ def _table_attacks(
         {q: hierarchies[q] for q in qis if q in hierarchies},
         known=knowledge.known_qis(qis),
         target_rows=rows,
+        levels=levels,
     )
     out: dict[str, AttackResult] = {}
     for name, params in wanted.items():
@@ -169,7 +173,8 @@ def _dp_attacks(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, At
         ):
             if name in wanted:
                 # the optimal test's success does not depend on the count: a simulation of
-                # this query's noise against the bound of the query's own epsilon
+                # this query's noise, the count shifted by one person's full contribution
+                # (the L1 sensitivity), against the bound of the query's own epsilon
                 out[name] = fn(
                     0,
                     scale=float(noise["scale"]),
@@ -180,36 +185,50 @@ def _dp_attacks(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, At
                     delta=delta,
                     sensitivity=float(noise["sensitivity"]),
                     seed=cfg.seed,
+                    shift=person_contribution(params, noise),  # one person's whole effect
                 )
     return out
 
 
-def ml_guess(reports: Any, rng: np.random.Generator) -> np.ndarray:
-    """The attacker's guess of each person's value from their own report alone: uniform
-    among the values the report supports (GRR: the reported value; unary encodings: the
-    set bits; local hashing: the values hashing to the reported bucket)."""
+def report_support(reports: Any) -> np.ndarray:
+    """(n x d) booleans: the values each person's report supports (GRR: the reported
+    value; unary encodings: the set bits; local hashing: the values hashing to the
+    reported bucket); a report supporting nothing supports every value."""
     from dp.local import keyed_hash
 
     n, d = reports.n, reports.d
     if reports.protocol in ("rr", "grr"):
-        return np.asarray(reports.values, dtype=np.int64)
-    if reports.bits is not None:
+        support = np.zeros((n, d), dtype=bool)
+        support[np.arange(n), np.asarray(reports.values, dtype=np.int64)] = True
+    elif reports.bits is not None:
         support = reports.unpacked_bits().astype(bool)
     else:
         values = np.arange(d, dtype=np.int64)
         support = np.stack(
             [keyed_hash(reports.keys, int(v), reports.g) == reports.values for v in values], axis=1
         )
-    empty = ~support.any(axis=1)
-    support[empty] = True  # nothing supported: a uniform guess over the domain
-    weights = rng.random((n, d)) * support  # uniform choice among supported values
+    support[~support.any(axis=1)] = True
+    return support
+
+
+def ml_guess(reports: Any, rng: np.random.Generator) -> np.ndarray:
+    """The attacker's guess of each person's value from their own report alone: uniform
+    among the values the report supports (GRR: the reported value; unary encodings: the
+    set bits; local hashing: the values hashing to the reported bucket)."""
+    if reports.protocol in ("rr", "grr"):
+        return np.asarray(reports.values, dtype=np.int64)
+    support = report_support(reports)
+    weights = rng.random(support.shape) * support  # uniform choice among supported values
     return np.asarray(weights.argmax(axis=1), dtype=np.int64)
 
 
 def _local_attack(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, AttackResult]:
     """The attacker reads a target's own local-DP report (simulated with the release's
-    protocol and ε on the targets' true values) and guesses the value it supports."""
+    protocol and ε on the targets' true values) and guesses the value it supports; the
+    bound and the MAP guess use the attribute's real distribution over the public domain
+    (posterior odds <= e^ε × prior odds), beside the always-most-common guess."""
     from attacks import report_attack
+    from attacks.ldp import map_guess
     from dp.local import perturb
     from dp.secure_random import SeededRandom
 
@@ -226,7 +245,13 @@ def _local_attack(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, 
     source = SeededRandom(cfg.seed)  # a simulation of the attacker's view, not a release
     reports = perturb(oracle["protocol"], codes, float(oracle["epsilon"]), len(domain), source)
     guess = ml_guess(reports, np.random.default_rng(cfg.seed))
-    result = report_attack(codes, guess, epsilon=float(oracle["epsilon"]), domain_size=len(domain))
+    everyone = pd.Categorical(canonical_column(raw[attribute]), categories=domain).codes
+    prior = np.bincount(everyone[everyone >= 0], minlength=len(domain)).astype(np.float64)
+    eps = float(oracle["epsilon"])
+    result = report_attack(
+        codes, guess, epsilon=eps, domain_size=len(domain), prior=prior,
+        map_guesses=map_guess(report_support(reports), prior, eps),
+    )  # fmt: skip
     return {"ldp_report": result}
 
 
@@ -264,7 +289,13 @@ def run_attacks(
     reference = _reference(raw, sa)
     results: dict[str, dict[str, AttackResult]] = {
         BASELINE: _table_attacks(
-            baseline_table(raw, qis, sa), raw, plan, hierarchies, None, reference
+            baseline_table(raw, qis, sa),
+            raw,
+            plan,
+            hierarchies,
+            None,
+            reference,
+            {q: 0 for q in qis},
         )
     }
     wanted = plan.config.attacks.attacks() if plan.config.attacks else {}
@@ -273,6 +304,7 @@ def run_attacks(
             results[name] = _table_attacks(
                 release.data[[*qis, sa]], raw, plan, hierarchies,
                 planned_guarantee(release.document), reference,
+                published_levels(release.document),
             )  # fmt: skip
         elif release.kind in DP_KINDS:
             results[name] = _dp_attacks(release, raw, plan)
@@ -334,8 +366,9 @@ def common_model(
     if release.kind in ANONYMITY_KINDS:
         published = release.data[[*qis, sa]]
         model = TableModel(
-            published, qis, sa, {q: hierarchies[q] for q in qis if q in hierarchies}, known
-        )
+            published, qis, sa, {q: hierarchies[q] for q in qis if q in hierarchies}, known,
+            levels=published_levels(doc),
+        )  # fmt: skip
         return model, None, 0.0, None, 0.0, None
     if release.kind == "local_dp":
         params = release.parameters
@@ -485,10 +518,14 @@ def write_audit(
     loaded: Mapping[str, Release],
     into: Path | None = None,
     common: Mapping[str, Mapping[str, Any]] | None = None,
+    work: Path | None = None,
 ) -> dict[str, Path]:
     """audit.json, report.md and report.html of the staged run (into ``into``, default the
     staging folder); releases already read for the attacks are not read again. ``common``:
-    ``run_common``'s results (``releases.<name>.common``, ``baseline.common``)."""
+    ``run_common``'s results (``releases.<name>.common``, ``baseline.common``). ``work``:
+    the run's private work folder, whose DP cells (bounded, before noise) split each DP
+    release's error into bounding bias and noise."""
+    from pipelines.dp_release import bounded_truth
     from reports import Run, audit_run, load_release, write_reports
     from reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
 
@@ -521,6 +558,11 @@ def write_audit(
         queries=[q.model_dump() for q in rc.queries] if rc else (),
         sweeps=plan.sweeps or None,
         common=common,
+        bounded={
+            name: bounded_truth(work, name, r.document)
+            for name, r in releases.items()
+            if work is not None and r.kind in DP_KINDS
+        },
     )
     if attacks is not None:
         audit["attacker"] = attacker_summary(plan, len(raw))
@@ -638,6 +680,20 @@ def headline(results: Mapping[str, Mapping[str, AttackResult]]) -> dict[str, dic
     }
 
 
+def keep_bounded_split(audit: dict[str, Any], previous: Mapping[str, Any]) -> None:
+    """A rebuilt report has no work folder (the DP jobs' bounded cells are gone with the
+    run): each DP release keeps the own-estimand figures and bias/noise split its run
+    measured, from the previous audit.json, as attack results are kept."""
+    before = previous.get("releases") or {}
+    for name, entry in (audit.get("releases") or {}).items():
+        old = (before.get(name) or {}).get("utility") or {}
+        if old.get("noise") is None or (entry.get("utility") or {}).get("noise") is not None:
+            continue
+        for key in ("own", "bias", "noise", "split"):
+            entry["utility"][key] = old.get(key)
+        entry["summary"]["own_error"] = (before[name].get("summary") or {}).get("own_error")
+
+
 def read_columns(plan: Plan, columns: list[str]) -> pd.DataFrame:
     """The input's ``columns`` read directly (``privpipe report`` rebuilding a finished run).
 
@@ -739,6 +795,7 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
         for key in ("attacker", "publication", "budget", "publication_attacks"):
             if key in previous:
                 audit[key] = previous[key]
+        keep_bounded_split(audit, previous)
         audit["recommendation"] = recommend(
             audit, rc.max_advantage if rc is not None else DEFAULT_MAX_ADVANTAGE
         )

@@ -15,7 +15,7 @@ Order of a run with DP releases (DESIGN.md "Fail closed", issue: ledger contract
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED
+from anonymity.hierarchy import SUPPRESSED, canonical_column
 from dp.budget import ApproxBudget, to_fraction
 from dp.ledger import Ledger
 from dp.ledger_auth import LedgerKey, load_key
@@ -32,6 +32,7 @@ from dp.noise import NoiseSampler, SecureSampler, SeededTestSampler
 from dp.release import (
     Coarsen,
     QueryRelease,
+    _with_labels,
     bounding_summary,
     post_process,
     published_table,
@@ -249,3 +250,39 @@ def publish(
         write_json(str(folder / "release.json"), doc)
         bounding[job.name] = bounding_summary(releases)
     return bounding
+
+
+def bounded_truth(work: Path, name: str, document: Mapping[str, Any]) -> dict[str, pd.DataFrame]:
+    """The exact bounded cells of DP release ``name`` before noise, per query, for the
+    audit's utility only (never published): the DP job's cells as
+    ``transforms.dp_aggregate`` wrote them to the run's private ``work`` folder
+    (``dp-<name>.pickle``, what :func:`publish` reads), with their key labels, ``count``
+    (after contribution bounding) and, for dp_sum/dp_mean, the clamped ``sum`` and
+    ``mean``. Empty when the work folder no longer holds the job (a rebuilt report)."""
+    path = work / f"dp-{name}.pickle"
+    if not path.is_file():
+        return {}
+    cells = load_cells(path)
+    params = document.get("parameters") or {}
+    queries: dict[str, Any] = params.get("queries") or {}
+    partition_by = [str(c) for c in params.get("partition_by") or []]
+    value = params.get("value")
+    bounds = params.get("bounds")
+    out: dict[str, pd.DataFrame] = {}
+    for q, (qname, query) in enumerate(queries.items()):
+        if q >= len(cells["partials"]):
+            break
+        keys = list(dict.fromkeys([*partition_by, *[str(c) for c in query.get("group_by") or []]]))
+        frame = _with_labels(cells["partials"][q], cells["dictionaries"][q], keys)
+        truth = pd.DataFrame({k: canonical_column(frame[k]) for k in keys})
+        truth["count"] = frame["count"].to_numpy(dtype=np.float64)
+        if value and bounds and document.get("kind") in ("dp_sum", "dp_mean"):
+            lo, hi = (float(b) for b in bounds)
+            centre = (lo + hi) / 2 if document.get("kind") == "dp_mean" else 0.0
+            step = float(params.get("resolution") or 1.0)
+            units = np.array([float(u) for u in frame["sum_units"].tolist()], dtype=np.float64)
+            counts = truth["count"].to_numpy()
+            truth["sum"] = units * step + centre * counts
+            truth["mean"] = centre + units * step / np.maximum(counts, 1.0)
+        out[str(qname)] = truth
+    return out

@@ -32,7 +32,12 @@ import pandas as pd
 from anonymity.hierarchy import Hierarchy, canonical_column
 from attacks.composition import compose_tables
 from attacks.matching import suppressed_rows
-from attacks.publication import reproduced_cells, row_order_alignment, to_level
+from attacks.publication import (
+    published_levels,
+    reproduced_cells,
+    row_order_alignment,
+    to_level,
+)
 from dp.budget import ApproxBudget
 from dp.ledger import Ledger
 from dp.ledger_auth import LedgerKey
@@ -209,7 +214,7 @@ def check_combination(
                     ).drop_duplicates()
                 found = reproduced_cells(
                     table, mine, truth, keys, levels, hierarchies, suppressed,
-                    names=(t, d, query),
+                    names=(t, d, query), table_levels=published_levels(releases[t].document),
                 )  # fmt: skip
                 findings["reproduced_cells"].append(found.as_dict())
                 if found.linked:

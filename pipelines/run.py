@@ -412,7 +412,7 @@ def _run(
                 common = run_common(plan, every, raw, hierarchies, control=None)
             write_audit(
                 plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
-                into=out.internal, common=common,
+                into=out.internal, common=common, work=out.work,
             )  # fmt: skip
             manifest["report"] = f"{INTERNAL}/report.html"
         details: dict[str, Any] = {}

@@ -34,9 +34,10 @@ import pandas as pd
 
 from anonymity.hierarchy import Hierarchy
 from attacks.result import AttackResult, plain
+from attacks.stats import wilson_interval
 from reports.distributions import distributions, generalisation_levels
 from reports.run import ANONYMISED_KINDS, Release, Run
-from reports.utility import UtilityOptions, raw_release, release_utility
+from reports.utility import COMMON_RULE, UtilityOptions, raw_release, release_utility
 from reports.workload import Workload, build_workload, true_answers
 
 __all__ = [
@@ -81,6 +82,9 @@ SAFE_DETAILS: Final = frozenset(
         "domain_size",
         "odds_bound",
         "trials",
+        "shift",
+        "uniform_prior_bound",
+        "prior",
     }
 )
 
@@ -281,8 +285,13 @@ def _summary(
     rated = [n for n, a in attacks.items() if a.get("rate") is not None]
     head = min(rated, key=lambda n: _headline_order(n, headline)) if rated else None
     worst = max(rated, key=lambda n: (float(attacks[n]["rate"]), n)) if rated else None
+    common = utility.get("common") or {}
+    own = utility.get("own") or {}
     return {
-        "error": utility.get("mean_relative_error"),
+        # the error on the ONE common workload (the same queries for every release)
+        "error": common.get("error", utility.get("mean_relative_error")),
+        # the error on the release's own estimand (means, bounded counts, ...)
+        "own_error": own.get("mean_relative_error", utility.get("mean_relative_error")),
         "within_10pct": utility.get("within_10pct"),
         "full_workload": not utility.get("marginals_not_answerable")
         and bool(utility.get("queries")),
@@ -377,10 +386,22 @@ def _methodology(
         },
         "utility": {
             **options.describe(rows),
-            "anonymised": "each published row spreads one record uniformly over the raw "
-            "values its generalised labels cover, independently per column ('*' = whole "
-            "domain, '[lo, hi]' = the domain's numbers inside, a hierarchy label = the raw "
-            "values under it); suppressed rows are kept and spread over the whole domain",
+            "anonymised": "each published row spreads one record uniformly over the public "
+            "domain its generalised labels cover, independently per column ('*' = whole "
+            "domain, '[lo, hi]' = the domain's numbers inside, a hierarchy label = every "
+            "leaf under it in the public hierarchy, whether or not it occurs in the data); "
+            "suppressed rows are kept and spread over the whole domain",
+            "common": "summary.error and utility.common: every release is scored on the "
+            "same queries (the config's report.queries when declared, else every cell of "
+            "the default marginals); " + COMMON_RULE + ". A release publishing nothing "
+            "about a query gives the analyst nothing for it; crediting it with a share of "
+            "its total would reward it for data it does not publish",
+            "own": "summary.own_error and utility.own: each release against the truth of "
+            "what it estimates: a dp_mean's means against the true means, a DP count or "
+            "histogram's cells against the raw counts, split into utility.bias (the run's "
+            "exact person-bounded counts, before noise, against the raw counts: bounding, "
+            "not noise) and utility.noise (the noisy against the bounded counts); tables "
+            "and local DP: the workload error",
             "dp": "noisy cells (clamped at 0) summed over the other key columns; marginals "
             "not covered by a query's key columns are not answerable and left out of its "
             "score (counted as marginals_not_answerable)",
@@ -417,6 +438,22 @@ def _methodology(
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100.0 * float(x):.1f}%"
+
+
+def _exceeds(attack: Mapping[str, Any], rate: str, bound: float) -> bool:
+    """Whether the measured ``rate`` exceeds ``bound`` beyond sampling error: the lower
+    end of its Wilson 95% interval lies above the bound (a point estimate above a bound
+    its interval contains is what an attack at the bound measures half the time)."""
+    measured = attack.get(rate)
+    if measured is None:
+        return False
+    interval = attack.get("interval")
+    if rate == "rate" and interval:
+        low = float(interval[0])
+    else:  # the recorded interval is the headline rate's: this rate's own, on as many targets
+        n = int(attack.get("targets") or 0)
+        low = wilson_interval(min(max(float(measured), 0.0), 1.0) * n, n)[0]
+    return low > bound + 1e-9
 
 
 def _release_finding(name: str, e: Mapping[str, Any], sensitive: str | None) -> list[str]:
@@ -462,7 +499,7 @@ def _release_finding(name: str, e: Mapping[str, Any], sensitive: str | None) -> 
             parts.append(f"{aname} {_pct(measured)} (bound {_pct(bound)})")
         else:
             parts.append(f"{aname} {_pct(a.get('rate'))}")
-        if bound is not None and measured is not None and float(measured) > float(bound) + 1e-9:
+        if bound is not None and measured is not None and _exceeds(a, br, float(bound)):
             parts.append(f"WARNING: {aname} exceeds its theoretical bound")
     if u.get("withheld"):
         parts.append(f"workload metrics withheld ({u.get('queries')} queries only)")
@@ -620,6 +657,7 @@ def audit_run(
     sweeps: Mapping[str, Sequence[str]] | None = None,
     options: UtilityOptions | None = None,
     common: Mapping[str, Mapping[str, Any]] | None = None,
+    bounded: Mapping[str, Mapping[str, pd.DataFrame]] | None = None,
 ) -> dict[str, Any]:
     """The whole audit of a finished run: utility of every release, attacks, findings.
 
@@ -628,7 +666,9 @@ def audit_run(
     ``sensitive`` or the anonymised releases' parameters). ``attacks`` maps release
     names to their attack results; ``baseline_attacks`` (attacks on the raw table) adds a
     ``baseline`` entry. ``common`` maps release names (and ``"raw"`` for the baseline) to
-    the common attacker's results (``releases.<name>.common``).
+    the common attacker's results (``releases.<name>.common``). ``bounded``: per DP
+    release, its exact bounded cells per query (``pipelines.dp_release.bounded_truth``),
+    for the bias/noise split of its utility.
     """
     manifest = run.manifest
     if sensitive is None:
@@ -644,7 +684,9 @@ def audit_run(
     entries = {
         name: release_entry(
             r,
-            release_utility(r, truth, hierarchies, options),
+            release_utility(
+                r, truth, hierarchies, options, raw=raw, bounded=(bounded or {}).get(name)
+            ),
             (attacks or {}).get(name),
             common=(common or {}).get(name),
         )

@@ -32,6 +32,22 @@ present in the raw data; a cell the release gives no mass to is answered 0):
 - **Local-DP estimates** (a frame ``value, estimate`` for one attribute, release.json
   ``parameters.attribute``): the 1-way marginal of that attribute.
 
+**The common workload** (``utility.common``, the release's ``summary.error``): the same
+queries for every release — the config's declared ``report.queries`` when given, else
+every cell of the default marginals — with ONE rule for a query a release cannot answer:
+it is a full miss, answered 0 (relative error = true / max(true, floor), at most 1). A
+release that publishes nothing about a query gives the analyst nothing for it; crediting
+it with, e.g., a uniform share of its total would reward releases for data they do not
+publish, and the rule is the same for every kind. The raw table scores 0.
+
+**Each release's own estimand** (``utility.own``, ``summary.own_error``): for a DP count
+or histogram, its published cells against the raw counts, split into bounding bias
+(``utility.bias``: the exact person-bounded counts of the run, before noise, against the
+raw counts) and noise (``utility.noise``: the noisy against the bounded counts); for a
+``dp_mean``/``dp_sum``, its published means/sums against the true ones (raw when the
+value column is in the truth frame, else the exact bounded values of the run); for
+anonymised tables and local DP, the workload error above.
+
 Metrics over the answered cells (each cell is one count query): mean absolute error;
 mean relative error |est - true| / max(true, floor) with ``floor = max(10, 0.1% of the
 rows)`` (the usual sanity bound, so tiny cells do not dominate); max absolute error;
@@ -60,10 +76,12 @@ from reports.run import ANONYMISED_KINDS, LOCAL_DP_KINDS, Release
 from reports.workload import CountQuery, Marginal, Truth, canonical_column, canonical_frame
 
 __all__ = [
+    "COMMON_RULE",
     "Source",
     "UtilityOptions",
     "answer_marginal",
     "cover_table",
+    "own_utility",
     "raw_release",
     "relative_floor",
     "release_estimates",
@@ -80,6 +98,10 @@ _VALUE_COLUMNS: Final = frozenset(
     {"query", "count", "ci_low", "ci_high", "sum", "mean", "rank", "estimate", "variance"}
 )
 _N: Final = "__n"
+COMMON_RULE: Final = (
+    "a query the release cannot answer is a full miss: answered 0, relative error "
+    "true / max(true, floor) (at most 1); the same rule for every release"
+)
 
 
 @dataclass(frozen=True)
@@ -90,7 +112,7 @@ class UtilityOptions:
     floor_min: float = 10.0  # ... but never below this many records
     within: float = 0.10  # "within 10%" threshold on the floored relative error
     min_queries: int = 10  # metrics over fewer queries are withheld (see ``score``)
-    domain: str = "data"  # a label covers the values present in the data, or "hierarchy"
+    domain: str = "hierarchy"  # a label covers its hierarchy leaves (public), or "data"
 
     def describe(self, rows: int) -> dict[str, Any]:
         return {
@@ -98,9 +120,12 @@ class UtilityOptions:
             "floor": relative_floor(rows, self),
             "floor_rule": f"max({self.floor_min:g}, {self.floor_share:.1%} of rows)",
             "within_threshold": self.within,
-            "spread_over": "the values under a label that occur in the data"
+            "spread_over": "the values under a label that occur in the data (not public: "
+            "for comparison only)"
             if self.domain == "data"
-            else "every raw value under a label in its hierarchy",
+            else "the public domain: every leaf under a label in the column's hierarchy "
+            "(the analyst does not know which values occur); a column without a "
+            "hierarchy spreads over its raw values",
             "min_queries": self.min_queries,
             "withheld": f"metrics over fewer than {self.min_queries} queries (a small "
             "marginal, a few custom queries) are withheld: next to the published answers "
@@ -161,10 +186,9 @@ def _table_source(release: Release) -> Source:
     )
 
 
-def _dp_sources(release: Release) -> list[Source]:
+def _dp_parts(release: Release) -> list[tuple[str, pd.DataFrame, list[str], dict[str, int]]]:
+    """Per query of a DP release: (name, its published rows, key columns, key levels)."""
     data = release.data
-    if "count" not in data.columns:
-        return []
     params = release.parameters
     queries: Mapping[str, Any] = params.get("queries") or {}
     partition_by = [str(c) for c in params.get("partition_by") or []]
@@ -173,7 +197,7 @@ def _dp_sources(release: Release) -> list[Source]:
         parts = [(str(q), g) for q, g in data.groupby("query", sort=True)]
     else:
         parts = [(next(iter(queries), release.name), data)]
-    out: list[Source] = []
+    out = []
     for qname, part in parts:
         q = queries.get(qname) or {}
         keys = [*partition_by, *[str(c) for c in q.get("group_by") or []]]
@@ -182,15 +206,22 @@ def _dp_sources(release: Release) -> list[Source]:
             keys = [c for c in part.columns if c not in _VALUE_COLUMNS]
         # a long-form table has empty cells in other queries' key columns: drop those
         levels = {str(k): int(v) for k, v in (q.get("levels") or {}).items()}
-        out.append(
-            Source(
-                f"{release.name}:{qname}",
-                canonical_frame(part, keys),
-                np.clip(_numbers(part["count"]), 0.0, None),
-                levels,
-            )
-        )
+        out.append((qname, part, keys, levels))
     return out
+
+
+def _dp_sources(release: Release) -> list[Source]:
+    if "count" not in release.data.columns:
+        return []
+    return [
+        Source(
+            f"{release.name}:{qname}",
+            canonical_frame(part, keys),
+            np.clip(_numbers(part["count"]), 0.0, None),
+            levels,
+        )
+        for qname, part, keys, levels in _dp_parts(release)
+    ]
 
 
 def _ldp_sources(release: Release) -> list[Source]:
@@ -492,8 +523,15 @@ def release_utility(
     truth: Truth,
     hierarchies: Mapping[str, Hierarchy] | None = None,
     options: UtilityOptions | None = None,
+    *,
+    raw: pd.DataFrame | None = None,
+    bounded: Mapping[str, pd.DataFrame] | None = None,
 ) -> dict[str, Any]:
-    """The utility entry of one release in audit.json (see the module docstring)."""
+    """The utility entry of one release in audit.json (see the module docstring).
+
+    ``raw`` (the true rows) and ``bounded`` (the DP job's exact bounded cells per query,
+    :func:`pipelines.dp_release.bounded_truth`) score a DP release on its own estimand;
+    without ``raw`` there is no ``own`` entry, without ``bounded`` no bias/noise split."""
     o = options or UtilityOptions()
     floor = relative_floor(truth.rows, o)
     sources, method = release_sources(release)
@@ -506,12 +544,14 @@ def release_utility(
     per_marginal: list[dict[str, Any]] = []
     not_answerable: list[list[str]] = []
     skipped_cells = 0
+    missed: list[FloatArray] = []
     for m in truth.workload.marginals:
         true = truth.marginals[m]
         est = answerer.marginal(m)
         if est is None:
             not_answerable.append(list(m))
             skipped_cells += int(true.shape[0])
+            missed.append(true.to_numpy(dtype=np.float64))
             continue
         tv = true.to_numpy(dtype=np.float64)
         ev = est.reindex(true.index, fill_value=0.0).to_numpy(dtype=np.float64)
@@ -549,9 +589,160 @@ def release_utility(
             **score(qt, qe, floor, o.within, o.min_queries),
             "not_answerable": missing,
         }
+        queries = len(truth.workload.queries)
+        unanswered = [float(truth.queries[q.name]) for q in truth.workload.queries]
+        unanswered = [t for q, t in zip(truth.workload.queries, unanswered, strict=True)
+                      if answerer.pick(q.columns) is None]  # fmt: skip
+        common_true = np.concatenate([np.asarray(qt, dtype=np.float64), unanswered])
+        common_est = np.concatenate([np.asarray(qe, dtype=np.float64), np.zeros(missing)])
+        workload = f"the config's report.queries ({queries} declared count queries)"
+        answered = queries - missing
+    else:
+        common_true = _cat([*trues, *missed])
+        common_est = _cat([*ests, *[np.zeros_like(t) for t in missed]])
+        arity = "/".join(str(w) for w in truth.workload.ways())
+        workload = (
+            f"the default workload: every cell of the {arity}-way marginals over "
+            f"{', '.join(truth.workload.columns)} ({int(common_true.shape[0])} count queries)"
+        )
+        answered = int(common_true.shape[0]) - skipped_cells
+    common = score(common_true, common_est, floor, o.within, 1)
+    out["common"] = {
+        "error": common["mean_relative_error"],
+        "queries": int(common_true.shape[0]),
+        "answered": answered,
+        "workload": workload,
+        "rule": COMMON_RULE,
+    }
+    own = own_utility(release, raw, hierarchies or {}, bounded, floor, o) if raw is not None else {}
+    if "own" not in own:
+        own["own"] = {
+            "estimand": "the workload's count queries",
+            "truth": "raw",
+            **{k: out.get(k) for k in ("queries", "mean_relative_error", "within_10pct")},
+        }
+    out.update(own)
     out["unresolved_labels"] = answerer.unresolved
     out["relative_floor"] = floor
     return out
+
+
+_ESTIMAND: Final = {"dp_mean": "mean", "dp_sum": "sum"}
+
+
+def _at_level(values: Any, hierarchy: Hierarchy | None, level: int) -> ObjArray:
+    """Raw values as labels at ``level`` of their hierarchy (None where unknown)."""
+    canon = canonical_column(values)
+    if not level or hierarchy is None:
+        return canon
+    codes = hierarchy.encode(canon)
+    out = np.full(len(canon), None, dtype=object)
+    ok = codes >= 0
+    out[ok] = hierarchy.generalize(codes[ok], level)
+    return out
+
+
+def _relative(true: FloatArray, estimate: FloatArray, within: float) -> dict[str, Any]:
+    """Error metrics of estimated against true means/sums: relative to |true|."""
+    keep = ~np.isnan(true) & ~np.isnan(estimate)
+    t, e = true[keep], estimate[keep]
+    if not t.size:
+        return score([], [], 1.0)
+    err = np.abs(e - t)
+    rel = err / np.maximum(np.abs(t), 1e-12)
+    return {
+        "queries": int(t.size),
+        "mean_absolute_error": float(err.mean()),
+        "mean_relative_error": float(rel.mean()),
+        "max_absolute_error": float(err.max()),
+        "within_10pct": float((rel <= within + 1e-12).mean()),
+    }
+
+
+def own_utility(
+    release: Release,
+    raw: pd.DataFrame,
+    hierarchies: Mapping[str, Hierarchy],
+    bounded: Mapping[str, pd.DataFrame] | None,
+    floor: float,
+    options: UtilityOptions | None = None,
+) -> dict[str, Any]:
+    """A DP release scored on its own estimand (module docstring): ``own``, ``bias``
+    (bounded truth against raw truth) and ``noise`` (published against bounded truth);
+    ``{}`` for other kinds (their own estimand is the workload)."""
+    if not release.kind.startswith("dp_") or release.kind == "dp_top_k":
+        return {}
+    o = options or UtilityOptions()
+    column = _ESTIMAND.get(release.kind, "count")
+    value = release.parameters.get("value")
+    counts = column == "count"
+    has_raw = counts or (value is not None and str(value) in raw.columns)
+    est_parts: list[FloatArray] = []
+    raw_parts: list[FloatArray] = []
+    bnd_parts: list[FloatArray] = []
+    complete = bool(bounded)
+    for qname, part, keys, levels in _dp_parts(release):
+        if column not in part.columns or any(k not in raw.columns for k in keys):
+            continue
+        key = keys or ["__all"]
+        labels = canonical_frame(part, keys) if keys else pd.DataFrame({"__all": [""] * len(part)})
+        index = pd.MultiIndex.from_frame(labels)
+        est_parts.append(_numbers(part[column]))
+        mapped = pd.DataFrame(
+            {k: _at_level(raw[k], hierarchies.get(k), levels.get(k, 0)) for k in keys}
+            if keys
+            else {"__all": [""] * len(raw)}
+        )
+        if counts:
+            true = mapped.groupby(key, sort=False).size().astype(np.float64)
+        elif has_raw:
+            numbers = pd.to_numeric(raw[str(value)], errors="coerce")
+            grouped = numbers.groupby([mapped[k] for k in key], sort=False)
+            true = grouped.mean() if column == "mean" else grouped.sum()
+        else:
+            true = pd.Series(dtype=np.float64)
+        true.index = pd.MultiIndex.from_frame(true.index.to_frame(index=False))
+        fill = 0.0 if counts else np.nan
+        raw_parts.append(true.reindex(index, fill_value=fill).to_numpy(dtype=np.float64))
+        frame = (bounded or {}).get(qname)
+        if frame is None or column not in frame.columns:
+            complete = False
+            continue
+        b = frame.assign(__all="").set_index(key)[column].astype(np.float64)
+        b.index = pd.MultiIndex.from_frame(b.index.to_frame(index=False))
+        bnd_parts.append(b.reindex(index, fill_value=fill).to_numpy(dtype=np.float64))
+    if not est_parts:
+        return {}
+    est, rawt = _cat(est_parts), _cat(raw_parts)
+    bnd = _cat(bnd_parts) if complete else None
+
+    def scored(true: FloatArray, estimate: FloatArray) -> dict[str, Any]:
+        if counts:
+            return score(true, estimate, floor, o.within, o.min_queries)
+        return _relative(true, estimate, o.within)
+
+    what = {"count": "counts", "mean": "means", "sum": "sums"}[column]
+    truth_name = "raw" if has_raw else "bounded (the raw values are not in the audit's rows)"
+    if not has_raw and bnd is None:
+        own: dict[str, Any] = {"estimand": f"its published {what}", "truth": None,
+                               **scored(np.zeros(0), np.zeros(0))}  # fmt: skip
+    else:
+        own = {
+            "estimand": f"its published {what}",
+            "truth": truth_name,
+            **scored(rawt if has_raw else bnd, est),  # type: ignore[arg-type]
+        }
+    note = None if bnd is not None else "no bounded truth (the run's work folder is gone)"
+    return {
+        "own": own,
+        "bias": scored(rawt, bnd) if bnd is not None and has_raw else None,
+        "noise": scored(bnd, est) if bnd is not None else None,
+        "split": "bias = the exact person-bounded values of the run (contribution bounding "
+        "and clamping, before noise) against the raw truth: it is bounding, not noise; "
+        "noise = the published values against the bounded ones"
+        if note is None
+        else note,
+    }
 
 
 def _cat(parts: Sequence[FloatArray]) -> FloatArray:

@@ -203,3 +203,79 @@ def test_ldp_report_attack_catches_a_leaky_protocol() -> None:
     leaky = grr(truth, 3.0, 10, rng)  # claims ε = 1
     result = report_attack(truth, leaky, epsilon=1.0, domain_size=10)
     assert result.interval[0] > result.bound
+
+
+# --------------------------------------------------------------------------- issue 13 fixes
+
+
+def test_membership_and_differencing_shift_by_the_persons_full_contribution() -> None:
+    """A person who adds 3 to a count (dp_zip: 1 partition x 3 visits) is simulated as 3,
+    not 1: the measured success is the shift-3 test's, clearly above the shift-1 one."""
+    from attacks import person_contribution
+
+    scale = 3.0  # b = sensitivity / ε with sensitivity 3, ε = 1
+    one, three = (
+        optimal_success("discrete_laplace", scale),
+        optimal_success("discrete_laplace", scale, 3),
+    )
+    assert three > one + 0.1
+    assert three <= dp_success_bound(1.0) + 1e-12  # still under the release's bound
+    result = membership_inference(
+        0, scale=scale, sampler=SeededTestSampler(5), trials=20_000, epsilon=1.0,
+        sensitivity=3.0, shift=3,
+    )  # fmt: skip
+    assert result.details["shift"] == 3
+    assert result.details["expected_success"] == pytest.approx(three)
+    lo, hi = result.interval
+    assert lo <= three <= hi and lo > one
+    assert result.bound == pytest.approx(dp_success_bound(1.0))
+    exact = differencing_attack(7, scale=1.0, sampler=NoNoise(), trials=2000, shift=3)
+    assert exact.rate == 1.0 and exact.details["shift"] == 3
+    noisy = differencing_attack(
+        7, scale=scale, sampler=SeededTestSampler(6), trials=20_000, shift=3, epsilon=1.0
+    )
+    shift_one = differencing_attack(
+        7, scale=scale, sampler=SeededTestSampler(6), trials=20_000, epsilon=1.0
+    )
+    assert noisy.rate > shift_one.rate + 0.05
+    # the contribution is read from release.json's noise figures
+    laplace = {"mechanism": "discrete_laplace", "scale": 12.0, "sensitivity": 3.0}
+    assert person_contribution({"max_partitions": 1}, laplace) == 3
+    gauss = {"mechanism": "discrete_gaussian", "scale": 4.0, "sensitivity": 2.0}
+    params = {"max_partitions": 2, "max_contributions_per_partition": 2}
+    assert person_contribution(params, gauss) == 4  # L1, not the Gaussian's L2
+    with pytest.raises(ValueError, match="shift"):
+        membership_inference(0, scale=1.0, sampler=NoNoise(), shift=0)
+
+
+def test_ldp_bound_uses_the_real_prior_and_reports_map_and_most_common() -> None:
+    """With a skewed attribute, always guessing the most common value beats the uniform
+    prior's 'bound' e^ε/(e^ε+d-1); the real-prior bound (posterior odds <= e^ε × prior
+    odds) holds for it and for the MAP guess, which beats the always-most-common guess."""
+    from attacks.ldp import map_guess
+
+    d, eps, n = 10, 0.5, 40_000
+    prior = np.array([0.5, 0.2, *([0.3 / 8] * 8)])
+    rng = np.random.default_rng(3)  # the experiment's draws, not released noise
+    truth = rng.choice(d, size=n, p=prior)
+    keep = rng.random(n) < math.exp(eps) / (math.exp(eps) + d - 1)
+    other = (truth + rng.integers(1, d, size=n)) % d
+    reported = np.where(keep, truth, other)
+    support = np.zeros((n, d), dtype=bool)
+    support[np.arange(n), reported] = True
+    guesses = map_guess(support, prior, eps)
+    result = report_attack(
+        truth, reported, epsilon=eps, domain_size=d, prior=prior, map_guesses=guesses
+    )
+    uniform = grr_success_bound(eps, d)
+    assert result.rates["most_common_accuracy"] > uniform + 0.2  # the old bound is broken
+    assert result.bound == pytest.approx(grr_success_bound(eps, d, prior))
+    assert result.bound == pytest.approx(math.exp(eps) * 0.5 / (math.exp(eps) * 0.5 + 0.5))
+    assert result.rates["map_accuracy"] >= result.rates["most_common_accuracy"]
+    assert result.rates["map_accuracy"] <= result.bound
+    assert result.bound_rate == "map_accuracy"
+    assert result.details["uniform_prior_bound"] == pytest.approx(uniform)
+    # an attack above the real-prior bound is caught: a leaky "report" (the truth itself)
+    leak = report_attack(truth, truth, epsilon=eps, domain_size=d, prior=prior,
+                         map_guesses=truth)  # fmt: skip
+    assert leak.within_bound is False

@@ -433,3 +433,59 @@ def test_results_are_json_ready() -> None:
     with pytest.raises(ValueError):
         audit_attacks([results["linkage"], results["linkage"]])
     assert isinstance(results["linkage"], AttackResult)
+
+
+# --------------------------------------------------------------------------- issue 13 fixes
+
+
+def test_matching_reads_labels_at_the_published_level_only() -> None:
+    """A leaf called like another level's group ('X' is a value under 'Y' and the level-1
+    group of A and B): at published level 1, a target whose value is 'X' is in class 'Y'
+    only, not also in the class labelled 'X' (which is {A, B})."""
+    from attacks import match_targets
+
+    h = Hierarchy(
+        "q",
+        np.array(
+            [["A", "X", "*"], ["B", "X", "*"], ["X", "Y", "*"], ["C", "Y", "*"]], dtype=object
+        ),
+    )
+    published = pd.DataFrame(
+        {"q": ["X", "X", "X", "Y", "Y", "Y"], "sa": ["s1", "s1", "s2", "s3", "s3", "s3"]}
+    )
+    targets = pd.DataFrame({"q": ["X", "A"], "sa": ["s3", "s1"]})
+    view = match_targets(published, targets, ["q"], "sa", {"q": h}, levels={"q": 1})
+    assert view.per_target(view.classes).tolist() == [1, 1]
+    sizes = view.per_target(view.sizes).tolist()
+    assert sizes == [3, 3]
+    sa = list(view.sa_values)
+    x_counts = view.per_target(view.counts)[0]
+    assert x_counts[sa.index("s3")] == 3 and x_counts[sa.index("s1")] == 0
+    # without levels (a local recoding) each label is read at its lowest level: 'X' is
+    # then the leaf, which is wrong for this full-domain table, hence the levels
+    local = match_targets(published, targets, ["q"], "sa", {"q": h})
+    assert local.per_target(local.classes).tolist() == [2, 0]
+    # coverage itself, by codes at one level
+    raw_ids, lab_ids = coverage(
+        np.array(["X", "A"], dtype=object), np.array(["X", "Y"], dtype=object), h, 1
+    )
+    assert sorted(zip(raw_ids.tolist(), lab_ids.tolist(), strict=True)) == [(0, 1), (1, 0)]
+
+
+def test_reproduced_cells_read_a_full_domain_table_at_its_level() -> None:
+    """The same collision in the publication attack's to_level: a table published at
+    level 1 whose 'X' means {A, B} is mapped to level 1 as 'X', never as the leaf's 'Y'."""
+    from attacks.publication import to_level
+
+    h = Hierarchy(
+        "q",
+        np.array(
+            [["A", "X", "*"], ["B", "X", "*"], ["X", "Y", "*"], ["C", "Y", "*"]], dtype=object
+        ),
+    )
+    published = pd.Series(["X", "Y", "*"])
+    assert to_level(published, h, 1, source_level=1).tolist()[:2] == ["X", "Y"]
+    assert to_level(published, h, 2, source_level=1).tolist()[:2] == ["*", "*"]
+    assert pd.isna(to_level(published, h, 0, source_level=1)).all()
+    # without the level the leaf wins: the old reading, wrong for this table
+    assert to_level(published, h, 1).tolist()[0] == "Y"

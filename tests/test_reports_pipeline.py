@@ -189,3 +189,38 @@ def test_candidates_can_spend_from_a_separate_audit_ledger(tmp_path: Path) -> No
     audit = json.loads((internal_file(tmp_path / "out", "audit.json")).read_text())
     assert audit["budget"]["audit_ledger"].endswith("audit-ledger.sqlite")
     assert "separate audit ledger" in (internal_file(tmp_path / "out", "report.html")).read_text()
+
+
+def test_utility_truths_and_the_common_workload_on_the_demo(demo_run: tuple[Path, Path]) -> None:
+    """Issue 13: dp_salary's own error is its means' error (small), not its counts'
+    against visit rows; a person-bounded histogram's error is split into bounding bias
+    (from the run's bounded cells) and noise; every release (and the raw table, at 0) is
+    scored on the same common workload, which is summary.error."""
+    _, out = demo_run
+    audit = json.loads((internal_file(out, "audit.json")).read_text())
+    releases = audit["releases"]
+    salary = releases["dp_salary"]
+    assert "means" in salary["utility"]["own"]["estimand"]
+    assert salary["summary"]["own_error"] == salary["utility"]["own"]["mean_relative_error"]
+    own, counts = salary["summary"]["own_error"], salary["utility"]["mean_relative_error"]
+    assert own < counts / 2  # 3,000 rows: few persons per category, noisier means
+    hist = releases["dp_diagnosis"]["utility"]
+    assert hist["bias"]["mean_relative_error"] > hist["noise"]["mean_relative_error"] > 0
+    assert "bounding, not noise" in hist["split"]
+    sizes = {e["utility"]["common"]["queries"] for e in releases.values()}
+    assert sizes == {audit["baseline"]["utility"]["common"]["queries"]}
+    assert audit["baseline"]["summary"]["error"] == 0.0
+    for e in releases.values():
+        assert e["summary"]["error"] == e["utility"]["common"]["error"]
+    assert releases["dp_diagnosis"]["utility"]["common"]["answered"] < sizes.pop()
+    assert "full miss" in audit["methodology"]["utility"]["common"]
+
+
+@pytest.mark.slow
+def test_demo_dp_mean_own_error_is_small(tmp_path: Path) -> None:
+    """`privpipe demo` (20,000 visits): dp_salary's own error, its means against the true
+    means, is small (< 20%), where scoring its counts against visit rows gave ~80%."""
+    assert main(["demo", "--output", str(tmp_path / "d")]) == 0
+    audit = json.loads(internal_file(tmp_path / "d", "audit.json").read_text())
+    salary = audit["releases"]["dp_salary"]
+    assert salary["summary"]["own_error"] < 0.20 < salary["utility"]["mean_relative_error"]

@@ -315,3 +315,121 @@ def test_dp_fraction_epsilon_is_plain_json() -> None:
         "k=5, l=3 (recursive, c=4)"
     )
     assert guarantee_text("raw", {}) == "no protection"
+
+
+# --------------------------------------------------------------------------- issue 13 fixes
+
+
+def test_bound_warning_only_when_the_interval_excludes_the_bound() -> None:
+    """A point estimate just above the bound whose Wilson interval holds it is what an
+    attack at the bound measures half the time: no WARNING; an interval above: WARNING."""
+    from reports.audit import findings
+
+    def audit(rate: float, interval: list[float], bound_rate: str = "rate") -> dict:
+        attack = {"rate": rate, "targets": 10_000, "interval": interval, "bound": 0.6225,
+                  "bound_rate": bound_rate}  # fmt: skip
+        if bound_rate != "rate":
+            attack[bound_rate] = rate
+            attack["rate"] = 0.1
+        entry = {"kind": "dp_count", "guarantee_text": "ε=0.5", "attacks": {"membership": attack}}
+        return {"releases": {"dp_zip": entry}}
+
+    inside = " ".join(findings(audit(0.6260, [0.6165, 0.6354])))
+    assert "measured 62.6% (membership)" in inside and "WARNING" not in inside
+    above = " ".join(findings(audit(0.6500, [0.6406, 0.6592])))
+    assert "WARNING: membership exceeds its theoretical bound" in above
+    # a bounded rate other than the headline: its own interval on the same targets
+    assert "WARNING" not in " ".join(findings(audit(0.6260, [0.09, 0.11], "map_accuracy")))
+    assert "WARNING" in " ".join(findings(audit(0.6500, [0.09, 0.11], "map_accuracy")))
+
+
+def test_labels_spread_over_the_public_domain_not_the_observed_values() -> None:
+    """'X' covers leaves A, B, C, D; only A and B occur. The analyst does not know that:
+    each 'X' row spreads a quarter to each leaf, so A gets 1 of its true 2 (old rule:
+    spread over the observed A and B only, exact)."""
+    h = Hierarchy("q", np.array([["A", "X"], ["B", "X"], ["C", "X"], ["D", "X"]], dtype=object))
+    raw = pd.DataFrame({"q": ["A", "A", "B", "B"]})
+    truth = true_answers(raw, build_workload(["q"]))
+    table = Release("t", "k_anonymity", pd.DataFrame({"q": ["X"] * 4}), {})
+    est = release_estimates(table, truth, {"q": h})[("q",)]
+    assert est.loc["A"] == pytest.approx(1.0) and est.loc["B"] == pytest.approx(1.0)
+    u = release_utility(table, truth, {"q": h}, UtilityOptions(min_queries=1))
+    assert u["mean_absolute_error"] == pytest.approx(1.0)
+    assert "public" in UtilityOptions().describe(4)["spread_over"]
+    # the data-observed rule stays available for comparison only
+    data = release_estimates(table, truth, {"q": h}, UtilityOptions(domain="data"))[("q",)]
+    assert data.loc["A"] == pytest.approx(2.0)
+
+
+def test_every_release_is_scored_on_one_common_workload() -> None:
+    """A DP histogram answering only sex x dx and a table answering everything are scored
+    on the same cells; the histogram's unanswerable cells are full misses (answered 0,
+    relative error 1 when true >= floor). The raw table scores 0."""
+    df = _people()
+    truth = true_answers(df, build_workload(["sex", "dx", "age"]))
+    spec = from_config_values(
+        name="h", kind="dp_histogram", epsilon=1.0, delta=0.0,
+        queries=[Query("h", ("dx",))], partition_by=("sex",), max_partitions=1,
+        domains={("dx", 0): ["acne", "cold", "flu", "gout"], ("sex", 0): ["F", "M"]},
+    )  # fmt: skip
+    table, doc = dp_release(df, spec, NoNoise(), rng=0)
+    hist = release_utility(Release("h", doc["kind"], table.astype(str), doc), truth)
+    cells = 2 + 4 + 4 + 8 + 8 + 16  # every cell of the 1- and 2-way marginals
+    common = hist["common"]
+    assert common["queries"] == cells and common["answered"] == 2 + 4 + 8
+    # exact on its 14 cells, a full miss (every true count >= the floor of 10) elsewhere
+    assert common["error"] == pytest.approx((cells - 14) / cells)
+    assert "full miss" in common["rule"]
+    base = release_utility(raw_release(df, ["sex", "dx", "age"]), truth)
+    assert base["common"]["error"] == 0.0 and base["common"]["queries"] == cells
+    # declared queries replace the default workload, for every release alike
+    declared = true_answers(
+        df,
+        build_workload(
+            ["sex", "dx", "age"],
+            queries=[{"name": "f", "where": {"sex": "F"}}, {"name": "a", "where": {"age": "20"}}],
+        ),
+    )
+    c = release_utility(Release("h", doc["kind"], table.astype(str), doc), declared)["common"]
+    assert c["queries"] == 2 and c["answered"] == 1
+    assert c["error"] == pytest.approx(0.5)  # sex=F exact, age=20 a full miss
+    assert "report.queries" in c["workload"]
+
+
+def test_dp_mean_is_scored_against_true_means_and_counts_split_bias_from_noise() -> None:
+    """A dp_mean is scored on its means (not its counts); a person-bounded count's error
+    against the raw rows is split into bounding bias and noise, from the bounded cells."""
+    raw = pd.DataFrame({"dx": ["a"] * 40 + ["b"] * 60, "salary": [100.0] * 40 + [200.0] * 60})
+    truth = true_answers(raw, build_workload(["dx"]))
+    params = {"queries": {"m": {"group_by": ["dx"]}}, "value": "salary", "bounds": [0, 400]}
+    means = pd.DataFrame({"dx": ["a", "b"], "mean": [110.0, 190.0], "count": [20, 30]})
+    u = release_utility(
+        Release("m", "dp_mean", means, {"kind": "dp_mean", "parameters": params}),
+        truth, raw=raw,
+    )  # fmt: skip
+    assert u["own"]["truth"] == "raw" and "means" in u["own"]["estimand"]
+    assert u["own"]["mean_relative_error"] == pytest.approx((0.1 + 0.05) / 2)
+    assert u["own"]["queries"] == 2  # means are not withheld: they reveal no count
+    # without the raw values: against the run's exact bounded means, noise only
+    bounded = {"m": pd.DataFrame({"dx": ["a", "b"], "count": [20.0, 30.0],
+                                  "mean": [100.0, 200.0]})}  # fmt: skip
+    v = release_utility(
+        Release("m", "dp_mean", means, {"kind": "dp_mean", "parameters": params}),
+        truth, raw=raw[["dx"]], bounded=bounded,
+    )  # fmt: skip
+    assert v["own"]["truth"].startswith("bounded")
+    assert v["own"]["mean_relative_error"] == pytest.approx(0.075)
+    assert v["bias"] is None and v["noise"]["mean_relative_error"] == pytest.approx(0.075)
+    # a bounded histogram: 40/60 rows, 20/30 persons after bounding, noisy 22/27
+    doc = {"kind": "dp_count", "parameters": {"queries": {"c": {"group_by": ["dx"]}}}}
+    counts = Release("c", "dp_count", pd.DataFrame({"dx": ["a", "b"], "count": [22, 27]}), doc)
+    split = release_utility(
+        counts, truth, raw=raw, bounded={"c": bounded["m"][["dx", "count"]]},
+        options=UtilityOptions(min_queries=1),
+    )  # fmt: skip
+    assert split["bias"]["mean_relative_error"] == pytest.approx((20 / 40 + 30 / 60) / 2)
+    assert split["noise"]["mean_relative_error"] == pytest.approx((2 / 20 + 3 / 30) / 2)
+    assert split["own"]["mean_relative_error"] == pytest.approx((18 / 40 + 33 / 60) / 2)
+    assert "bounding, not noise" in split["split"]
+    nobounds = release_utility(counts, truth, raw=raw, options=UtilityOptions(min_queries=1))
+    assert nobounds["bias"] is None and nobounds["noise"] is None
