@@ -8,9 +8,9 @@ difference between the two success rates is what a release leaks about its membe
 The rule is a keyed hash of the privacy unit's value (every row of a person goes the
 same way) or, without a privacy unit, of the whole row: a row is held out when the
 64-bit SipHash, under a 16-byte key, of the value's pandas fingerprint
-(``hash_pandas_object``) falls below ``share × 2**64``. The key is fresh per run from the OS CSPRNG and never published, so
-nobody outside can tell who was held out; the rule is per row, so batches split
-independently and two reads of the same input split identically.
+(``hash_pandas_object``) falls below ``share × 2**64``. The key is fresh per run from
+the OS CSPRNG and never published, so nobody outside can tell who was held out; the
+rule is per row, so batches split independently and two reads of the input identically.
 """
 
 from __future__ import annotations

@@ -437,10 +437,9 @@ def members_columns(plan: Plan, run_dir: Path, columns: list[str]) -> pd.DataFra
         with beam.Pipeline(runner="DirectRunner") as p:
             read = p | "Read" >> ReadMicrodata(plan.input_spec())
             _ = (
-                read["batches"]
-                | "HoldOut" >> HoldOut(share, key, unit)
-            )[MEMBERS] | "Members" >> beam.Map(lambda df, c: df[c], columns) | "Write" >> (
-                WriteTable(work, RAW_TABLE, columns, "parquet")
+                (read["batches"] | "HoldOut" >> HoldOut(share, key, unit))[MEMBERS]
+                | "Members" >> beam.Map(lambda df, c: df[c], columns)
+                | "Write" >> (WriteTable(work, RAW_TABLE, columns, "parquet"))
             )
         return pd.read_parquet(Path(work) / f"{RAW_TABLE}.parquet")
 

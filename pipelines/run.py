@@ -22,6 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 import privpipe
 from anonymity.spec import AnonymizationSpec
+from attacks.control import new_holdout_key
 from dp.ledger import Ledger
 from dp.noise import INSECURE_GUARANTEE
 from pipelines.audit import (
@@ -35,6 +36,12 @@ from pipelines.audit import (
     write_audit,
 )
 from pipelines.config import ANONYMITY_KINDS
+from pipelines.continual_release import (
+    ContinualJob,
+    continual_jobs,
+    precheck,
+    publish_continual,
+)
 from pipelines.control import (
     CONTROL_REJECTED,
     CONTROL_TABLE,
@@ -44,12 +51,6 @@ from pipelines.control import (
     holdout_share,
     load_controls,
     write_key,
-)
-from pipelines.continual_release import (
-    ContinualJob,
-    continual_jobs,
-    precheck,
-    publish_continual,
 )
 from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver, check_static
@@ -66,7 +67,6 @@ from pipelines.publication import (
 from privpipe import errors
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from transforms.anonymize import AnonymizeRelease
-from attacks.control import new_holdout_key
 from transforms.dp_aggregate import AggregateDPCells
 from transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from transforms.io import InputSpec, ReadMicrodata, inspect_input

@@ -118,11 +118,21 @@ def write_config(tmp: Path, control: Any, data: pd.DataFrame | None = None) -> P
         },
         "releases": [
             {"name": "k2", "kind": "k_anonymity", "k": 2, "suppression_limit": 0.5},
-            {"name": "dp_total", "kind": "dp_count", "epsilon": 8.0,
-             "max_contributions_per_partition": 2},
-            {"name": "ldp_sex", "kind": "local_dp", "epsilon": 1.0, "attribute": "sex",
-             "protocol": "grr", "write_reports": True},
-        ],  # fmt: skip
+            {
+                "name": "dp_total",
+                "kind": "dp_count",
+                "epsilon": 8.0,
+                "max_contributions_per_partition": 2,
+            },
+            {
+                "name": "ldp_sex",
+                "kind": "local_dp",
+                "epsilon": 1.0,
+                "attribute": "sex",
+                "protocol": "grr",
+                "write_reports": True,
+            },
+        ],
         "publish": ["k2"],
         "attacks": {"run": ["homogeneity"], **({"control": control} if control else {})},
         "budget": {
@@ -173,7 +183,7 @@ def held_out_persons(out: Path, data: pd.DataFrame) -> set[str]:
 
 @pytest.mark.slow
 def test_no_held_out_person_is_in_any_release(holdout_run: tuple[Path, Any, Path]) -> None:
-    out, seen, _ = holdout_run
+    out, _, _ = holdout_run
     data = visits(range(PERSONS), 0)
     held = held_out_persons(out, data)
     assert 0.2 * PERSONS < len(held) < 0.4 * PERSONS
