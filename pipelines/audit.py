@@ -66,6 +66,7 @@ from pipelines.config import (
 )
 from pipelines.plan import Plan
 from pipelines.pubattacks import across_runs, breach_findings, publication_attacks
+from privpipe.errors import InputDataError
 
 if TYPE_CHECKING:  # reports (matplotlib) is imported only when a report is written
     from reports import Release
@@ -280,10 +281,15 @@ def run_attacks(
     releases: Mapping[str, Release],
     raw: pd.DataFrame,
     hierarchies: Mapping[str, Hierarchy],
+    control: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, AttackResult]]:
     """Every configured attack on the baseline (``raw``) and on the ``releases`` (continual
     counts are published after the attacks, their state advancing last; the attacks on
-    them are those of any DP count)."""
+    them are those of any DP count).
+
+    ``raw`` holds the members (the published input's rows); ``control`` the control records
+    of ``attacks.control`` (same columns, never in any release) or None without a control
+    set: the common attacker's baseline (pipelines/control.py)."""
     s = plan.config.schema_
     qis, sa = list(s.quasi_identifiers), str(s.sensitive)
     reference = _reference(raw, sa)
@@ -478,8 +484,12 @@ def common_releases(plan: Plan, staging: Path, loaded: Mapping[str, Release]) ->
     }
 
 
-def attacker_summary(plan: Plan, records: int) -> dict[str, Any]:
-    """The attacker model of the run, for audit.json."""
+def attacker_summary(
+    plan: Plan, records: int, control: pd.DataFrame | None = None
+) -> dict[str, Any]:
+    """The attacker model of the run, for audit.json (``control``: the control records)."""
+    from pipelines.control import control_summary
+
     cfg = plan.config.attacks
     assert cfg is not None
     knowledge = knowledge_of(cfg)
@@ -492,6 +502,7 @@ def attacker_summary(plan: Plan, records: int) -> dict[str, Any]:
         "tau": knowledge.tau,
         "seed": knowledge.seed,
         "attacks": list(cfg.attacks()),
+        "control": control_summary(plan, control),
     }
 
 
@@ -519,6 +530,7 @@ def write_audit(
     into: Path | None = None,
     common: Mapping[str, Mapping[str, Any]] | None = None,
     work: Path | None = None,
+    control: pd.DataFrame | None = None,
 ) -> dict[str, Path]:
     """audit.json, report.md and report.html of the staged run (into ``into``, default the
     staging folder); releases already read for the attacks are not read again. ``common``:
@@ -565,7 +577,7 @@ def write_audit(
         },
     )
     if attacks is not None:
-        audit["attacker"] = attacker_summary(plan, len(raw))
+        audit["attacker"] = attacker_summary(plan, len(raw), control)
     published = list(manifest.get("published") or [])
     candidates = list(manifest.get("candidates") or [])
     b = plan.config.budget
@@ -726,6 +738,38 @@ def read_columns(plan: Plan, columns: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def members_columns(plan: Plan, run_dir: Path, columns: list[str]) -> pd.DataFrame:
+    """The audit ``columns`` of a holdout run's members, split again with the run's key
+    (``internal/holdout.key``): the input's own reader and the same holdout transform, so
+    the rebuilt truth holds exactly the rows the run published from."""
+    import tempfile
+
+    import apache_beam as beam
+
+    from pipelines.control import holdout_share, read_key
+    from transforms.holdout import MEMBERS, HoldOut
+    from transforms.io import ReadMicrodata
+    from transforms.sink import WriteTable
+
+    key = read_key(run_dir)
+    share = holdout_share(plan)
+    if share is None:
+        raise InputDataError(
+            f"{run_dir}: the run held persons out but its config has no "
+            "attacks.control.holdout any more; rebuild with the run's config"
+        )
+    unit = plan.config.schema_.privacy_unit
+    with tempfile.TemporaryDirectory(prefix="privpipe-report-") as work:
+        with beam.Pipeline(runner="DirectRunner") as p:
+            read = p | "Read" >> ReadMicrodata(plan.input_spec())
+            _ = (
+                (read["batches"] | "HoldOut" >> HoldOut(share, key, unit))[MEMBERS]
+                | "Members" >> beam.Map(lambda df, c: df[c], columns)
+                | "Write" >> (WriteTable(work, RAW_TABLE, columns, "parquet"))
+            )
+        return pd.read_parquet(Path(work) / f"{RAW_TABLE}.parquet")
+
+
 def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
     """``privpipe report``: the audit of finished runs rebuilt from their outputs and input.
 
@@ -735,7 +779,7 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
     """
     from pipelines.hierarchies import HierarchyResolver
     from pipelines.plan import load_plan
-    from privpipe.errors import ConfigError, InputDataError
+    from privpipe.errors import ConfigError
     from reports import audit_run, compare_runs, load_run, write_reports
     from reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
 
@@ -760,7 +804,8 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
             config, output_dir=d, input_override=inputs[0] if len(inputs) == 1 else None
         )
         cols = audit_columns(plan)
-        raw = read_columns(plan, cols)
+        held = (manifest.get("control") or {}).get("source") == "holdout"
+        raw = members_columns(plan, d, cols) if held else read_columns(plan, cols)
         counts = {c: raw[c].value_counts() for c in cols}
         hierarchies = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)(counts)
         previous = {}

@@ -576,6 +576,41 @@ def _all_attacks() -> list[str | dict[str, dict[str, Any]]]:
     return [*ATTACK_NAMES]
 
 
+class ControlConfig(_Model):
+    """Where the control records come from (anonymeter's baseline, REFERENCE.md): records
+    of the same population that are not in the published input."""
+
+    holdout: float | None = Field(
+        default=None,
+        gt=0,
+        le=0.5,
+        allow_inf_nan=False,
+        description="Share of persons (schema.privacy_unit, else rows) held out of the input "
+        "before anything is profiled, searched, counted or published; chosen by a keyed hash "
+        "with a fresh secret key per run. Held-out persons are in no release.",
+    )
+    file: str | None = Field(
+        default=None,
+        description="Records of the same population known not to be in the input (same "
+        "columns, read like the input), relative to the config.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ControlConfig:
+        if (self.holdout is None) == (self.file is None):
+            raise ValueError(
+                "give exactly one of holdout: <share in (0, 0.5]> (persons held out of the "
+                "input) or file: <path> (records known not to be in the input)"
+            )
+        return self
+
+    @field_validator("holdout", mode="before")
+    @classmethod
+    def _share(cls, value: Any) -> Any:
+        """A share written as an integer (1) is still a number, refused by the range."""
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 class AttacksConfig(_Model):
     """What the attacker knows and which attacks run against every release."""
 
@@ -592,6 +627,11 @@ class AttacksConfig(_Model):
     )
     tau: float = Field(
         default=0.5, gt=0, le=1, allow_inf_nan=False, description="Disclosure confidence."
+    )
+    control: ControlConfig | None = Field(
+        default=None,
+        description="Control records for the common attacker's baseline: {holdout: share} "
+        "or {file: path}; absent: no control set.",
     )
 
     @field_validator("run")
@@ -998,6 +1038,11 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
             out.append(
                 "attacks: the attacker links targets by their quasi-identifiers and guesses "
                 "the sensitive attribute; set schema.quasi_identifiers and schema.sensitive"
+            )
+        if cfg.attacks.control is not None and (not qis or not s.sensitive):
+            out.append(
+                "attacks.control: the control records are attacked like the input's; set "
+                "schema.quasi_identifiers and schema.sensitive (or remove attacks.control)"
             )
         for q in cfg.attacks.known or []:
             if q not in qis:

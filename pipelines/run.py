@@ -22,6 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 import privpipe
 from anonymity.spec import AnonymizationSpec
+from attacks.control import new_holdout_key
 from dp.ledger import Ledger
 from dp.noise import INSECURE_GUARANTEE
 from pipelines.audit import (
@@ -43,6 +44,16 @@ from pipelines.continual_release import (
     precheck,
     publish_continual,
 )
+from pipelines.control import (
+    CONTROL_REJECTED,
+    CONTROL_TABLE,
+    control_config,
+    control_spec,
+    control_summary,
+    holdout_share,
+    load_controls,
+    write_key,
+)
 from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver, check_static
 from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
@@ -59,6 +70,7 @@ from privpipe import errors
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from transforms.anonymize import AnonymizeRelease
 from transforms.dp_aggregate import AggregateDPCells
+from transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
 from transforms.local_dp import PerturbLocalDP
 from transforms.profile import ProfileMicrodata, split_internal
@@ -125,12 +137,17 @@ def build_graph(
     seed: int | None = None,
     ljobs: Sequence[LocalJob] = (),
     cjobs: Sequence[ContinualJob] = (),
+    holdout_key: str | None = None,
 ) -> None:
-    """Read batches once; profile, anonymise, aggregate DP cells, perturb local DP reports."""
+    """Read batches once; profile, anonymise, aggregate DP cells, perturb local DP reports.
+
+    With ``attacks.control.holdout`` the batches are split right after each read by the
+    run's ``holdout_key``: members feed everything, the controls only the attacks."""
     s = plan.config.schema_
     counted = list(s.quasi_identifiers) + ([s.sensitive] if s.sensitive else [])
     read = p | "Read" >> ReadMicrodata(spec)
-    _ = read["batches"] | "Profile" >> ProfileMicrodata(
+    batches, controls = control_split(p, read, plan, out, holdout_key)
+    _ = batches | "Profile" >> ProfileMicrodata(
         str(out.work / "profile.json"), columns, s.quasi_identifiers, counted, s.privacy_unit
     )
     resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
@@ -138,8 +155,11 @@ def build_graph(
     # for all anonymised releases together
     anonymised = [r for r in plan.config.releases if r.kind in ANONYMITY_KINDS]
     again = (p | "ReadAgain" >> ReadMicrodata(spec))["batches"] if anonymised else None
+    share = holdout_share(plan)
+    if again is not None and share is not None and holdout_key is not None:  # same split
+        again = (again | "HoldOutAgain" >> HoldOut(share, holdout_key, s.privacy_unit))[MEMBERS]
     for r in anonymised:
-        _ = read["batches"] | f"Release[{r.name}]" >> AnonymizeRelease(
+        _ = batches | f"Release[{r.name}]" >> AnonymizeRelease(
             anonymization_spec(r, plan),
             spec,
             resolver,
@@ -153,21 +173,27 @@ def build_graph(
         # accepted rows, QIs + SA (in the private scratch folder, outside DIR)
         cols = audit_columns(plan)
         _ = (
-            read["batches"]
+            batches
             | "AuditColumns" >> beam.Map(lambda df, c: df[c], cols)
             | "WriteAuditRows" >> WriteTable(str(out.work), RAW_TABLE, cols, "parquet")
         )
+        if controls is not None:  # the control rows: the attacks' baseline, never published
+            _ = (
+                controls
+                | "ControlColumns" >> beam.Map(lambda df, c: df[c], cols)
+                | "WriteControlRows" >> WriteTable(str(out.work), CONTROL_TABLE, cols, "parquet")
+            )
     labeler = HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)
     for job in jobs:
-        _ = read["batches"] | f"DP[{job.name}]" >> AggregateDPCells(
+        _ = batches | f"DP[{job.name}]" >> AggregateDPCells(
             job.spec, job.plans, labeler, str(out.work / f"dp-{job.name}.pickle"), seed
         )
     for cjob in cjobs:  # bounded per-cell counts of this period (noise comes in the driver)
-        _ = read["batches"] | f"Continual[{cjob.name}]" >> AggregateDPCells(
+        _ = batches | f"Continual[{cjob.name}]" >> AggregateDPCells(
             cjob.spec, cjob.plans, labeler, str(out.work / f"dp-{cjob.name}.pickle"), seed
         )
     for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
-        _ = read["batches"] | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
+        _ = batches | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
             ljob.spec,
             str(out.work / f"ldp-{ljob.name}.pickle"),
             # the reports are what a collector receives, not a public artefact: their number
@@ -181,6 +207,34 @@ def build_graph(
         | "RejectedColumns" >> beam.Map(lambda df: df[list(REJECTED_COLUMNS)])
         | "WriteRejected" >> WriteTable(str(out.internal), "rejected", REJECTED_COLUMNS)
     )
+
+
+def control_split(
+    p: beam.Pipeline,
+    read: dict[str, Any],
+    plan: Plan,
+    out: RunOutput,
+    holdout_key: str | None,
+) -> tuple[Any, Any]:
+    """(members, controls) of the read: the holdout split, or the input and the rows of
+    ``attacks.control.file`` (read and validated like the input), or the input and None."""
+    share = holdout_share(plan)
+    if share is not None:
+        if holdout_key is None:
+            raise ValueError("attacks.control.holdout needs the run's holdout key")
+        unit = plan.config.schema_.privacy_unit
+        split = read["batches"] | "HoldOut" >> HoldOut(share, holdout_key, unit)
+        return split[MEMBERS], split[CONTROLS]
+    cspec = control_spec(plan)
+    if cspec is None:
+        return read["batches"], None
+    cread = p | "ReadControl" >> ReadMicrodata(cspec)
+    _ = (
+        cread["rejected"]
+        | "ControlRejectedColumns" >> beam.Map(lambda df: df[list(REJECTED_COLUMNS)])
+        | "WriteControlRejected" >> WriteTable(str(out.work), CONTROL_REJECTED, REJECTED_COLUMNS)
+    )
+    return read["batches"], cread["batches"]
 
 
 def run(
@@ -199,6 +253,9 @@ def run(
     t0 = time.perf_counter()
     spec = plan.input_spec()
     check_static(plan.config, plan.hierarchies, plan.config_path.name)  # before any ledger
+    cspec = control_spec(plan)  # a missing control file: exit 2 before any ledger
+    if cspec is not None:
+        inspect_input(cspec)
     # published DP releases (sweep points included) spend from the dataset's ledger; DP
     # candidates from the audit ledger, or nothing (they never leave the operator)
     published = set(plan.config.published())
@@ -296,13 +353,18 @@ def _run(
     work_dir = plan.config.output.work_dir
     out = RunOutput(plan.output_dir, run_id, work_dir=plan.resolve(work_dir) if work_dir else None)
     try:
+        holdout_key = None
+        if holdout_share(plan) is not None:  # fresh per run, never a seed; 0600 in internal/
+            holdout_key = new_holdout_key()
+            write_key(out.internal, holdout_key)
         try:
             p = beam.Pipeline(options=options)
             # the whole graph first: every check made while building it (specs, hierarchies,
             # levels) runs before the local DP charge below
             build_graph(
-                p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs, cjobs
-            )
+                p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs, cjobs,
+                holdout_key,
+            )  # fmt: skip
             if lpub and ledger is not None:  # local noise is drawn while reading: charge now
                 charge_local(ledger, run_id, lpub, log)
             if lcands and sweep_ledger is not None:
@@ -315,8 +377,10 @@ def _run(
             raise unwrap_pipeline_error(e) from e
         profile, value_counts = split_internal(load_json(str(out.work / "profile.json")))
         rejected = pd.read_csv(out.internal / "rejected.csv", dtype={"file": str, "reason": str})
+        control = load_controls(plan, out.work)
+        held_out = len(control) if control is not None and holdout_share(plan) else 0
         exact = not (jobs or sweep_jobs or ljobs or cjobs)  # else: no figures in refusals
-        check_rejected(plan, profile["rows"], rejected, exact)
+        check_rejected(plan, profile["rows"] + held_out, rejected, exact)
         check_max_units(plan, profile)
         try:
             resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
@@ -348,7 +412,7 @@ def _run(
         if plan.config.attacks is not None:
             log("privpipe: attacking every release (and the raw table as the baseline)")
             loaded = load_releases(plan, out.staging, ATTACKED_KINDS)
-            attack_results = run_attacks(plan, loaded, raw, hierarchies)
+            attack_results = run_attacks(plan, loaded, raw, hierarchies, control=control)
             attack_rates = headline(attack_results)
         names = [r.name for r in plan.config.releases]
         chosen = [n for n in names if n in published]
@@ -378,8 +442,10 @@ def _run(
             "input": list(plan.input_paths),
             "input_duplicates_skipped": list(plan.input_duplicates),
             "input_format": plan.input_format,
-            "rows_read": int(profile["rows"]) + len(rejected),
-            "rows_accepted": int(profile["rows"]),
+            "rows_read": int(profile["rows"]) + held_out + len(rejected),
+            "rows_accepted": int(profile["rows"]) + held_out,
+            "rows_held_out": held_out,  # input-derived: internal only (attacks.control)
+            "control": control_summary(plan, control) if control_config(plan) else None,
             "rows_rejected": len(rejected),
             "started": started.isoformat(timespec="seconds"),
             "finished": finished.isoformat(timespec="seconds"),
@@ -409,10 +475,10 @@ def _run(
             common = None
             if plan.config.attacks is not None:  # every release staged (continual too)
                 every = common_releases(plan, out.staging, loaded)
-                common = run_common(plan, every, raw, hierarchies, control=None)
+                common = run_common(plan, every, raw, hierarchies, control=control)
             write_audit(
                 plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
-                into=out.internal, common=common, work=out.work,
+                into=out.internal, common=common, work=out.work, control=control,
             )  # fmt: skip
             manifest["report"] = f"{INTERNAL}/report.html"
         details: dict[str, Any] = {}
