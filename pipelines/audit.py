@@ -568,6 +568,7 @@ def write_audit(
         columns=list(rc.columns) if rc and rc.columns else audit_columns(plan),
         sensitive=s.sensitive,
         queries=[q.model_dump() for q in rc.queries] if rc else (),
+        marginals=rc.marginals if rc else None,
         sweeps=plan.sweeps or None,
         common=common,
         bounded={
@@ -834,6 +835,7 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
             columns=list(rc.columns) if rc and rc.columns else cols,
             sensitive=plan.config.schema_.sensitive,
             queries=[q.model_dump() for q in rc.queries] if rc else (),
+            marginals=rc.marginals if rc else None,
             sweeps=plan.sweeps or None,
             common=common or None,
         )

@@ -699,6 +699,13 @@ class ReportConfig(_Model):
         default=None, description="Workload columns (default: QIs and the sensitive attribute)."
     )
     queries: list[CountQueryConfig] = Field(default_factory=list)
+    marginals: list[list[str]] | None = Field(
+        default=None,
+        min_length=1,
+        description="The workload the publication serves, as marginals (lists of columns): "
+        "every cell of each is one count query. Default: every 1- and 2-way marginal of "
+        "report.columns. Releases are compared, and one recommended, on this workload.",
+    )
     max_advantage: float = Field(
         default=0.1,
         ge=0,
@@ -1032,6 +1039,15 @@ def semantic_problems(cfg: PrivpipeConfig) -> list[str]:
             if c not in roles:
                 out.append(
                     f"report.columns: {c!r} is not a quasi-identifier or the sensitive attribute"
+                )
+    for j, marginal in enumerate((cfg.report.marginals or []) if cfg.report else []):
+        if not marginal or len(set(marginal)) != len(marginal):
+            out.append(f"report.marginals[{j}]: give one or more distinct columns")
+        for c in marginal:
+            if c not in roles:
+                out.append(
+                    f"report.marginals[{j}]: {c!r} is not a quasi-identifier or the sensitive "
+                    "attribute"
                 )
     if cfg.attacks is not None:
         if not qis or not s.sensitive:

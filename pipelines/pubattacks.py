@@ -451,13 +451,24 @@ def publication_attacks(
 
 
 def breach_findings(attacks: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
-    """audit["findings"] lines for the entries that are breaches."""
+    """audit["findings"] lines for the entries that are breaches: one line each for what
+    is published, one line per attack for the hypothetical ones (pairs with candidates:
+    what publishing them would give; their sentences are in publication_attacks)."""
     lines = []
+    hypothetical: dict[str, list[str]] = {}
     for attack, entries in attacks.items():
         for e in entries:
-            if e.get("breach"):
-                what = "HYPOTHETICAL (with candidates) " if e.get("hypothetical") else ""
-                lines.append(f"PUBLICATION ATTACK {what}({attack}): {e['finding']}")
+            if not e.get("breach"):
+                continue
+            if e.get("hypothetical"):
+                hypothetical.setdefault(attack, []).append(" + ".join(e.get("releases") or []))
+            else:
+                lines.append(f"PUBLICATION ATTACK ({attack}): {e['finding']}")
+    for attack, pairs in hypothetical.items():
+        lines.append(
+            f"If candidates were published too ({attack}): {len(pairs)} combination(s) would "
+            f"be breached: {', '.join(pairs)} (details under publication attacks)"
+        )
     return lines
 
 

@@ -381,8 +381,12 @@ def _methodology(
     return {
         "workload": {
             **(workload.describe() if workload is not None else {}),
-            "definition": "every 1-way and 2-way marginal count over the columns; each cell "
-            "(value combination present in the raw data) is one count query",
+            "definition": (
+                "the marginals the config declares (report.marginals)"
+                if workload is not None and workload.declared
+                else "every 1-way and 2-way marginal count over the columns"
+            )
+            + "; each cell (value combination present in the raw data) is one count query",
         },
         "utility": {
             **options.describe(rows),
@@ -393,7 +397,9 @@ def _methodology(
             "suppressed rows are kept and spread over the whole domain",
             "common": "summary.error and utility.common: every release is scored on the "
             "same queries (the config's report.queries when declared, else every cell of "
-            "the default marginals); " + COMMON_RULE + ". A release publishing nothing "
+            "the declared report.marginals or of the default marginals); "
+            + COMMON_RULE
+            + ". A release publishing nothing "
             "about a query gives the analyst nothing for it; crediting it with a share of "
             "its total would reward it for data it does not publish",
             "own": "summary.own_error and utility.own: each release against the truth of "
@@ -654,6 +660,7 @@ def audit_run(
     columns: Sequence[str] | None = None,
     sensitive: str | None = None,
     queries: Sequence[Mapping[str, Any]] = (),
+    marginals: Sequence[Sequence[str]] | None = None,
     sweeps: Mapping[str, Sequence[str]] | None = None,
     options: UtilityOptions | None = None,
     common: Mapping[str, Mapping[str, Any]] | None = None,
@@ -679,7 +686,7 @@ def audit_run(
     if columns is None:
         qis = [str(q) for q in (manifest.get("profile") or {}).get("quasi_identifiers") or []]
         columns = [*qis, *([sensitive] if sensitive and sensitive not in qis else [])]
-    workload = build_workload(columns, queries=queries)
+    workload = build_workload(columns, queries=queries, marginals=marginals)
     truth = true_answers(raw, workload)
     entries = {
         name: release_entry(

@@ -210,9 +210,7 @@ def recommend(
     sentences: list[str] = []
     workload = _workload(audit)
     if choice is not None:
-        sentences.append(
-            f"Publish {choice.name}" + (f" for the workload {workload}." if workload else ".")
-        )
+        sentences.append(f"Publish {choice.name}" + (f" for {workload}." if workload else "."))
     sentences.append(why)
     if front:
         sentences.append(

@@ -601,9 +601,14 @@ def release_utility(
         common_true = _cat([*trues, *missed])
         common_est = _cat([*ests, *[np.zeros_like(t) for t in missed]])
         arity = "/".join(str(w) for w in truth.workload.ways())
+        cells = int(common_true.shape[0])
         workload = (
-            f"the default workload: every cell of the {arity}-way marginals over "
-            f"{', '.join(truth.workload.columns)} ({int(common_true.shape[0])} count queries)"
+            "the declared workload (report.marginals): every cell of "
+            + ", ".join(f"({' × '.join(m)})" for m in truth.workload.marginals)
+            + f" ({cells} count queries)"
+            if truth.workload.declared
+            else f"the default workload: every cell of the {arity}-way marginals over "
+            f"{', '.join(truth.workload.columns)} ({cells} count queries)"
         )
         answered = int(common_true.shape[0]) - skipped_cells
     common = score(common_true, common_est, floor, o.within, 1)

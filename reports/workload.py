@@ -65,6 +65,7 @@ class Workload:
     columns: tuple[str, ...]
     marginals: tuple[Marginal, ...]
     queries: tuple[CountQuery, ...] = ()
+    declared: bool = False  # the marginals are the config's report.marginals
 
     def ways(self) -> dict[int, int]:
         """Number of marginals per arity (``{1: 9, 2: 36}``)."""
@@ -78,6 +79,7 @@ class Workload:
         return {
             "columns": list(self.columns),
             "marginals": {str(k): v for k, v in self.ways().items()},
+            "declared_marginals": [list(m) for m in self.marginals] if self.declared else None,
             "custom_queries": [q.as_dict() for q in self.queries],
         }
 
@@ -112,17 +114,25 @@ def build_workload(
     *,
     ways: Sequence[int] = (1, 2),
     queries: Iterable[Mapping[str, Any] | CountQuery] = (),
+    marginals: Sequence[Sequence[str]] | None = None,
 ) -> Workload:
-    """All ``ways``-way marginals over ``columns`` (in column order), plus user queries."""
+    """All ``ways``-way marginals over ``columns`` (in column order), plus user queries;
+    with ``marginals`` (declared by the config), exactly those over their own columns."""
+    parsed = [q for q in queries if isinstance(q, CountQuery)]
+    parsed += parse_queries(q for q in queries if not isinstance(q, CountQuery))
+    if marginals:
+        declared = tuple(dict.fromkeys(tuple(str(c) for c in m) for m in marginals))
+        if any(not m for m in declared):
+            raise ValueError("a declared marginal needs at least one column")
+        cols = tuple(dict.fromkeys(c for m in declared for c in m))
+        return Workload(cols, declared, tuple(parsed), declared=True)
     cols = tuple(dict.fromkeys(str(c) for c in columns))
     if not cols:
         raise ValueError("the workload needs at least one column")
     if any(w < 1 for w in ways):
         raise ValueError(f"ways must be >= 1, got {list(ways)}")
-    marginals = tuple(m for w in sorted(set(ways)) for m in combinations(cols, w))
-    parsed = [q for q in queries if isinstance(q, CountQuery)]
-    parsed += parse_queries(q for q in queries if not isinstance(q, CountQuery))
-    return Workload(cols, marginals, tuple(parsed))
+    combos = tuple(m for w in sorted(set(ways)) for m in combinations(cols, w))
+    return Workload(cols, combos, tuple(parsed))
 
 
 def canonical_frame(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:

@@ -181,6 +181,14 @@ output: {dir: out/adult-nightly, format: csv}
             "releases[0].min_levels.zip: 'zip' is not a quasi-identifier",
         ),
         (lambda d: d["input"].update(header=False), "header: false needs 'columns'"),
+        (
+            lambda d: d.update(report={"marginals": [["age", "salary"]]}),
+            "report.marginals[0]: 'salary' is not a quasi-identifier or the sensitive",
+        ),
+        (
+            lambda d: d.update(report={"marginals": [["age", "age"]]}),
+            "report.marginals[0]: give one or more distinct columns",
+        ),
     ],
 )
 def test_invalid_configs_name_key_and_fix(mutate: Any, expected: str) -> None:

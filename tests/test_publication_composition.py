@@ -227,3 +227,27 @@ def test_across_runs_two_nights_of_a_scheduled_config(tmp_path: Path) -> None:
     assert found[("by_sex", "averaging")]["breach"]
     assert not found[("by_sex", "averaging")]["charged_both"]
     assert any("did NOT charge both" in f for f in findings)
+
+
+def test_breach_findings_keep_published_breaches_apart_from_hypothetical_ones() -> None:
+    """A published breach is a finding of its own; breaches that need a candidate published
+    are grouped in one line per attack (their sentences stay in publication_attacks)."""
+    from pipelines.pubattacks import breach_findings
+
+    entries = {
+        "differencing": [
+            {"releases": ["m5", "dp"], "finding": "m5 gives dp exactly", "breach": True,
+             "hypothetical": True},
+            {"releases": ["k5", "dp"], "finding": "k5 gives dp exactly", "breach": True,
+             "hypothetical": True},
+            {"releases": ["k5", "zip"], "finding": "nothing", "breach": False,
+             "hypothetical": False},
+        ],
+        "composition": [
+            {"releases": ["a", "b"], "finding": "a and b disclose", "breach": True,
+             "hypothetical": False},
+        ],
+    }  # fmt: skip
+    lines = breach_findings(entries)
+    assert lines[0] == "PUBLICATION ATTACK (composition): a and b disclose"
+    assert len(lines) == 2 and "2 combination(s)" in lines[1] and "m5 + dp, k5 + dp" in lines[1]

@@ -394,6 +394,13 @@ def test_every_release_is_scored_on_one_common_workload() -> None:
     assert c["queries"] == 2 and c["answered"] == 1
     assert c["error"] == pytest.approx(0.5)  # sex=F exact, age=20 a full miss
     assert "report.queries" in c["workload"]
+    # declared marginals (report.marginals) replace the default ones: the histogram answers
+    # (dx) and (sex, dx) exactly and misses (age) entirely
+    marg = true_answers(df, build_workload([], marginals=[["dx"], ["sex", "dx"], ["age"]]))
+    assert marg.workload.declared and marg.workload.marginals == (("dx",), ("sex", "dx"), ("age",))
+    m = release_utility(Release("h", doc["kind"], table.astype(str), doc), marg)["common"]
+    assert m["queries"] == 4 + 8 + 4 and m["answered"] == 12
+    assert m["error"] == pytest.approx(4 / 16) and "report.marginals" in m["workload"]
 
 
 def test_dp_mean_is_scored_against_true_means_and_counts_split_bias_from_noise() -> None:
