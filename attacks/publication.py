@@ -265,12 +265,17 @@ class Alignment:
         }
 
 
-def _agree(a: pd.DataFrame, b: pd.DataFrame) -> np.ndarray:
-    ok = np.ones(len(a), dtype=bool)
-    for col in a.columns:
-        x, y = a[col].to_numpy(dtype=object), b[col].to_numpy(dtype=object)
-        wild = pd.isna(x) | pd.isna(y)
-        ok &= wild | (x == y)
+def _codes(a: pd.Series, b: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Both columns as codes of one shared factorisation (-1 where a value is missing)."""
+    codes, _ = pd.factorize(pd.concat([a, b], ignore_index=True), use_na_sentinel=True)
+    return codes[: len(a)], codes[len(a) :]
+
+
+def _agree(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> np.ndarray:
+    """Row-wise: every column equal, or missing on either side (a wildcard)."""
+    ok = np.ones(len(a[0]), dtype=bool)
+    for x, y in zip(a, b, strict=True):
+        ok &= (x < 0) | (y < 0) | (x == y)
     return ok
 
 
@@ -298,13 +303,14 @@ def row_order_alignment(
     used = tuple(mapped_a)
     if n < 2 or not used:
         return Alignment(*names, n, used, 0.0, 0.0, 1.0)
-    fa, fb = pd.DataFrame(mapped_a), pd.DataFrame(mapped_b)
+    pairs = [_codes(mapped_a[c].reset_index(drop=True), mapped_b[c].reset_index(drop=True))
+             for c in used]  # fmt: skip
+    fa, fb = [x for x, _ in pairs], [y for _, y in pairs]
     agreement = float(_agree(fa, fb).mean())
     offsets = sorted({max(1, (n * (j + 1)) // (shifts + 1)) % n or 1 for j in range(shifts)})
     rates = []
     for s in offsets:  # row i against row i - s: unrelated records
-        shifted = pd.DataFrame({c: np.roll(fb[c].to_numpy(dtype=object), s) for c in used})
-        rates.append(float(_agree(fa, shifted).mean()))
+        rates.append(float(_agree(fa, [np.roll(y, s) for y in fb]).mean()))
     chance = float(np.mean(rates))
     se = math.sqrt(max(chance * (1 - chance), 1e-12) / n)
     return Alignment(*names, n, used, agreement, chance, min(1.0, chance + 5 * se + 0.01))
