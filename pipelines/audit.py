@@ -616,7 +616,7 @@ def release_charge(release: Release) -> dict[str, Any] | None:
     ``guarantee.ledger_epsilon``; a continual stream its event-level ε (charged once per
     stream). None for releases that spend no budget."""
     doc = release.document
-    g = dict(doc.get("guarantee") or {})
+    g = dict(planned_guarantee(doc))  # an insecure-seed run claims none, but was charged
     charged = doc.get("charged")
     if isinstance(charged, Mapping) and charged.get("epsilon") is not None:
         return {

@@ -466,7 +466,8 @@ def breach_findings(attacks: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[
                 lines.append(f"PUBLICATION ATTACK ({attack}): {e['finding']}")
     for attack, pairs in hypothetical.items():
         lines.append(
-            f"If candidates were published too ({attack}): {len(pairs)} combination(s) would "
+            f"PUBLICATION ATTACK, if candidates were published too ({attack}): {len(pairs)} "
+            f"combination(s) would "
             f"be breached: {', '.join(pairs)} (details under publication attacks)"
         )
     return lines

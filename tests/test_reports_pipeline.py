@@ -154,8 +154,11 @@ def test_sweep_expands_a_release_into_a_curve(tmp_path: Path) -> None:
     }
     ledger = json.loads((internal_file(out, "manifest.json")).read_text())["budget"]
     assert ledger["spent"]["epsilon"] == 2.5  # published sweep points are charged
-    k2, k10 = (audit["releases"][n]["utility"]["mean_relative_error"] for n in ("k-k2", "k-k10"))
-    assert k2 < k10  # a larger k loses more utility
+    # a larger k loses more: every 10-anonymous table is 2-anonymous, so the optimal search's
+    # loss at k=2 is at most its loss at k=10 (a workload error under uniform spreading over
+    # the public domain need not be monotone)
+    k2, k10 = (audit["releases"][n]["information_loss"]["loss"] for n in ("k-k2", "k-k10"))
+    assert k2 <= k10
 
 
 def test_bad_sweep_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
