@@ -100,7 +100,9 @@ _VALUE_COLUMNS: Final = frozenset(
 _N: Final = "__n"
 COMMON_RULE: Final = (
     "a query the release cannot answer is a full miss: answered 0, relative error "
-    "true / max(true, floor) (at most 1); the same rule for every release"
+    "true / max(true, floor) (at most 1); the same rule for every release. The error is the "
+    "mean over the workload's items (each marginal, each declared query) of their mean "
+    "relative error, so a marginal with many cells does not outweigh the others"
 )
 
 
@@ -545,6 +547,12 @@ def release_utility(
     not_answerable: list[list[str]] = []
     skipped_cells = 0
     missed: list[FloatArray] = []
+    items: list[float] = []  # the common error of each marginal (full misses included)
+
+    def item_error(tv: FloatArray, ev: FloatArray) -> None:
+        if tv.shape[0]:
+            items.append(float((np.abs(ev - tv) / np.maximum(tv, floor)).mean()))
+
     for m in truth.workload.marginals:
         true = truth.marginals[m]
         est = answerer.marginal(m)
@@ -552,9 +560,11 @@ def release_utility(
             not_answerable.append(list(m))
             skipped_cells += int(true.shape[0])
             missed.append(true.to_numpy(dtype=np.float64))
+            item_error(missed[-1], np.zeros_like(missed[-1]))
             continue
         tv = true.to_numpy(dtype=np.float64)
         ev = est.reindex(true.index, fill_value=0.0).to_numpy(dtype=np.float64)
+        item_error(tv, ev)
         trues.append(tv)
         ests.append(ev)
         bucket = ways.setdefault(len(m), ([], []))
@@ -577,10 +587,12 @@ def release_utility(
         qt: list[float] = []
         qe: list[float] = []
         missing = 0
+        unanswered: list[float] = []
         for q in truth.workload.queries:
             e = answerer.query(q)
             if e is None:
                 missing += 1
+                unanswered.append(float(truth.queries[q.name]))
                 continue
             qt.append(float(truth.queries[q.name]))
             qe.append(e)
@@ -590,11 +602,11 @@ def release_utility(
             "not_answerable": missing,
         }
         queries = len(truth.workload.queries)
-        unanswered = [float(truth.queries[q.name]) for q in truth.workload.queries]
-        unanswered = [t for q, t in zip(truth.workload.queries, unanswered, strict=True)
-                      if answerer.pick(q.columns) is None]  # fmt: skip
         common_true = np.concatenate([np.asarray(qt, dtype=np.float64), unanswered])
         common_est = np.concatenate([np.asarray(qe, dtype=np.float64), np.zeros(missing)])
+        items = []
+        for t, e in zip(common_true, common_est, strict=True):  # each query is one item
+            item_error(np.array([t]), np.array([e]))
         workload = f"the config's report.queries ({queries} declared count queries)"
         answered = queries - missing
     else:
@@ -611,9 +623,9 @@ def release_utility(
             f"{', '.join(truth.workload.columns)} ({cells} count queries)"
         )
         answered = int(common_true.shape[0]) - skipped_cells
-    common = score(common_true, common_est, floor, o.within, 1)
     out["common"] = {
-        "error": common["mean_relative_error"],
+        "error": float(np.mean(items)) if items else None,
+        "items": len(items),
         "queries": int(common_true.shape[0]),
         "answered": answered,
         "workload": workload,
