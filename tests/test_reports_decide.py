@@ -181,12 +181,16 @@ def test_demo_recommendation_and_budget(tmp_path: Path, capsys: pytest.CaptureFi
     manifest = json.loads(internal_file(out, "manifest.json").read_text())
     rec = audit["recommendation"]
     assert rec == recommend(audit, DEFAULT_MAX_ADVANTAGE, manifest["published"])
-    if any(
+    # every release carries the common measures; the choice is on the front, undominated,
+    # and the report opens with it
+    assert all(
         (e.get("summary") or {}).get("attribute_advantage") is not None
         for e in audit["releases"].values()
-    ):  # the common attacker's measures (branch common) are in: the choice is on the front
-        assert rec["choice"] in rec["front"]
-        assert rec["choice"] not in rec["dominated"]
+    )
+    assert rec["choice"] in rec["front"]
+    assert rec["choice"] not in rec["dominated"]
+    html = internal_file(out, "report.html").read_text()
+    assert html.index(f"Publish {rec['choice']}") < html.index("Findings")
     assert rec["published"] == manifest["published"]
     # budget: each DP release's charge is its release.json's, the remainder the ledger's
     budget = audit["budget"]
