@@ -44,7 +44,10 @@ def test_dp_sum_of_1e15_times_10000_rows_is_exact_on_beam(
     assert code == 0, err
     table = pd.read_csv(release_dir(dpp.out, "total") / "data.csv")
     truth = 10_000 * 10**15  # 1e19: beyond int64, which wrapped it to -8.4e18
-    assert table["ci_low"].iloc[0] <= truth <= table["ci_high"].iloc[0]
+    # the 95% interval misses the truth on 1 run in 20 by design; three half-widths away is
+    # ~1e-4 for discrete Laplace noise (the sum itself is what must not wrap)
+    half = (table["ci_high"].iloc[0] - table["ci_low"].iloc[0]) / 2
+    assert abs(table["sum"].iloc[0] - truth) <= 3 * half
     assert abs(table["sum"].iloc[0] - truth) < 40 * 4 * 10**15
     assert doc_of(dpp.out, "total")["verified"] is True
 
