@@ -48,7 +48,7 @@ from anonymity.hierarchy import Hierarchy, canonical_column
 from attacks.knowledge import AttackerKnowledge
 from attacks.matching import TargetView, match_targets
 from attacks.stats import wilson_interval
-from attacks.table import worst_elimination
+from attacks.table import random_elimination, worst_elimination
 
 __all__ = [
     "NO_CONTROL",
@@ -466,14 +466,8 @@ def eliminate(
     if b == 0 or m == 0:
         return np.zeros((n, m), dtype=bool)
     if knowledge.background_mode == "worst":
-        return worst_elimination(cast(IntArray, posterior), truth, b)
-    keys = knowledge.rng(stream).random((n, m))
-    rows = np.flatnonzero(truth >= 0)
-    keys[rows, truth[rows]] = np.inf
-    out = np.zeros((n, m), dtype=bool)
-    np.put_along_axis(out, np.argsort(keys, axis=1)[:, : min(b, m)], True, axis=1)
-    out[rows, truth[rows]] = False
-    return out
+        return worst_elimination(posterior, truth, b)
+    return random_elimination(m, truth, b, knowledge.rng(stream), 0, n)
 
 
 def map_guess(

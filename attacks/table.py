@@ -47,6 +47,7 @@ __all__ = [
     "linkage",
     "posterior_after_elimination",
     "proximity",
+    "random_elimination",
     "similarity",
     "skewness",
     "worst_elimination",
@@ -201,7 +202,7 @@ def posterior_after_elimination(
     return guess, conf
 
 
-def worst_elimination(counts: IntArray, truth: IntArray, b: int) -> BoolArray:
+def worst_elimination(counts: IntArray | FloatArray, truth: IntArray, b: int) -> BoolArray:
     """Mask of the b most frequent values other than the truth (column ``truth``, -1 when
     unknown), per row of counts: the elimination that maximises the posterior of the true
     value, the defender's worst case."""
@@ -217,7 +218,7 @@ def worst_elimination(counts: IntArray, truth: IntArray, b: int) -> BoolArray:
     return eliminated
 
 
-def _random_elimination(
+def random_elimination(
     m: int, truth: IntArray, b: int, rng: np.random.Generator, start: int, stop: int
 ) -> BoolArray:
     """b true negatives per target drawn uniformly from the SA domain (seeded)."""
@@ -260,7 +261,7 @@ def _random_posteriors(
     for start in range(0, n, step):
         stop = min(n, start + step)
         counts = view.counts[view.target_tuple[start:stop]]
-        eliminated = _random_elimination(m, view.true_codes, b, rng, start, stop)
+        eliminated = random_elimination(m, view.true_codes, b, rng, start, stop)
         guess[start:stop], conf[start:stop] = posterior_after_elimination(counts, eliminated)
     return guess, conf
 

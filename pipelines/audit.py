@@ -265,12 +265,19 @@ def _reference(raw: pd.DataFrame, sa: str) -> dict[str, float]:
 ATTACKED_KINDS = (*ANONYMITY_KINDS, *DP_KINDS, "local_dp")
 
 
-def load_releases(plan: Plan, staging: Path, kinds: Sequence[str]) -> dict[str, Release]:
-    """The staged releases of these kinds, each read once (data as published, release.json)."""
+def load_releases(
+    plan: Plan,
+    staging: Path,
+    kinds: Sequence[str],
+    loaded: Mapping[str, Release] | None = None,
+) -> dict[str, Release]:
+    """The staged releases of these kinds, each read once (data as published, release.json);
+    those in ``loaded`` are reused."""
     from reports import load_release
 
+    done = loaded or {}
     return {
-        r.name: load_release(staging / "releases" / r.name)
+        r.name: done.get(r.name) or load_release(staging / "releases" / r.name)
         for r in plan.config.releases
         if r.kind in kinds
     }
@@ -475,13 +482,7 @@ def run_common(
 
 def common_releases(plan: Plan, staging: Path, loaded: Mapping[str, Release]) -> dict[str, Release]:
     """Every staged release the common attacker reads (those read already reused)."""
-    from reports import load_release
-
-    return {
-        r.name: loaded.get(r.name) or load_release(staging / "releases" / r.name)
-        for r in plan.config.releases
-        if r.kind in COMMON_KINDS
-    }
+    return load_releases(plan, staging, COMMON_KINDS, loaded)
 
 
 def attacker_summary(
@@ -538,15 +539,13 @@ def write_audit(
     the run's private work folder, whose DP cells (bounded, before noise) split each DP
     release's error into bounding bias and noise."""
     from pipelines.dp_release import bounded_truth
-    from reports import Run, audit_run, load_release, write_reports
+    from reports import Run, audit_run, write_reports
     from reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
 
     rc = plan.config.report
     s = plan.config.schema_
-    releases = {
-        r.name: loaded.get(r.name) or load_release(staging / "releases" / r.name)
-        for r in plan.config.releases
-    }
+    every_kind = tuple({r.kind for r in plan.config.releases})
+    releases = load_releases(plan, staging, every_kind, loaded)
     run = Run(staging, manifest, releases)
     per_release = None
     baseline = None

@@ -476,6 +476,7 @@ def _run(
             if plan.config.attacks is not None:  # every release staged (continual too)
                 every = common_releases(plan, out.staging, loaded)
                 common = run_common(plan, every, raw, hierarchies, control=control)
+                loaded = {**loaded, **every}  # write_audit reads none of them again
             write_audit(
                 plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
                 into=out.internal, common=common, work=out.work, control=control,
