@@ -67,6 +67,7 @@ from pipelines.config import (
 from pipelines.plan import Plan
 from pipelines.pubattacks import across_runs, breach_findings, publication_attacks
 from privpipe.errors import InputDataError
+from privpipe.timing import stage
 
 if TYPE_CHECKING:  # reports (matplotlib) is imported only when a report is written
     from reports import Release
@@ -558,24 +559,25 @@ def write_audit(
             if name != BASELINE
         }
         baseline = {a: res.as_dict() for a, res in attacks[BASELINE].items()}
-    audit = audit_run(
-        run,
-        raw,
-        hierarchies=hierarchies,
-        attacks=per_release,
-        baseline_attacks=baseline,
-        columns=list(rc.columns) if rc and rc.columns else audit_columns(plan),
-        sensitive=s.sensitive,
-        queries=[q.model_dump() for q in rc.queries] if rc else (),
-        marginals=rc.marginals if rc else None,
-        sweeps=plan.sweeps or None,
-        common=common,
-        bounded={
-            name: bounded_truth(work, name, r.document)
-            for name, r in releases.items()
-            if work is not None and r.kind in DP_KINDS
-        },
-    )
+    with stage("utility"):  # the audit's figures: utility, workload, attacks' summaries
+        audit = audit_run(
+            run,
+            raw,
+            hierarchies=hierarchies,
+            attacks=per_release,
+            baseline_attacks=baseline,
+            columns=list(rc.columns) if rc and rc.columns else audit_columns(plan),
+            sensitive=s.sensitive,
+            queries=[q.model_dump() for q in rc.queries] if rc else (),
+            marginals=rc.marginals if rc else None,
+            sweeps=plan.sweeps or None,
+            common=common,
+            bounded={
+                name: bounded_truth(work, name, r.document)
+                for name, r in releases.items()
+                if work is not None and r.kind in DP_KINDS
+            },
+        )
     if attacks is not None:
         audit["attacker"] = attacker_summary(plan, len(raw), control)
     published = list(manifest.get("published") or [])
@@ -605,9 +607,11 @@ def write_audit(
             )
     # the publication as a whole: what the published set gives together (and, marked
     # hypothetical, what publishing a candidate beside it would give)
-    audit["publication_attacks"] = publication_attacks(plan, releases, raw, hierarchies)
+    with stage("publication_attacks"):
+        audit["publication_attacks"] = publication_attacks(plan, releases, raw, hierarchies)
     audit.setdefault("findings", []).extend(breach_findings(audit["publication_attacks"]))
-    return write_reports(into or staging, audit)
+    with stage("report"):
+        return write_reports(into or staging, audit)
 
 
 def release_charge(release: Release) -> dict[str, Any] | None:

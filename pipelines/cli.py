@@ -83,6 +83,12 @@ def _parser() -> _Parser:
     d.add_argument("--seed", type=int, default=20261122, help="generator seed")
     d.add_argument("--runner", help="Beam runner (default DirectRunner)")
     d.add_argument("--insecure-seed", type=int, metavar="N", help="as for run (tests only)")
+    d.add_argument(
+        "--data",
+        metavar="CSV",
+        help="reuse a demo file generated before with the same --rows and --seed instead of "
+        "generating it again (benchmarks)",
+    )
 
     rep = sub.add_parser(
         "report", help="rebuild the audit report of finished runs (compare several)"
@@ -237,7 +243,10 @@ def _dispatch(argv: list[str]) -> int:
             )
         return _multiparty_aggregate(args)
     if args.command == "demo":
-        return _demo(args.output, args.rows, args.seed, args.runner, beam_args, args.insecure_seed)
+        return _demo(
+            args.output, args.rows, args.seed, args.runner, beam_args, args.insecure_seed,
+            args.data,
+        )  # fmt: skip
     if args.command == "report":
         from pipelines.audit import rebuild
 
@@ -293,6 +302,7 @@ def _run(
 ) -> int:
     from pipelines.plan import load_plan
     from pipelines.run import run
+    from privpipe.timing import slowest
 
     if period is not None and period < 1:
         raise ConfigError(f"--period: periods are numbered from 1, got {period}")
@@ -363,6 +373,8 @@ def _run(
     )
     if m.get("report"):
         print(f"privpipe: report: {result.output_dir / m['report']} (audit.json, report.md)")
+    if m.get("timings"):
+        print(f"privpipe: slowest stages: {slowest(m['timings']['stages'])}")
     return 0
 
 
@@ -474,20 +486,27 @@ def _demo(
     runner: str | None,
     beam_args: list[str],
     insecure_seed: int | None = None,
+    reuse: str | None = None,
 ) -> int:
     from pipelines.demo_data import write_csv
 
     if rows < 1:
         raise ConfigError(f"--rows must be a positive integer, got {rows}")
     out = Path(output).resolve()
-    try:
-        data = write_csv(out / "input" / "demo.csv", rows, seed=seed)
-    except OSError as e:
-        raise ConfigError(
-            f"{out}: cannot write the demo input ({e.strerror}); "
-            "choose another folder with --output"
-        ) from None
-    print(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
+    if reuse is not None:
+        data = Path(reuse).resolve()
+        if not data.is_file():
+            raise ConfigError(f"--data {reuse}: no such file; drop --data to generate it")
+        print(f"privpipe: reusing the demo rows in {data} (--rows {rows:,}, --seed {seed})")
+    else:
+        try:
+            data = write_csv(out / "input" / "demo.csv", rows, seed=seed)
+        except OSError as e:
+            raise ConfigError(
+                f"{out}: cannot write the demo input ({e.strerror}); "
+                "choose another folder with --output"
+            ) from None
+        print(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
     ledger, key = demo_ledger(out / "budget")
     return _run(
         str(DEMO_CONFIG),

@@ -66,8 +66,9 @@ from pipelines.publication import (
     split_document,
     uncharged_ledger,
 )
-from privpipe import errors
+from privpipe import errors, timing
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
+from privpipe.timing import stage
 from transforms.anonymize import AnonymizeRelease
 from transforms.dp_aggregate import AggregateDPCells
 from transforms.holdout import CONTROLS, MEMBERS, HoldOut
@@ -75,6 +76,7 @@ from transforms.io import InputSpec, ReadMicrodata, inspect_input
 from transforms.local_dp import PerturbLocalDP
 from transforms.profile import ProfileMicrodata, split_internal
 from transforms.sink import WriteTable, load_json, write_json
+from transforms.timing import stage_counters
 
 REJECTED_COLUMNS = ("file", "line", "reason")
 LOCAL_REPORTS = "local_reports"  # internal/local_reports/<name>/reports.csv
@@ -190,7 +192,12 @@ def build_graph(
         )
     for cjob in cjobs:  # bounded per-cell counts of this period (noise comes in the driver)
         _ = batches | f"Continual[{cjob.name}]" >> AggregateDPCells(
-            cjob.spec, cjob.plans, labeler, str(out.work / f"dp-{cjob.name}.pickle"), seed
+            cjob.spec,
+            cjob.plans,
+            labeler,
+            str(out.work / f"dp-{cjob.name}.pickle"),
+            seed,
+            stage="continual",
         )
     for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
         _ = batches | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
@@ -299,10 +306,11 @@ def run(
                 sweep_ledger.close()
             raise
     try:
-        return _run(
-            plan, beam_args, runner, log, insecure_seed, spec, jobs, run_id, ledger, started, t0,
-            ljobs, cjobs, new_streams, sweep_jobs, sweep_ledger, lcands,
-        )  # fmt: skip
+        with timing.active(timing.StageClock()):  # manifest["timings"]
+            return _run(
+                plan, beam_args, runner, log, insecure_seed, spec, jobs, run_id, ledger, started,
+                t0, ljobs, cjobs, new_streams, sweep_jobs, sweep_ledger, lcands,
+            )  # fmt: skip
     except BaseException as exc:
         for book in (ledger, sweep_ledger):
             if book is not None:
@@ -344,6 +352,7 @@ def _run(
     sweep_ledger: Ledger | None = None,
     lcands: Sequence[LocalJob] = (),
 ) -> RunResult:
+    clock = timing.current() or timing.StageClock()
     columns = inspect_input(spec)
     published = set(plan.config.published())
     lpub = list(ljobs)  # charged to the dataset's ledger; candidates to the audit one
@@ -361,16 +370,20 @@ def _run(
             p = beam.Pipeline(options=options)
             # the whole graph first: every check made while building it (specs, hierarchies,
             # levels) runs before the local DP charge below
-            build_graph(
-                p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs, cjobs,
-                holdout_key,
-            )  # fmt: skip
+            with stage("graph"):
+                build_graph(
+                    p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs,
+                    cjobs, holdout_key,
+                )  # fmt: skip
             if lpub and ledger is not None:  # local noise is drawn while reading: charge now
                 charge_local(ledger, run_id, lpub, log)
             if lcands and sweep_ledger is not None:
                 charge_local(sweep_ledger, run_id, lcands, log)
             log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
-            p.run().wait_until_finish()
+            with stage("pipeline"):
+                result = p.run()
+                result.wait_until_finish()
+            clock.pipeline_ms = stage_counters(result)  # the pipeline's stages (Beam counters)
         except PrivpipeError as e:
             raise strip_step(e) from None
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
@@ -389,30 +402,36 @@ def _run(
             raise e if exact else withheld(e) from None
         dp_bounding: dict[str, Any] = {}
         if jobs and ledger is not None:
-            dp_bounding = publish(
-                jobs, ledger, run_id, int(profile["rows"]), out.work, out.staging,
-                plan.config.output.format, insecure_seed, log,
-                coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
-                units=unit_count(plan, profile),
-            )  # fmt: skip
+            with stage("dp_noise"):
+                dp_bounding = publish(
+                    jobs, ledger, run_id, int(profile["rows"]), out.work, out.staging,
+                    plan.config.output.format, insecure_seed, log,
+                    coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
+                    units=unit_count(plan, profile),
+                )  # fmt: skip
         if sweep_jobs and sweep_ledger is not None:
-            dp_bounding |= publish(
-                sweep_jobs, sweep_ledger, run_id, int(profile["rows"]), out.work, out.staging,
-                plan.config.output.format, insecure_seed, log,
-                coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
-                units=unit_count(plan, profile),
-            )  # fmt: skip
+            with stage("dp_noise"):
+                dp_bounding |= publish(
+                    sweep_jobs, sweep_ledger, run_id, int(profile["rows"]), out.work,
+                    out.staging, plan.config.output.format, insecure_seed, log,
+                    coarsen_for(plan, HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)),
+                    units=unit_count(plan, profile),
+                )  # fmt: skip
         local_summary: dict[str, Any] = {}
         if ljobs:
-            local_summary = publish_local(ljobs, plan, out.work, out.staging, insecure_seed, log)
+            with stage("local_publish"):
+                local_summary = publish_local(
+                    ljobs, plan, out.work, out.staging, insecure_seed, log
+                )
         raw = attack_results = attack_rates = None
         loaded = {}
         if (out.work / f"{RAW_TABLE}.parquet").exists():
             raw = pd.read_parquet(out.work / f"{RAW_TABLE}.parquet")
         if plan.config.attacks is not None:
             log("privpipe: attacking every release (and the raw table as the baseline)")
-            loaded = load_releases(plan, out.staging, ATTACKED_KINDS)
-            attack_results = run_attacks(plan, loaded, raw, hierarchies, control=control)
+            with stage("attacks"):
+                loaded = load_releases(plan, out.staging, ATTACKED_KINDS)
+                attack_results = run_attacks(plan, loaded, raw, hierarchies, control=control)
             attack_rates = headline(attack_results)
         names = [r.name for r in plan.config.releases]
         chosen = [n for n in names if n in published]
@@ -421,16 +440,18 @@ def _run(
             "candidates": [n for n in names if n not in chosen],
         }
         if len(chosen) > 1:  # the combination, before a stream advances or anything commits
-            publication |= check_combination(
-                plan, out.releases, loaded, chosen, raw, hierarchies,
-                dp_count_keys([*jobs, *cjobs]), log,
-            )  # fmt: skip
+            with stage("publication_attacks"):
+                publication |= check_combination(
+                    plan, out.releases, loaded, chosen, raw, hierarchies,
+                    dp_count_keys([*jobs, *cjobs]), log,
+                )  # fmt: skip
         continual_summary: dict[str, Any] = {}
         if cjobs and ledger is not None:  # last: the stream's state advances durably here
-            continual_summary = publish_continual(
-                cjobs, new_streams, ledger, run_id, plan, out.work, out.staging,
-                insecure_seed, log,
-            )  # fmt: skip
+            with stage("continual_publish"):
+                continual_summary = publish_continual(
+                    cjobs, new_streams, ledger, run_id, plan, out.work, out.staging,
+                    insecure_seed, log,
+                )  # fmt: skip
         summaries = release_summaries(plan, out, insecure_seed)
         finished = datetime.now(UTC)
         manifest = {
@@ -474,13 +495,15 @@ def _run(
             assert raw is not None
             common = None
             if plan.config.attacks is not None:  # every release staged (continual too)
-                every = common_releases(plan, out.staging, loaded)
-                common = run_common(plan, every, raw, hierarchies, control=control)
+                with stage("common"):
+                    every = common_releases(plan, out.staging, loaded)
+                    common = run_common(plan, every, raw, hierarchies, control=control)
                 loaded = {**loaded, **every}  # write_audit reads none of them again
-            write_audit(
-                plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
-                into=out.internal, common=common, work=out.work, control=control,
-            )  # fmt: skip
+            with stage("audit"):  # utility, publication_attacks and report timed inside
+                write_audit(
+                    plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
+                    into=out.internal, common=common, work=out.work, control=control,
+                )  # fmt: skip
             manifest["report"] = f"{INTERNAL}/report.html"
         details: dict[str, Any] = {}
         for name in chosen:  # public release.json: nothing exact about the data
@@ -491,7 +514,9 @@ def _run(
                 public_doc["linked_with"] = linked
             write_json(str(path), public_doc)
         manifest["release_details"] = details
-        out.arrange(chosen)
+        with stage("commit"):
+            out.arrange(chosen)
+        manifest["timings"] = clock.timings()  # internal only (contract.md)
         write_json(str(out.internal / "manifest.json"), manifest)
         out.commit()
     except BaseException:

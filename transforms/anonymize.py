@@ -43,6 +43,7 @@ from privpipe.errors import PrivacyRefusal
 from transforms.io import InputSpec, ReadMicrodata
 from transforms.memory import release_free_memory
 from transforms.sink import WriteTable, write_json_step
+from transforms.timing import TimedCombineFn, TimedDoFn, timed
 
 COUNT = "count"
 Resolver = Callable[[Mapping[str, pd.Series]], dict[str, Hierarchy]]
@@ -376,8 +377,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         counted = counted_columns(spec)
         ctx = (
             batches
-            | "Summarise" >> beam.CombineGlobally(FrequencyTable(counted, categorical=True))
-            | "Search" >> beam.Map(make_context, spec, self.resolver)
+            | "Summarise"
+            >> beam.CombineGlobally(
+                TimedCombineFn(f"summary:{spec.name}", FrequencyTable(counted, categorical=True))
+            )
+            | "Search" >> beam.Map(timed(f"search:{spec.name}", make_context), spec, self.resolver)
         )
         # the side inputs are slim views of the context (the full one is never shipped)
         recoder = ctx | "Recoder" >> beam.Map(ReleaseContext.for_recoding)
@@ -385,7 +389,8 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         again = self.reread
         if again is None:
             again = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))["batches"]
-        recode = again | "Recode" >> beam.ParDo(RecodeFn(), AsSingleton(recoder)).with_outputs(
+        recode_fn = TimedDoFn(f"recode:{spec.name}", RecodeFn())
+        recode = again | "Recode" >> beam.ParDo(recode_fn, AsSingleton(recoder)).with_outputs(
             RecodeFn.SUPPRESSED, RecodeFn.DROPPED, main="rows"
         )
         recoded = recode.rows
@@ -409,10 +414,13 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         path = str(Path(self.directory) / "release.json")
         return (
             recoded
-            | "CountClasses" >> beam.CombineGlobally(FrequencyTable(counted, categorical=True))
+            | "CountClasses"
+            >> beam.CombineGlobally(
+                TimedCombineFn(f"verify:{spec.name}", FrequencyTable(counted, categorical=True))
+            )
             | "Verify"
             >> beam.Map(
-                verify_and_document,
+                timed(f"verify:{spec.name}", verify_and_document),
                 AsSingleton(figures),
                 AsSingleton(suppressed),
                 AsSingleton(dropped),

@@ -38,6 +38,7 @@ from dp.cells import (
     split_by_shard,
 )
 from dp.spec import DPReleaseSpec, QueryPlan
+from transforms.timing import TimedCombineFn, TimedDoFn
 
 SHARDS = 16
 _COMPACT_AT = 32
@@ -164,24 +165,27 @@ class AggregateDPCells(beam.PTransform):  # type: ignore[misc]
         path: str,
         seed: int | None = None,
         shards: int = SHARDS,
+        stage: str = "dp",  # the timing stage: dp:<name> (continual:<name> for a stream)
     ) -> None:
         super().__init__()
         self.spec, self.plans, self.labeler = spec, list(plans), labeler
-        self.path, self.seed, self.shards = path, seed, shards
+        self.path, self.seed, self.shards, self.stage = path, seed, shards, stage
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
-        fn = ContributionsFn(self.spec, self.plans, self.labeler, self.shards)
+        stage = f"{self.stage}:{self.spec.name}"
+        fn = TimedDoFn(stage, ContributionsFn(self.spec, self.plans, self.labeler, self.shards))
         parts = batches | "Contributions" >> beam.ParDo(fn).with_outputs(
             ContributionsFn.DICT, ContributionsFn.PARTIAL, main="sharded"
         )
         bounded = (
             parts.sharded
             | "ShuffleByPerson" >> beam.GroupByKey()
-            | "BoundShard" >> beam.ParDo(BoundShardFn(self.spec, self.seed))
+            | "BoundShard" >> beam.ParDo(TimedDoFn(stage, BoundShardFn(self.spec, self.seed)))
         )
         return (
             (bounded, parts[ContributionsFn.PARTIAL], parts[ContributionsFn.DICT])
             | "Gather" >> beam.Flatten()
-            | "Combine" >> beam.CombineGlobally(CellsCombineFn(len(self.plans)))
+            | "Combine"
+            >> beam.CombineGlobally(TimedCombineFn(stage, CellsCombineFn(len(self.plans))))
             | "Write" >> beam.Map(lambda cells, path: write_pickle(path, cells), self.path)
         )

@@ -16,6 +16,7 @@ import pandas as pd
 from apache_beam.pvalue import PCollection, TaggedOutput
 
 from attacks.control import holdout_mask
+from transforms.timing import TimedDoFn
 
 MEMBERS = "members"
 CONTROLS = "controls"
@@ -45,7 +46,7 @@ class HoldOut(beam.PTransform[PCollection[pd.DataFrame], dict[str, PCollection[p
         self.share, self.key, self.unit = share, key, unit
 
     def expand(self, batches: PCollection[pd.DataFrame]) -> dict[str, PCollection[pd.DataFrame]]:
-        fn = _SplitFn(self.share, self.key, self.unit)
+        fn = TimedDoFn("holdout", _SplitFn(self.share, self.key, self.unit))
         parts = batches | "Split" >> beam.ParDo(fn).with_outputs(  # type: ignore[no-untyped-call]
             CONTROLS, main=MEMBERS
         )

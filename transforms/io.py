@@ -81,6 +81,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import AsDict, PBegin, PCollection, TaggedOutput
 
 from privpipe.errors import ConfigError, InputDataError
+from transforms.timing import TimedDoFn
 
 __all__ = ["REJECTED_COLUMNS", "InputSpec", "ReadMicrodata", "inspect_input"]
 
@@ -1413,7 +1414,7 @@ class ReadMicrodata(beam.PTransform[PBegin, dict[str, PCollection[Any]]]):
                     if rows:
                         groups.append((info.path, g, before))
                     before += rows
-            parse_fn: beam.DoFn = _ReadParquetSplitFn(spec, columns)
+            parse_fn: beam.DoFn = TimedDoFn("read", _ReadParquetSplitFn(spec, columns))
             parsed = (
                 pbegin
                 | "Splits" >> beam.Create(groups)  # type: ignore[no-untyped-call]
@@ -1426,7 +1427,7 @@ class ReadMicrodata(beam.PTransform[PBegin, dict[str, PCollection[Any]]]):
         else:
             splits = [s for info in infos for s in _text_splits(info.path, info.size, spec)]
             count_fn: beam.DoFn = _CountNewlinesFn()  # type: ignore[no-untyped-call]
-            parse_fn = _ReadTextSplitFn(spec, columns)
+            parse_fn = TimedDoFn("read", _ReadTextSplitFn(spec, columns))
             distributed = (
                 pbegin
                 | "Splits" >> beam.Create(splits)  # type: ignore[no-untyped-call]

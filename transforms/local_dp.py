@@ -39,6 +39,7 @@ from dp.local_release import encode_values, one_per_person
 from dp.secure_random import RandomSource, random_source_for
 from transforms.dp_aggregate import write_pickle
 from transforms.sink import WriteTable
+from transforms.timing import TimedCombineFn, TimedDoFn
 
 SHARDS = 16
 IntArray = npt.NDArray[np.int64]
@@ -214,8 +215,9 @@ class PerturbLocalDP(beam.PTransform):  # type: ignore[misc]
         self.seed, self.shards = seed, shards
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        stage = f"local_dp:{self.spec.name}"
         parts = batches | "Perturb" >> beam.ParDo(
-            PerturbFn(self.spec, self.seed, self.shards)
+            TimedDoFn(stage, PerturbFn(self.spec, self.seed, self.shards))
         ).with_outputs(PerturbFn.REPORTS, main="main")
         partials = parts.main
         reports = parts[PerturbFn.REPORTS]
@@ -224,7 +226,7 @@ class PerturbLocalDP(beam.PTransform):  # type: ignore[misc]
                 parts.main
                 | "ShuffleByPerson" >> beam.GroupByKey()
                 | "OnePerPerson"
-                >> beam.ParDo(PerturbShardFn(self.spec, self.seed)).with_outputs(
+                >> beam.ParDo(TimedDoFn(stage, PerturbShardFn(self.spec, self.seed))).with_outputs(
                     PerturbFn.REPORTS, main="main"
                 )
             )
@@ -239,6 +241,6 @@ class PerturbLocalDP(beam.PTransform):  # type: ignore[misc]
             )
         return (
             partials
-            | "Sum" >> beam.CombineGlobally(SumSupportFn(self.spec.d))
+            | "Sum" >> beam.CombineGlobally(TimedCombineFn(stage, SumSupportFn(self.spec.d)))
             | "Write" >> beam.Map(lambda acc, path: write_pickle(path, acc), self.path)
         )

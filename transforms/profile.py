@@ -25,6 +25,7 @@ import pandas as pd
 from anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
 from transforms.memory import release_free_memory
 from transforms.sink import write_json_step
+from transforms.timing import TimedCombineFn
 
 
 def _hash(values: pd.Series | pd.DataFrame) -> np.ndarray:
@@ -265,6 +266,6 @@ class ProfileMicrodata(beam.PTransform):  # type: ignore[misc]
         path = self.path
         return (
             batches
-            | "Profile" >> beam.CombineGlobally(self.fn)
+            | "Profile" >> beam.CombineGlobally(TimedCombineFn("profile", self.fn))
             | "WriteProfile" >> beam.Map(write_json_step, path)
         )

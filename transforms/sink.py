@@ -55,6 +55,7 @@ from apache_beam.transforms.combiners import ToList
 
 from dp.secure_random import SecureRandom
 from privpipe.errors import ConfigError
+from transforms.timing import TimedDoFn
 
 __all__ = ["WriteTable", "load_json", "write_json", "write_json_step", "write_table"]
 
@@ -356,14 +357,17 @@ class WriteTable(beam.PTransform[PCollection[pd.DataFrame], PCollection[str]]):
     def expand(self, batches: PCollection[pd.DataFrame]) -> PCollection[str]:
         shard_dir = FileSystems.join(self.directory, f".shards-{self.name}")
         args = (self.name, self.columns, self.format, self.delimiter)
-        merge: beam.DoFn = _MergeShardsFn(self.directory, shard_dir, *args)
+        stage = f"write:{PurePath(self.directory).name if self.name == 'data' else self.name}"
+        merge: beam.DoFn = TimedDoFn(stage, _MergeShardsFn(self.directory, shard_dir, *args))
         shards: PCollection[str]
         if self.shuffle_rows is None:
-            write: beam.DoFn = _WriteShardFn(shard_dir, *args)
+            write: beam.DoFn = TimedDoFn(stage, _WriteShardFn(shard_dir, *args))
             shards = batches | "WriteShards" >> beam.ParDo(write)  # type: ignore[no-untyped-call]
         else:
-            scatter: beam.DoFn = _ScatterFn(shard_dir, self.name, self.columns)
-            permute: beam.DoFn = _PermuteBucketFn(shard_dir, self.format, self.delimiter)
+            scatter: beam.DoFn = TimedDoFn(stage, _ScatterFn(shard_dir, self.name, self.columns))
+            permute: beam.DoFn = TimedDoFn(
+                stage, _PermuteBucketFn(shard_dir, self.format, self.delimiter)
+            )
             shards = (
                 batches
                 | "Scatter" >> beam.ParDo(scatter, AsSingleton(self.shuffle_rows))  # type: ignore[no-untyped-call]
