@@ -39,9 +39,13 @@ lint: $(DEVSTAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy privpipe anonymity dp attacks pipelines transforms reports
 
-## make bench: run the benchmarks (prints JSON; record results in benchmarks/RESULTS.md)
+## make bench: run the benchmarks (prints JSON; record results in benchmarks/RESULTS.md), then
+## compare the whole demo config's stage timings with benchmarks/recorded.jsonl (exit 1 if a
+## stage got slower; BENCH_LARGE=1 for 10M rows)
+BENCH_LOG ?= $(or $(TMPDIR),/tmp)/privpipe-bench/last.jsonl
 bench: $(DEVSTAMP)
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py --save $(BENCH_LOG)
+	$(PY) benchmarks/regress.py $(BENCH_LOG)
 
 ## make e2e: render the demo's report.html in headless Chromium (installs Debian's chromium
 ## if missing), fail on browser console errors, save demo-out/internal/report.png

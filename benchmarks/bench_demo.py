@@ -13,7 +13,7 @@ tree used while the Beam pipeline ran (its CPU times sampled every 0.5 s); and t
 own stage timings (``manifest["timings"]``). Prints one JSON line; compare it with the
 recorded figures with ``benchmarks/regress.py`` (``make bench`` does both).
 
-    python benchmarks/bench_demo.py [--rows 1000000] [--large] [--seed S] [--keep]
+    python benchmarks/bench_demo.py [--rows 1000000] [--large] [--seed S] [--keep] [-- beam options]
 """
 
 from __future__ import annotations
@@ -163,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large", action="store_true", help=f"{LARGE_ROWS:,} rows (slow)")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED, help="generator seed")
     ap.add_argument("--keep", action="store_true", help="keep the run's output folder")
-    args, beam_args = ap.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    beam_args = argv[argv.index("--") + 1 :] if "--" in argv else []  # after --: to Beam
+    args, _ = ap.parse_known_args(argv[: argv.index("--")] if "--" in argv else argv)
     large = args.large or os.environ.get("BENCH_LARGE") == "1"
     rows = args.rows or (LARGE_ROWS if large else DEFAULT_ROWS)
     if rows >= LARGE_ROWS and not large:
