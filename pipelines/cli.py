@@ -367,14 +367,14 @@ def _run(
         if m["releases"]
         else "privpipe: nothing published: the config has no releases"
     )
+    if m.get("timings"):
+        print(f"privpipe: slowest stages: {slowest(m['timings']['stages'])}")
     print(
         f"privpipe: run finished in {m['seconds']:.1f}s; operator files (manifest, audit, "
         f"candidates) in {result.output_dir / 'internal'}"
     )
     if m.get("report"):
         print(f"privpipe: report: {result.output_dir / m['report']} (audit.json, report.md)")
-    if m.get("timings"):
-        print(f"privpipe: slowest stages: {slowest(m['timings']['stages'])}")
     return 0
 
 
@@ -488,6 +488,7 @@ def _demo(
     insecure_seed: int | None = None,
     reuse: str | None = None,
 ) -> int:
+    from pipelines.demo_config import demo_config_for
     from pipelines.demo_data import write_csv
 
     if rows < 1:
@@ -508,8 +509,12 @@ def _demo(
             ) from None
         print(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
     ledger, key = demo_ledger(out / "budget")
+    # size-dependent parameters (max_units, deltas, attack targets) from N, never the data
+    config, changes = demo_config_for(DEMO_CONFIG, out / "input" / "demo.yaml", rows)
+    if changes:
+        print(f"privpipe: the demo config fitted to {rows:,} rows ({config}): {'; '.join(changes)}")
     return _run(
-        str(DEMO_CONFIG),
+        str(config),
         str(out),
         runner,
         beam_args,
