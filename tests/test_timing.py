@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import apache_beam as beam
-import pytest
 import pandas as pd
+import pytest
 
 from privpipe import timing
 from privpipe.timing import StageClock, merge_stages, slowest
