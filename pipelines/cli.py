@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import privpipe
-from privpipe.errors import ConfigError, PrivpipeError
+from privpipe.errors import ConfigError, PrivacyRefusal, PrivpipeError
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEMO_CONFIG = CONFIGS_DIR / "demo.yaml"
@@ -488,11 +488,20 @@ def _demo(
     insecure_seed: int | None = None,
     reuse: str | None = None,
 ) -> int:
-    from pipelines.demo_config import demo_config_for
+    import yaml
+
+    from pipelines.demo_config import DEMO_SMALL_ROWS, demo_config_for, fewest_rows
     from pipelines.demo_data import write_csv
 
     if rows < 1:
         raise ConfigError(f"--rows must be a positive integer, got {rows}")
+    fewest = fewest_rows(yaml.safe_load(DEMO_CONFIG.read_text(encoding="utf-8")))
+    if rows < fewest:  # known before any data: k persons need at least k rows
+        raise ConfigError(
+            f"--rows {rows}: the demo's k-anonymous tables need at least {fewest} persons "
+            f"(k={fewest}) and the demo has at most one person per row; use --rows "
+            f"{DEMO_SMALL_ROWS} or more"
+        )
     out = Path(output).resolve()
     if reuse is not None:
         data = Path(reuse).resolve()
@@ -513,16 +522,24 @@ def _demo(
     config, changes = demo_config_for(DEMO_CONFIG, out / "input" / "demo.yaml", rows)
     if changes:
         print(f"privpipe: the demo config fitted to {rows:,} rows ({config}): {'; '.join(changes)}")
-    return _run(
-        str(config),
-        str(out),
-        runner,
-        beam_args,
-        input_override=str(data),
-        seed=insecure_seed,
-        ledger_override=str(ledger),
-        key_file_override=str(key),
-    )
+    try:
+        return _run(
+            str(config),
+            str(out),
+            runner,
+            beam_args,
+            input_override=str(data),
+            seed=insecure_seed,
+            ledger_override=str(ledger),
+            key_file_override=str(key),
+        )
+    except PrivacyRefusal as e:
+        if rows >= DEMO_SMALL_ROWS:
+            raise
+        raise PrivacyRefusal(
+            f"{e} (privpipe demo: {rows:,} rows are too few persons for the demo config; "
+            f"use --rows {DEMO_SMALL_ROWS} or more)"
+        ) from None
 
 
 def demo_ledger(folder: Path) -> tuple[Path, Path]:

@@ -90,3 +90,13 @@ def demo_config_for(src: Path, dest: Path, rows: int) -> tuple[Path, list[str]]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(head + yaml.safe_dump(adapted, sort_keys=False), encoding="utf-8")
     return dest, changes
+
+
+DEMO_SMALL_ROWS = 50  # below this the demo's k=5 tables may find too few persons to publish
+
+
+def fewest_rows(cfg: Mapping[str, Any]) -> int:
+    """The fewest rows the config can possibly run on: every k-anonymous table needs at
+    least k persons, and the demo has no more persons than rows."""
+    ks = [int(r["k"]) for r in cfg.get("releases") or [] if isinstance(r.get("k"), int)]
+    return max(ks, default=1)

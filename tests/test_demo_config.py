@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,61 @@ def test_the_adapted_copy_loads_with_the_demo_hierarchies(tmp_path: Path) -> Non
     assert plan.config.attacks is not None and plan.config.attacks.targets == 50
     hierarchy = plan.config.hierarchies["sex"]
     assert Path(str(hierarchy.file)).is_absolute() and Path(str(hierarchy.file)).exists()
+
+
+def test_demo_refuses_fewer_rows_than_k_before_any_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipelines.cli import main
+
+    assert main(["demo", "--rows", "3", "--output", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "--rows 3: the demo's k-anonymous tables need at least 5 persons" in err
+    assert "use --rows 50 or more" in err and "Traceback" not in err
+    assert not (tmp_path / "d" / "input").exists()  # nothing generated
+
+
+# every stage configs/demo.yaml implies (contract.md); a shared search may be "search"
+DRIVER = {"graph", "pipeline", "dp_noise", "local_publish", "attacks", "common",
+          "publication_attacks", "utility", "audit", "report", "commit", "continual_publish"}  # fmt: skip
+TABLES = ("k5", "l3", "t03", "mondrian5")
+PIPELINE = {"read", "holdout", "profile", "dp:dp_diagnosis", "dp:dp_zip", "dp:dp_salary",
+            "local_dp:ldp_diagnosis", "continual:weekly_visits"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_demo_of_50_rows_finishes_with_every_stage_timed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import os
+
+    from pipelines.cli import main
+    from tests.layout import internal_file
+
+    out = tmp_path / "d"
+    t0 = time.perf_counter()
+    assert main(["demo", "--rows", "50", "--output", str(out)]) == 0
+    wall = time.perf_counter() - t0
+    printed = capsys.readouterr().out
+    assert (
+        "the demo config fitted to 50 rows" in printed and "attacks.targets: 5000 -> 50" in printed
+    )
+    assert "privpipe: slowest stages: " in printed
+    m = json.loads(internal_file(out, "manifest.json").read_text())
+    t = m["timings"]
+    stages = t["stages"]
+    assert set(stages) >= DRIVER | PIPELINE
+    for step in ("summary", "recode", "verify", "write"):
+        assert {f"{step}:{r}" for r in TABLES} <= set(stages)
+    assert {f"search:{r}" for r in TABLES} <= set(stages) or "search" in stages
+    assert all(v >= 0 for v in stages.values())
+    assert 0 < t["pipeline_s"] <= t["wall_s"] <= wall + 1
+    driver = sum(v for k, v in stages.items() if k in DRIVER)
+    in_pipeline = sum(v for k, v in stages.items() if k not in DRIVER)
+    assert driver <= t["wall_s"] + 0.5  # driver stages nest exclusively
+    assert in_pipeline <= t["pipeline_s"] * (os.cpu_count() or 1) + 1.0
+    assert driver + in_pipeline <= t["wall_s"] * ((os.cpu_count() or 1) + 1) + 1.5
+    assert "timings" not in json.dumps(
+        [json.loads(p.read_text()) for p in (out / "public").glob("*/release.json")]
+    )  # internal only
