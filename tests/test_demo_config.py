@@ -52,7 +52,7 @@ def test_large_n_raises_max_units_and_lowers_delta_below_it() -> None:
     # max_units raised alone would be refused: delta 1e-8 is not below 1/1e8
     raised_only = yaml.safe_load(DEMO_CONFIG.read_text(encoding="utf-8"))
     raised_only["schema"]["max_units"] = 100_000_000
-    with pytest.raises(ConfigError, match="not below 1/schema.max_units"):
+    with pytest.raises(ConfigError, match=r"not below 1/schema\.max_units"):
         validate_config(raised_only, "demo.yaml")
 
 
@@ -80,8 +80,8 @@ def test_demo_refuses_fewer_rows_than_k_before_any_data(
 
 
 # every stage configs/demo.yaml implies (contract.md); a shared search may be "search"
-DRIVER = {"graph", "pipeline", "dp_noise", "local_publish", "attacks", "common",
-          "publication_attacks", "utility", "audit", "report", "commit", "continual_publish"}  # fmt: skip
+DRIVER = {"graph", "pipeline", "dp_noise", "local_publish", "attacks", "common", "utility",
+          "publication_attacks", "audit", "report", "commit", "continual_publish"}  # fmt: skip
 TABLES = ("k5", "l3", "t03", "mondrian5")
 PIPELINE = {"read", "holdout", "profile", "dp:dp_diagnosis", "dp:dp_zip", "dp:dp_salary",
             "local_dp:ldp_diagnosis", "continual:weekly_visits"}  # fmt: skip
