@@ -100,3 +100,19 @@ def test_main_exits_1_on_a_slower_stage_and_records(
     same.write_text(json.dumps(line({"search:k5": 10.2, "read": 2.0})) + "\n")
     assert regress.main([str(same), "--recorded", str(recorded), "--record"]) == 0
     assert len(recorded.read_text().splitlines()) == 2  # appended
+
+
+def test_bench_demo_cores_from_cpu_samples() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "bench_demo", ROOT / "benchmarks" / "bench_demo.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # (seconds since start, CPU seconds of the tree): 2 cores busy from 10 s to 20 s
+    samples = [(0.0, 1.0), (10.0, 2.0), (15.0, 12.0), (20.0, 22.0), (30.0, 23.0)]
+    assert bench.cores_between(samples, 10.0, 20.0) == 2.0
+    assert bench.cores_between(samples, 0.0, 30.0) == round(22 / 30, 2)
+    assert bench.cores_between(samples, 12.5, 17.5) == 2.0  # interpolated between samples
+    assert bench.cores_between(samples, 20.0, 20.0) is None
+    assert bench.cores_between([], 0.0, 1.0) is None
