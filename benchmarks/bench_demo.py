@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.rows or (LARGE_ROWS if large else DEFAULT_ROWS)
     if rows >= LARGE_ROWS and not large:
         ap.error(f"--rows {rows:,}: runs of {LARGE_ROWS:,} rows or more need --large")
+    commit = git_commit()  # the code measured: taken before the run, not after it
     data = demo_file(rows, args.seed)
     out = Path(tempfile.mkdtemp(prefix=f"demo-{rows}-", dir=cache_dir()))
     try:
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "seed": args.seed,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": git_commit(),
+        "commit": commit,
         "machine": machine(),
         **figures,
     }
