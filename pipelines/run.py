@@ -188,9 +188,8 @@ def build_graph(
     # every DP and continual release in one step (continual: bounded per-cell counts of
     # this period; noise comes in the driver)
     cells = [
-        DPCellsJob(j.spec, tuple(j.plans), str(out.work / f"dp-{j.name}.pickle"))
-        for j in [*jobs, *cjobs]
-    ]
+        DPCellsJob(j.spec, tuple(j.plans), str(out.work / f"dp-{j.name}.pickle")) for j in jobs
+    ] + [DPCellsJob(c.spec, tuple(c.plans), str(out.work / f"dp-{c.name}.pickle")) for c in cjobs]
     if cells:
         _ = batches | "DP" >> AggregateDPCells(cells, labeler, seed)
     for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
