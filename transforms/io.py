@@ -31,8 +31,8 @@ How the parallel text read works (CSV and JSONL):
    The mapping is verified (record count and line breaks inside values must match the
    units); where it does not hold, the range is bisected and re-parsed, so one malformed
    line (an unbalanced quote) is rejected on its own instead of swallowing its neighbours.
-   A range is first cut at line ends into pieces of about ``piece_bytes`` (the chunks of a
-   ``multiline_records`` file are its pieces), parsed by a pool of ``parse_threads``
+   A range is first cut at line ends into pieces of about ``batch_rows`` lines (the chunks
+   of a ``multiline_records`` file are its pieces), parsed by a pool of ``parse_threads``
    threads (pyarrow releases the GIL) while the step's own thread hands the finished pieces
    downstream in order: one split keeps several cores busy on any runner, and each piece
    carries its own first line number and byte offset, so rows and rejections are the same
@@ -134,12 +134,13 @@ class InputSpec:
     column_types: Mapping[str, ColumnType] = field(default_factory=dict)  # default string
     nonempty_columns: tuple[str, ...] = ()  # an empty value rejects the row
     multiline_records: bool = False  # CSV: quoted values may hold line breaks; 1 split/file
-    # Inside one split, pieces of about ``piece_bytes`` (cut at line/record ends) are parsed
-    # by a pool of ``parse_threads`` threads (0: one per core, at most 4; 1: serial) while
-    # the step's thread hands the finished pieces downstream in order: pyarrow's parser and
-    # compute kernels release the GIL, so the read uses several cores on any runner.
+    # Inside one split, pieces of about ``batch_rows`` lines (at most ``piece_bytes``; cut
+    # at line ends) are parsed by a pool of ``parse_threads`` threads (0: one per core, at
+    # most 4; 1: serial) while the step's thread hands the finished pieces downstream in
+    # order: pyarrow's parser and compute kernels release the GIL, so the read uses several
+    # cores on any runner, and the batches keep the size they have in a serial read.
     parse_threads: int = 0
-    piece_bytes: int = 2 * 2**20
+    piece_bytes: int = 64 * 2**20
 
     def __post_init__(self) -> None:
         # Normalise sequences to tuples and the mapping to a plain (picklable) dict.
@@ -1178,7 +1179,7 @@ def _pieces(buf: bytes, offset: int, line: int, size: int) -> list[tuple[bytes, 
     bytes and its rejection never span two)."""
     out: list[tuple[bytes, int, int]] = []
     lo = 0
-    while len(buf) - lo > size + size // 2:
+    while len(buf) - lo > size:
         nl = buf.find(b"\n", lo + size)
         if nl < 0 or nl + 1 >= len(buf):
             break
@@ -1241,7 +1242,7 @@ class _ReadTextSplitFn(beam.DoFn):
                 segments: Iterable[tuple[bytes, int, int]] = self._sequential(f)
             else:
                 one = self._aligned(f, start, end, 0)
-                segments = _pieces(*one, self.spec.piece_bytes) if one is not None else []
+                segments = _pieces(*one, self._piece_size(one[0])) if one is not None else []
             for outputs in self._parsed(segments, path):
                 for out in outputs:
                     if isinstance(out, TaggedOutput):
@@ -1270,6 +1271,11 @@ class _ReadTextSplitFn(beam.DoFn):
         finally:
             for fut in pending:
                 fut.cancel()
+
+    def _piece_size(self, buf: bytes) -> int:
+        """Bytes of about ``batch_rows`` average lines of the buffer (at most piece_bytes)."""
+        lines = max(buf.count(b"\n"), 1)
+        return max(1, min(self.spec.piece_bytes, len(buf) * self.spec.batch_rows // lines))
 
     def _segment_list(self, buf: bytes, offset: int, line: int, path: str) -> list[Any]:
         return list(self._segment(buf, offset, line, path))
