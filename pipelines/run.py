@@ -88,9 +88,24 @@ class RunResult:
     manifest: dict[str, Any]
 
 
+class _Options(PipelineOptions):  # type: ignore[misc]
+    """PipelineOptions that make each view once per class. Beam asks for a view on every
+    transform it applies (about twice per apply), and every new view re-parses the flags
+    with a freshly built argparse parser: on the demo config that was ~2,000 parsers, a
+    large share of graph construction. Views only read and write the shared option values
+    (``_all_options``), so one view per class behaves like a new one each time."""
+
+    def view_as(self, cls: type[Any]) -> Any:
+        views = self.__dict__.setdefault("_privpipe_views", {})
+        view = views.get(cls)
+        if view is None:
+            view = views[cls] = super().view_as(cls)
+        return view
+
+
 def pipeline_options(beam_args: Sequence[str], runner: str | None) -> PipelineOptions:
     """Beam options from pass-through flags; DirectRunner unless told otherwise."""
-    options = PipelineOptions(list(beam_args))
+    options = _Options(list(beam_args))
     std = options.view_as(StandardOptions)
     if runner:
         std.runner = runner
