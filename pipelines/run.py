@@ -58,7 +58,7 @@ from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publi
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver, check_static
 from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
 from pipelines.output import INTERNAL, RunOutput, new_run_id
-from pipelines.plan import Plan
+from pipelines.plan import Plan, dp_columns
 from pipelines.publication import (
     check_combination,
     check_private_paths,
@@ -70,7 +70,7 @@ from privpipe import errors, timing
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from privpipe.timing import stage
 from transforms.anonymize import AnonymizeRelease
-from transforms.dp_aggregate import AggregateDPCells
+from transforms.dp_aggregate import AggregateDPCells, DPCellsJob
 from transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
 from transforms.local_dp import PerturbLocalDP
@@ -90,9 +90,24 @@ class RunResult:
     manifest: dict[str, Any]
 
 
+class _Options(PipelineOptions):  # type: ignore[misc]
+    """PipelineOptions that make each view once per class. Beam asks for a view on every
+    transform it applies (about twice per apply), and every new view re-parses the flags
+    with a freshly built argparse parser: on the demo config that was ~2,000 parsers, a
+    large share of graph construction. Views only read and write the shared option values
+    (``_all_options``), so one view per class behaves like a new one each time."""
+
+    def view_as(self, cls: type[Any]) -> Any:
+        views = self.__dict__.setdefault("_privpipe_views", {})
+        view = views.get(cls)
+        if view is None:
+            view = views[cls] = super().view_as(cls)
+        return view
+
+
 def pipeline_options(beam_args: Sequence[str], runner: str | None) -> PipelineOptions:
     """Beam options from pass-through flags; DirectRunner unless told otherwise."""
-    options = PipelineOptions(list(beam_args))
+    options = _Options(list(beam_args))
     std = options.view_as(StandardOptions)
     if runner:
         std.runner = runner
@@ -150,8 +165,9 @@ def build_graph(
     read = p | "Read" >> ReadMicrodata(spec)
     batches, controls = control_split(p, read, plan, out, holdout_key)
     _ = batches | "Profile" >> ProfileMicrodata(
-        str(out.work / "profile.json"), columns, s.quasi_identifiers, counted, s.privacy_unit
-    )
+        str(out.work / "profile.json"), columns, s.quasi_identifiers, counted, s.privacy_unit,
+        exact_columns(plan),
+    )  # fmt: skip
     resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
     # recoding needs the search's result first, so the rows are read a second time: once
     # for all anonymised releases together
@@ -186,19 +202,13 @@ def build_graph(
                 | "WriteControlRows" >> WriteTable(str(out.work), CONTROL_TABLE, cols, "parquet")
             )
     labeler = HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)
-    for job in jobs:
-        _ = batches | f"DP[{job.name}]" >> AggregateDPCells(
-            job.spec, job.plans, labeler, str(out.work / f"dp-{job.name}.pickle"), seed
-        )
-    for cjob in cjobs:  # bounded per-cell counts of this period (noise comes in the driver)
-        _ = batches | f"Continual[{cjob.name}]" >> AggregateDPCells(
-            cjob.spec,
-            cjob.plans,
-            labeler,
-            str(out.work / f"dp-{cjob.name}.pickle"),
-            seed,
-            stage="continual",
-        )
+    # every DP and continual release in one step (continual: bounded per-cell counts of
+    # this period; noise comes in the driver)
+    cells = [
+        DPCellsJob(j.spec, tuple(j.plans), str(out.work / f"dp-{j.name}.pickle")) for j in jobs
+    ] + [DPCellsJob(c.spec, tuple(c.plans), str(out.work / f"dp-{c.name}.pickle")) for c in cjobs]
+    if cells:
+        _ = batches | "DP" >> AggregateDPCells(cells, labeler, seed)
     for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
         _ = batches | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
             ljob.spec,
@@ -214,6 +224,15 @@ def build_graph(
         | "RejectedColumns" >> beam.Map(lambda df: df[list(REJECTED_COLUMNS)])
         | "WriteRejected" >> WriteTable(str(out.internal), "rejected", REJECTED_COLUMNS)
     )
+
+
+def exact_columns(plan: Plan) -> list[str]:
+    """Columns whose distinct count the profile keeps exactly: the QIs, the sensitive
+    attribute, the privacy unit and every DP release's columns (the others are estimated)."""
+    s = plan.config.schema_
+    cols = [*s.quasi_identifiers, s.sensitive, s.privacy_unit]
+    cols += [c for r in plan.config.releases for c in dp_columns(r)]
+    return list(dict.fromkeys(c for c in cols if c))
 
 
 def control_split(

@@ -490,3 +490,103 @@ def test_spec_is_normalised_and_picklable() -> None:
     assert spec.paths == ("a.csv",) and spec.required_columns == ("x",)
     assert spec.column_types == {"x": "integer"}
     assert pickle.loads(pickle.dumps(spec)) == spec
+
+
+# --------------------------------------------------------------------------- parallel pieces
+
+
+def _mixed_csv(n: int) -> bytes:
+    """Good rows among every kind of rejection the reader knows, CRLF and blank lines."""
+    lines = [b"id,group,value"]
+    for i in range(n):
+        kind = i % 11
+        if kind == 0:
+            lines.append(f"{i},a,{i},extra".encode())  # ragged
+        elif kind == 1:
+            lines.append(f"{i},b,x{i}".encode())  # not an integer
+        elif kind == 2:
+            lines.append(b"")  # blank
+        elif kind == 3:
+            lines.append(f'{i},"quoted, with comma",{i}'.encode())
+        elif kind == 4:
+            lines.append(f"{i},caf\xe9,{i}".encode("latin-1"))  # invalid UTF-8
+        elif kind == 5:
+            lines.append(f"{i},c\rr,{i}".encode())  # bare carriage return
+        elif kind == 6:
+            lines.append(f'{i},"open,{i}'.encode())  # unbalanced quote
+        elif kind == 7:
+            lines.append(f"{i},,{i}".encode())  # empty non-empty column
+        else:
+            lines.append(f"{i},g{i % 5},{i}".encode())
+    return b"\r\n".join(lines) + b"\r\n"
+
+
+def _same_read(tmp_path: Path, serial: InputSpec, parallel: InputSpec) -> Result:
+    one, many = read(tmp_path, serial), read(tmp_path, parallel)
+    pd.testing.assert_frame_equal(sorted_rows(one.rows, "id"), sorted_rows(many.rows, "id"))
+    key = ["line", "reason", "text"]
+    pd.testing.assert_frame_equal(
+        one.rejected.sort_values(key, ignore_index=True),
+        many.rejected.sort_values(key, ignore_index=True),
+    )
+    return many
+
+
+def test_parallel_pieces_give_the_serial_rows_and_rejections(tmp_path: Path) -> None:
+    path = write(tmp_path / "mixed.csv", _mixed_csv(600))
+    common: dict[str, Any] = {
+        "paths": (path,),
+        "column_types": {"id": "integer", "value": "integer"},
+        "nonempty_columns": ("group",),
+        "split_bytes": 2000,
+    }
+    serial = InputSpec(**common, parse_threads=1, piece_bytes=1 << 30)
+    res = _same_read(tmp_path, serial, InputSpec(**common, parse_threads=3, piece_bytes=100))
+    assert len(res.rows) > 200 and len(res.rejected) > 300
+    assert len(res.batches) > 3 * (Path(path).stat().st_size // 2000)  # several pieces a split
+    reasons = " ".join(res.rejected["reason"])
+    for what in ("expected 3 fields", "not an integer", "invalid UTF-8", "carriage return"):
+        assert what in reasons
+    text = Path(path).read_bytes().split(b"\r\n")
+    rej = res.rejected
+    for line, why, raw in zip(rej["line"], rej["reason"], rej["text"], strict=True):
+        if "UTF-8" not in why and "\r" not in raw:
+            assert text[line - 1].decode("utf-8") == raw  # true physical line numbers
+
+
+def test_parallel_multiline_chunks_and_jsonl_match_serial(tmp_path: Path) -> None:
+    rows = [f'{i},"two\nlines {i}",{i}' if i % 3 else f"{i},x,{i}" for i in range(300)]
+    rows[50] = '50,"unbalanced,50'
+    path = write(tmp_path / "ml.csv", "id,text,value\n" + "\n".join(rows) + "\n")
+    common: dict[str, Any] = {
+        "paths": (path,),
+        "multiline_records": True,
+        "column_types": {"id": "integer"},
+        "split_bytes": 300,
+    }
+    _same_read(tmp_path, InputSpec(**common, parse_threads=1), InputSpec(**common, parse_threads=4))
+    lines = [
+        f'{{"id": {i}, "v": "{i}"}}' if i % 7 != 3 else f'{{"id": {i}, "v": ' for i in range(400)
+    ]
+    jpath = write(tmp_path / "a.jsonl", "\n".join(lines) + "\n")
+    jcommon: dict[str, Any] = {"paths": (jpath,), "format": "jsonl", "split_bytes": 1500}
+    res = _same_read(
+        tmp_path,
+        InputSpec(**jcommon, parse_threads=1, piece_bytes=1 << 30),
+        InputSpec(**jcommon, parse_threads=2, piece_bytes=64),
+    )
+    assert len(res.rejected) == len(range(3, 400, 7))
+
+
+def test_pieces_cut_at_line_ends_with_their_line_numbers() -> None:
+    from transforms.io import _pieces
+
+    buf = b"".join(f"line {i}\n".encode() for i in range(1, 200))
+    pieces = _pieces(buf, 1000, 5, 64)
+    assert len(pieces) > 10 and b"".join(p for p, _, _ in pieces) == buf
+    for piece, offset, line in pieces:
+        assert piece.endswith(b"\n") and buf[offset - 1000 :].startswith(piece)
+        assert piece.startswith(f"line {line - 4}\n".encode())
+    assert _pieces(b"a\nb", 0, 1, 1) == [(b"a\n", 0, 1), (b"b", 2, 2)]
+    with pytest.raises(ConfigError, match="parse_threads"):
+        InputSpec(paths=("x.csv",), parse_threads=-1)

@@ -114,3 +114,43 @@ def test_row_hashes_combine_column_hashes_like_pandas() -> None:
     )
     for cols in (["a"], ["a", "b"], ["c", "a", "b"]):
         assert (_combine([_hash(df[c]) for c in cols]) == _hash(df[cols])).all()
+
+
+def test_columns_no_release_uses_are_estimated_and_marked() -> None:
+    rng = np.random.default_rng(3)
+    n = 60_000
+    df = table(5, n)
+    df["value"] = rng.random(n)  # ~60k distinct floats: used by no release
+    df.loc[::10, "value"] = np.nan
+    df["note"] = pd.array(rng.choice(["a", "b", "c", None], n), dtype="str")
+    batches = [df.iloc[a : a + 7_000].reset_index(drop=True) for a in range(0, n, 7_000)]
+    qis = ["zip", "age", "sex"]
+    fn = ProfileFn(list(df.columns), qis, qis, exact=["disease"])
+    public, _ = split_internal(run_combine(fn, batches, 4))
+    cols = public["columns"]
+    for col in ["zip", "age", "sex", "disease"]:  # QIs always, and the named columns
+        assert cols[col]["exact"] is True
+        assert cols[col]["distinct"] == df[col].nunique(dropna=True)
+    for col in ["value", "note"]:
+        assert cols[col]["exact"] is False
+        assert cols[col]["missing"] == int(df[col].isna().sum())
+        true = df[col].nunique(dropna=True)
+        assert abs(cols[col]["distinct"] - true) <= max(1, 0.03 * true), (col, true)
+    # without `exact` every column is exact (the default)
+    everything, _ = split_internal(run_combine(ProfileFn(list(df.columns), qis, qis), batches, 4))
+    assert everything["columns"]["value"] == {
+        "distinct": df["value"].nunique(),
+        "missing": int(df["value"].isna().sum()),
+        "exact": True,
+    }
+
+
+def test_hll_estimate_tracks_the_true_count() -> None:
+    from transforms.profile import _HLL_M, hll_estimate, hll_update
+
+    for n in (0, 1, 500, 200_000):
+        registers = np.zeros(_HLL_M, dtype=np.uint8)
+        values = pd.Series(np.arange(n, dtype=np.int64) * 7919)
+        hll_update(registers, _hash(values))
+        hll_update(registers, _hash(values[: n // 2]))  # repeats change nothing
+        assert abs(hll_estimate(registers) - n) <= max(0.03 * n, 0 if n < 2 else 2), n

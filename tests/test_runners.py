@@ -182,3 +182,21 @@ def test_runner_flag_passes_through_the_cli(
     )
     assert code == 0
     assert figures(out) == direct_figures
+
+
+def test_pipeline_options_make_each_view_once_and_share_values() -> None:
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions, TypeOptions
+
+    from pipelines.run import pipeline_options
+
+    options = pipeline_options(["--direct_num_workers=2"], None)
+    # one view per class (Beam asks for one per applied transform; each new one re-parses)
+    assert options.view_as(TypeOptions) is options.view_as(TypeOptions)
+    assert options.view_as(StandardOptions).runner == "DirectRunner"
+    assert options.view_as(DirectOptions).direct_num_workers == 2
+    options.view_as(TypeOptions).pipeline_type_check = False  # a write through one view ...
+    assert options.get_all_options()["pipeline_type_check"] is False  # ... is the option's
+    assert options.view_as(TypeOptions).pipeline_type_check is False
+    assert pipeline_options([], "PortableRunner").view_as(StandardOptions).runner == (
+        "PortableRunner"
+    )

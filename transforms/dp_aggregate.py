@@ -1,10 +1,13 @@
 """Beam: batches → bounded per-cell aggregates of one central-DP release (no noise here).
 
-    batches ─► Contributions (hashed arrays per query, per batch)
+    batches ─► Contributions (hashed arrays per release and query, per batch)
             ─► [privacy unit] shard by person hash ─► GroupByKey ─► bound each shard
             ─► [no unit]      aggregate each batch (one row = one person: nothing to bound)
-            ─► CombineGlobally: partials and cell dictionaries summed per query
-            ─► one pickle in the run's internal folder
+            ─► CombineGlobally: partials and cell dictionaries summed per release and query
+            ─► one pickle per release in the run's internal folder
+
+All DP (and continual) releases of a run share these steps: a handful of ParDos whatever
+the number of releases.
 
 Everything is batch-wise (numpy arrays, never a DoFn per row). Noise is not drawn in the
 pipeline: the driver charges the ledger once the data has been checked and only then
@@ -44,99 +47,116 @@ SHARDS = 16
 _COMPACT_AT = 32
 
 
+@dataclass(frozen=True)
+class DPCellsJob:
+    """One release aggregated by :class:`AggregateDPCells`: its spec, query plans, pickle."""
+
+    spec: DPReleaseSpec
+    plans: tuple[QueryPlan, ...]
+    path: str
+
+
 class ContributionsFn(beam.DoFn):  # type: ignore[misc]
-    """Per batch: hashed contributions per query; shards by person or aggregates directly."""
+    """Per batch, for every release: hashed contributions per query; shards them by person
+    or aggregates them directly. Outputs are keyed by (release index, query)."""
 
     DICT = "dictionary"
     PARTIAL = "partial"
 
-    def __init__(
-        self, spec: DPReleaseSpec, plans: Sequence[QueryPlan], labeler: Labeler, shards: int
-    ) -> None:
-        self.spec, self.plans, self.labeler, self.shards = spec, list(plans), labeler, shards
+    def __init__(self, jobs: Sequence[DPCellsJob], labeler: Labeler, shards: int) -> None:
+        self.jobs, self.labeler, self.shards = list(jobs), labeler, shards
 
     def process(self, batch: pd.DataFrame) -> Iterator[Any]:
-        for c in contributions(batch, self.spec, self.plans, self.labeler):
-            yield beam.pvalue.TaggedOutput(self.DICT, (c.query, c.dictionary))
-            c.dictionary = pd.DataFrame()
-            if c.unit is None:  # one row, one person: already bounded
-                yield beam.pvalue.TaggedOutput(self.PARTIAL, bound_and_aggregate(c, self.spec))
-                continue
-            for s, rows in split_by_shard(c.unit, self.shards):
-                yield (c.query, s), c.take(rows)
+        for j, job in enumerate(self.jobs):
+            for c in contributions(batch, job.spec, list(job.plans), self.labeler):
+                yield beam.pvalue.TaggedOutput(self.DICT, ((j, c.query), c.dictionary))
+                c.dictionary = pd.DataFrame()
+                if c.unit is None:  # one row, one person: already bounded
+                    partial = bound_and_aggregate(c, job.spec)
+                    yield beam.pvalue.TaggedOutput(self.PARTIAL, (j, partial))
+                    continue
+                for s, rows in split_by_shard(c.unit, self.shards):
+                    yield (j, c.query, s), c.take(rows)
 
 
 class BoundShardFn(beam.DoFn):  # type: ignore[misc]
-    """All rows of the persons of one shard: bound them and aggregate per cell."""
+    """All rows of the persons of one shard of one release: bound them, aggregate per cell."""
 
-    def __init__(self, spec: DPReleaseSpec, seed: int | None) -> None:
-        self.spec, self.seed = spec, seed
+    def __init__(self, specs: Sequence[DPReleaseSpec], seed: int | None) -> None:
+        self.specs, self.seed = list(specs), seed
 
-    def process(self, element: tuple[tuple[int, int], Iterable[Contributions]]) -> Iterator[Any]:
-        (query, shard), parts = element
+    def process(
+        self, element: tuple[tuple[int, int, int], Iterable[Contributions]]
+    ) -> Iterator[Any]:
+        (j, query, shard), parts = element
+        spec = self.specs[j]
         merged = concat(list(parts))
         if self.seed is None:  # unpredictable choice of kept rows
             rng = np.random.default_rng(secrets.randbits(128))
         else:  # reproducible (insecure, recorded) runs
-            rng = np.random.default_rng(
-                [self.seed, zlib.crc32(self.spec.name.encode()), query, shard]
-            )
-        yield bound_and_aggregate(merged, self.spec, rng)
+            rng = np.random.default_rng([self.seed, zlib.crc32(spec.name.encode()), query, shard])
+        yield j, bound_and_aggregate(merged, spec, rng)
 
 
 @dataclass
 class _Acc:
-    partials: dict[int, list[CellPartial]] = field(default_factory=dict)
-    dictionaries: dict[int, list[pd.DataFrame]] = field(default_factory=dict)
+    partials: dict[tuple[int, int], list[CellPartial]] = field(default_factory=dict)
+    dictionaries: dict[tuple[int, int], list[pd.DataFrame]] = field(default_factory=dict)
 
 
 class CellsCombineFn(beam.CombineFn):  # type: ignore[misc]
-    """Partials and dictionaries per query, summed (compacted as they grow)."""
+    """Partials and dictionaries per (release, query), summed (compacted as they grow)."""
 
-    def __init__(self, queries: int) -> None:
-        self.queries = queries
+    def __init__(self, queries: Sequence[int]) -> None:
+        self.queries = list(queries)  # number of queries of each release
 
     def create_accumulator(self) -> _Acc:
         return _Acc()
 
     def add_input(self, acc: _Acc, element: Any) -> _Acc:
-        if isinstance(element, CellPartial):
-            self._add_partial(acc, element)
+        key, value = element
+        if isinstance(value, CellPartial):
+            self._add_partial(acc, key, value)
         else:
-            query, frame = element
-            lst = acc.dictionaries.setdefault(query, [])
-            lst.append(frame)
+            lst = acc.dictionaries.setdefault(key, [])
+            lst.append(value)
             if len(lst) >= _COMPACT_AT:
-                acc.dictionaries[query] = [merge_dictionaries(lst)]
+                acc.dictionaries[key] = [merge_dictionaries(lst)]
         return acc
 
-    def _add_partial(self, acc: _Acc, p: CellPartial) -> None:
-        lst = acc.partials.setdefault(p.query, [])
+    def _add_partial(self, acc: _Acc, j: int, p: CellPartial) -> None:
+        lst = acc.partials.setdefault((j, p.query), [])
         lst.append(p)
         if len(lst) >= _COMPACT_AT:
-            acc.partials[p.query] = [merge_partials(lst)]
+            acc.partials[(j, p.query)] = [merge_partials(lst)]
 
     def merge_accumulators(self, accs: Iterable[_Acc]) -> _Acc:
         out = _Acc()
         for a in accs:
-            for ps in a.partials.values():
+            for (j, _), ps in a.partials.items():
                 for p in ps:
-                    self._add_partial(out, p)
-            for q, frames in a.dictionaries.items():
+                    self._add_partial(out, j, p)
+            for key, frames in a.dictionaries.items():
                 for f in frames:
-                    self.add_input(out, (q, f))
+                    self.add_input(out, (key, f))
         return out
 
-    def extract_output(self, acc: _Acc) -> dict[str, Any]:
-        return {
-            "partials": [
-                merge_partials(acc.partials[q]) if acc.partials.get(q) else empty_partial(q)
-                for q in range(self.queries)
-            ],
-            "dictionaries": [
-                merge_dictionaries(acc.dictionaries.get(q, [])) for q in range(self.queries)
-            ],
-        }
+    def extract_output(self, acc: _Acc) -> list[dict[str, Any]]:
+        """The cells of each release: partials and dictionaries, one per query."""
+        return [
+            {
+                "partials": [
+                    merge_partials(acc.partials[(j, q)])
+                    if acc.partials.get((j, q))
+                    else empty_partial(q)
+                    for q in range(n)
+                ],
+                "dictionaries": [
+                    merge_dictionaries(acc.dictionaries.get((j, q), [])) for q in range(n)
+                ],
+            }
+            for j, n in enumerate(self.queries)
+        ]
 
 
 def write_pickle(path: str, value: Any) -> str:
@@ -154,38 +174,46 @@ def load_cells(path: str | Path) -> Any:
     return pickle.loads(Path(path).read_bytes())
 
 
+def write_cells(cells: Sequence[Any], paths: Sequence[str]) -> Iterator[str]:
+    """Each release's cells to its own pickle."""
+    for value, path in zip(cells, paths, strict=True):
+        yield write_pickle(path, value)
+
+
 class AggregateDPCells(beam.PTransform):  # type: ignore[misc]
-    """Bounded, merged per-cell aggregates of one DP release, written to ``path``."""
+    """Bounded, merged per-cell aggregates of several DP releases, each written to its path.
+
+    One step for all releases (not one per release): Beam's graph construction and
+    submission cost grows with the number of ParDos (it inspects every DoFn's methods), and
+    the batches are read by one DoFn instead of one per release."""
 
     def __init__(
         self,
-        spec: DPReleaseSpec,
-        plans: Sequence[QueryPlan],
+        jobs: Sequence[DPCellsJob],
         labeler: Labeler,
-        path: str,
         seed: int | None = None,
         shards: int = SHARDS,
-        stage: str = "dp",  # the timing stage: dp:<name> (continual:<name> for a stream)
+        stage: str = "dp",  # the timing stage of the shared step (all its releases)
     ) -> None:
         super().__init__()
-        self.spec, self.plans, self.labeler = spec, list(plans), labeler
-        self.path, self.seed, self.shards, self.stage = path, seed, shards, stage
+        self.jobs, self.labeler = list(jobs), labeler
+        self.seed, self.shards, self.stage = seed, shards, stage
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
-        stage = f"{self.stage}:{self.spec.name}"
-        fn = TimedDoFn(stage, ContributionsFn(self.spec, self.plans, self.labeler, self.shards))
+        fn = TimedDoFn(self.stage, ContributionsFn(self.jobs, self.labeler, self.shards))
         parts = batches | "Contributions" >> beam.ParDo(fn).with_outputs(
             ContributionsFn.DICT, ContributionsFn.PARTIAL, main="sharded"
         )
+        specs = [job.spec for job in self.jobs]
         bounded = (
             parts.sharded
             | "ShuffleByPerson" >> beam.GroupByKey()
-            | "BoundShard" >> beam.ParDo(TimedDoFn(stage, BoundShardFn(self.spec, self.seed)))
+            | "BoundShard" >> beam.ParDo(TimedDoFn(self.stage, BoundShardFn(specs, self.seed)))
         )
+        queries = [len(job.plans) for job in self.jobs]
         return (
             (bounded, parts[ContributionsFn.PARTIAL], parts[ContributionsFn.DICT])
             | "Gather" >> beam.Flatten()
-            | "Combine"
-            >> beam.CombineGlobally(TimedCombineFn(stage, CellsCombineFn(len(self.plans))))
-            | "Write" >> beam.Map(lambda cells, path: write_pickle(path, cells), self.path)
+            | "Combine" >> beam.CombineGlobally(TimedCombineFn(self.stage, CellsCombineFn(queries)))
+            | "Write" >> beam.FlatMap(write_cells, [job.path for job in self.jobs])
         )
