@@ -74,6 +74,10 @@ RELATIVE_TIE: Final = 1e-9
 """Metric values closer than this (relative) are ties, broken by the node order."""
 CACHE_CELLS: Final = 4_000_000
 """Cells of equivalence classes kept for roll-ups during the optimal search (~64 MB)."""
+ROLLUP_SORT_FACTOR: Final = 4
+"""A farther cached specialisation (regrouped with a full sort) is used instead of a
+direct predecessor (merged sorted runs, near-linear) when it has this many times fewer
+cells."""
 
 
 def _tol(value: float) -> float:
@@ -143,6 +147,12 @@ class SearchResult:
         )
 
 
+def _cached_cells(classes: EquivalenceClasses) -> int:
+    """What a cached node weighs: its cells and its carried (cell, person) pairs."""
+    pairs = classes.multi_pairs
+    return classes.n_cells + (0 if pairs is None else int(pairs.shape[0]))
+
+
 class _ClassCache:
     """Equivalence classes of recently evaluated nodes, for roll-ups; at most
     ``CACHE_CELLS`` cells are kept (the oldest entries are evicted first)."""
@@ -155,13 +165,27 @@ class _ClassCache:
         return self._items.get(key)
 
     def put(self, key: object, classes: EquivalenceClasses) -> None:
-        if classes.n_cells > CACHE_CELLS or key in self._items:
+        size = _cached_cells(classes)
+        if size > CACHE_CELLS or key in self._items:
             return
-        while self._items and self._cells + classes.n_cells > CACHE_CELLS:
+        while self._items and self._cells + size > CACHE_CELLS:
             _, old = self._items.popitem(last=False)
-            self._cells -= old.n_cells
+            self._cells -= _cached_cells(old)
         self._items[key] = classes
-        self._cells += classes.n_cells
+        self._cells += size
+
+    def smallest_below(self, node: Sequence[int]) -> EquivalenceClasses | None:
+        """The cached classes with the fewest cells whose node is a specialisation of
+        ``node`` (every level lower or equal), None if there is none."""
+        if not self._items:
+            return None
+        entries = list(self._items.values())
+        levels = np.array([c.levels for c in entries], dtype=np.int64)
+        cells = np.array([c.n_cells for c in entries], dtype=np.int64)
+        below = np.flatnonzero(np.all(levels <= np.asarray(node, dtype=np.int64), axis=1))
+        if not below.shape[0]:
+            return None
+        return entries[int(below[np.argmin(cells[below])])]
 
 
 class _Watch:
@@ -408,7 +432,9 @@ class _OptimalState:
             stack.extend(self._neighbours(current, up))
 
     def _classes(self, rank: int) -> EquivalenceClasses:
-        """Rolled up from the smallest cached predecessor, else from the summary rows."""
+        """Rolled up from the cached node with the fewest cells among the node's
+        specialisations (a direct predecessor merges sorted runs; any other is regrouped),
+        else counted from the summary rows."""
         node = self.nodes[rank]
         flat = self.flat[rank]
         source: tuple[int, EquivalenceClasses] | None = None
@@ -419,7 +445,12 @@ class _OptimalState:
                     source is None or candidate.n_cells < source[1].n_cells
                 ):
                     source = (j, candidate)
-        if source is not None:
+        farther = self.cache.smallest_below(node)
+        if farther is not None and (
+            source is None or farther.n_cells * ROLLUP_SORT_FACTOR < source[1].n_cells
+        ):
+            classes = self.work.rollup_to(farther, node)
+        elif source is not None:
             classes = self.work.rollup(source[1], source[0])
         else:
             classes = self.work.classes(tuple(node))

@@ -46,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.arrays import unique_first_inverse
+from anonymity.arrays import sorted_unique, unique_first_inverse
 from anonymity.hierarchy import Hierarchy
 from anonymity.lattice import Lattice, Node
 from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
@@ -163,6 +163,7 @@ class EquivalenceClasses:
         "evaluator",
         "in_units",
         "levels",
+        "multi_pairs",
         "sizes",
     )
 
@@ -193,6 +194,10 @@ class EquivalenceClasses:
         # per cell: summary rows of persons with a single summary row (privacy units only;
         # carried through roll-ups so persons are recounted only from the other rows)
         self.cell_single: IntArray | None = None
+        # sorted distinct (cell index * n_units + unit) of the summary rows of persons with
+        # several rows (privacy units only): rolled up with the cells, so a node's persons
+        # are counted from these pairs, never from all summary rows again
+        self.multi_pairs: IntArray | None = None
         self.in_units = False  # True for the person-counted view (``Evaluator.in_units``)
 
     def __repr__(self) -> str:
@@ -462,8 +467,16 @@ class Evaluator:
         """``block`` from the carried single-row counts and the multi-row persons."""
         assert self.units is not None and classes.cell_single is not None
         cells = suppressed[classes.cell_class]
-        rows = self._multi[suppressed[self._multi_row_classes(classes)]]
-        units = self.units[rows]
+        pairs = classes.multi_pairs
+        if pairs is not None:
+            pair_cell = pairs // self.n_units
+            kept = cells[pair_cell]
+            units = (pairs - pair_cell * self.n_units)[kept]
+            pair_sa = None if classes.cell_sa is None else classes.cell_sa[pair_cell[kept]]
+        else:
+            rows = self._multi[suppressed[self._multi_row_classes(classes)]]
+            units = self.units[rows]
+            pair_sa = self._row_sa[rows]
         n_persons = int(classes.cell_single[cells].sum()) + int(np.unique(units).shape[0])
         size = np.array([n_persons], dtype=np.int64)
         if classes.cell_sa is None:
@@ -476,7 +489,8 @@ class Evaluator:
                 classes.cell_sa[cells], weights=classes.cell_single[cells], minlength=self.sa_radix
             )
             per_sa = np.rint(per_sa).astype(np.int64)
-            per_sa += _distinct_per_group(self._row_sa[rows], units, radix, self.sa_radix)
+            assert pair_sa is not None
+            per_sa += _distinct_per_group(pair_sa, units, radix, self.sa_radix)
             present = np.flatnonzero(per_sa)
             zeros = np.zeros(present.shape[0], dtype=np.int64)
             block = EquivalenceClasses(
@@ -512,11 +526,46 @@ class Evaluator:
             keys += np.multiply(self._labels_of_rows(j, level)[rows], stride, dtype=np.int64)
         return np.searchsorted(classes._class_keys, keys).astype(np.int64)
 
+    def _units_from_pairs(
+        self, classes: EquivalenceClasses, pairs: IntArray
+    ) -> EquivalenceClasses:
+        """The person view from the carried single-row counts and the carried distinct
+        (cell, person) pairs of persons with several rows."""
+        assert classes.cell_single is not None
+        radix = self.n_units
+        cell = pairs // radix
+        cell_count = classes.cell_single + np.bincount(cell, minlength=classes.n_cells)
+        if classes.cell_sa is None:  # the cells are the classes
+            persons = cell_count
+        else:
+            persons = np.bincount(
+                classes.cell_class, weights=classes.cell_single, minlength=classes.n_classes
+            )
+            persons = np.rint(persons).astype(np.int64)
+            persons += _distinct_per_group(
+                classes.cell_class[cell], pairs - cell * radix, radix, classes.n_classes
+            )
+        view = EquivalenceClasses(
+            self,
+            classes.levels,
+            persons.astype(np.int64, copy=False),
+            classes.cell_class,
+            classes.cell_sa,
+            cell_count.astype(np.int64, copy=False),
+            cell_keys=classes._cell_keys,
+            class_keys=classes._class_keys,
+            local_labels=classes._local,
+        )
+        view.in_units = True
+        return view
+
     def _units_from_singles(self, classes: EquivalenceClasses) -> EquivalenceClasses:
         """The person view from the carried single-row counts plus distinct persons among
         the rows of persons with several rows (the only ones that can repeat a person)."""
         assert self.units is not None and classes.cell_single is not None
         radix = self.n_units
+        if classes.multi_pairs is not None:
+            return self._units_from_pairs(classes, classes.multi_pairs)
         rows = self._multi
         row_class = self._multi_row_classes(classes)
         units = self.units[rows]
@@ -608,23 +657,27 @@ class Evaluator:
             present = np.flatnonzero(tally)
             counts = np.rint(tally[present]).astype(np.int64)
             singles = None
+            pairs = None
             if self._single is not None:
                 ones = np.bincount(dense, weights=self._single, minlength=space)
                 singles = np.rint(ones[present]).astype(np.int64)
+                pairs = self._pairs_of(np.searchsorted(present, dense[self._multi]), present)
             keys = present % self.sa_radix
             rest = present // self.sa_radix
             for j in range(len(node) - 1, -1, -1):
                 keys += (rest % radices[j]) * self.strides[j]
                 rest //= radices[j]
-            return self._from_cells(node, keys, counts, singles)
+            return self._from_cells(node, keys, counts, singles, pairs)
         keys = self._row_keys(node)
         cell_keys, _, inverse = unique_first_inverse(keys)
         tally = np.bincount(inverse.ravel(), weights=self.summary.counts)
         singles = None
+        pairs = None
         if self._single is not None:
             ones = np.bincount(inverse.ravel(), weights=self._single)
             singles = np.rint(ones).astype(np.int64)
-        return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64), singles)
+            pairs = self._pairs_of(inverse.ravel()[self._multi], cell_keys)
+        return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64), singles, pairs)
 
     def classes_with_rows(self, levels: Sequence[int]) -> tuple[EquivalenceClasses, IntArray]:
         """Classes of ``levels`` and the class index of every summary row."""
@@ -684,19 +737,65 @@ class Evaluator:
                 class_keys=classes._class_keys,
             )
             same.cell_single = classes.cell_single
+            same.multi_pairs = classes.multi_pairs
             return same
         keys = classes._cell_keys
         stride = self.strides[qi]
         digit = (keys // stride) % self.radices[qi]
         keys = keys + (info.up[level][digit] - digit) * stride
         order = np.argsort(keys, kind="stable")  # sorted runs: near-linear merge
-        keys = keys[order]
-        counts = classes.cell_count[order]
-        starts = _starts(keys)
-        singles = None
-        if classes.cell_single is not None:
-            singles = np.add.reduceat(classes.cell_single[order], starts)
-        return self._from_cells(node, keys[starts], np.add.reduceat(counts, starts), singles)
+        return self._merge_cells(node, classes, keys[order], order)
+
+    def rollup_to(self, classes: EquivalenceClasses, levels: Sequence[int]) -> EquivalenceClasses:
+        """Classes of ``levels``, a generalisation of ``classes.levels`` (every QI at the
+        same or a higher level), rolled up from ``classes``: each changed QI's digit of the
+        cell keys is rewritten to its ancestor's local id, then equal keys are merged (their
+        record counts and single-person row counts summed). Work is proportional to the
+        cells of ``classes``, not to the summary rows; same result as ``classes(levels)``."""
+        if classes.evaluator is not self:
+            raise ValueError("rollup_to needs classes built by this evaluator")
+        node = self._check(levels)
+        changed = [j for j, (a, b) in enumerate(zip(classes.levels, node, strict=True)) if a != b]
+        if any(node[j] < classes.levels[j] for j in changed):
+            raise ValueError(f"{node} is not a generalisation of {classes.levels}")
+        if not changed:
+            return classes
+        if len(changed) == 1 and node[changed[0]] == classes.levels[changed[0]] + 1:
+            return self.rollup(classes, changed[0])
+        if not self.packed or classes._cell_keys is None:
+            return self.classes(node)
+        keys = classes._cell_keys.copy()
+        moved = False
+        for j in changed:
+            info = self._qi[j]
+            mapping: IntArray | None = None
+            for level in range(classes.levels[j], node[j]):
+                if info.identity[level]:
+                    continue
+                up = info.up[level]
+                mapping = up if mapping is None else up[mapping]
+            if mapping is None:
+                continue
+            stride = self.strides[j]
+            digit = (keys // stride) % self.radices[j]
+            keys += (mapping[digit] - digit) * stride
+            moved = True
+        if not moved:  # every step was an identity: same cells under the new levels
+            same = EquivalenceClasses(
+                self,
+                node,
+                classes.sizes,
+                classes.cell_class,
+                classes.cell_sa,
+                classes.cell_count,
+                cell_keys=classes._cell_keys,
+                class_keys=classes._class_keys,
+            )
+            same.cell_single = classes.cell_single
+            same.multi_pairs = classes.multi_pairs
+            return same
+        order = np.argsort(keys)
+        return self._merge_cells(node, classes, keys[order], order)
 
     def row_class_keys(self, levels: Sequence[int]) -> IntArray:
         """Packed class key of every summary row at ``levels`` (packed mode only)."""
@@ -738,11 +837,50 @@ class Evaluator:
             keys += np.multiply(self._labels_of_rows(j, level), self.strides[j], dtype=np.int64)
         return keys if with_sa else keys // self.sa_radix
 
+    def _merge_cells(
+        self, node: Node, classes: EquivalenceClasses, keys: IntArray, order: IntArray
+    ) -> EquivalenceClasses:
+        """Cells of ``node`` from the cells of ``classes`` whose rewritten keys, sorted, are
+        ``keys`` (``order`` the old cell of each): counts, single-person rows and the
+        (cell, person) pairs of persons with several rows are merged."""
+        if not keys.shape[0]:
+            return self.classes(node)
+        starts = _starts(keys)
+        counts = np.add.reduceat(classes.cell_count[order], starts)
+        singles = None
+        if classes.cell_single is not None:
+            singles = np.add.reduceat(classes.cell_single[order], starts)
+        pairs = None
+        if classes.multi_pairs is not None:
+            flags = np.zeros(keys.shape[0], dtype=np.int64)
+            flags[starts] = 1
+            new_of_old = np.empty(keys.shape[0], dtype=np.int64)
+            new_of_old[order] = np.cumsum(flags) - 1
+            radix = self.n_units
+            old = classes.multi_pairs // radix
+            unit = classes.multi_pairs - old * radix
+            pairs = sorted_unique(new_of_old[old] * radix + unit)
+        return self._from_cells(node, keys[starts], counts, singles, pairs)
+
+    def _pairs_of(self, multi_cells: IntArray, cells: IntArray) -> IntArray | None:
+        """Distinct (cell index, person) of the rows of persons with several rows, packed
+        (None when the packed pairs could overflow int64: persons are then recounted)."""
+        if self.units is None or cells.shape[0] * self.n_units >= _KEY_LIMIT:
+            return None
+        packed = multi_cells.astype(np.int64) * self.n_units + self.units[self._multi]
+        return sorted_unique(packed)
+
     def _from_cells(
-        self, node: Node, cell_keys: IntArray, counts: IntArray, singles: IntArray | None = None
+        self,
+        node: Node,
+        cell_keys: IntArray,
+        counts: IntArray,
+        singles: IntArray | None = None,
+        pairs: IntArray | None = None,
     ) -> EquivalenceClasses:
         classes = self._cells_to_classes(node, cell_keys, counts)
         classes.cell_single = singles
+        classes.multi_pairs = pairs
         return classes
 
     def _cells_to_classes(
