@@ -203,7 +203,7 @@ def demo_searches(rows: int, runs: bool = True) -> list[dict]:
             spec = anonymization_spec(plan.config.releases[0], plan)
             if freq is None:
                 t = time.perf_counter()
-                fn = FrequencyTable(counted_columns(spec), categorical=True)
+                fn = FrequencyTable(counted_columns(spec), True, [spec.unit_by] if spec.unit_by else [])
                 acc = fn.create_accumulator()
                 for chunk in pd.read_csv(
                     plan.input_paths[0], dtype=str, chunksize=200_000, keep_default_na=False

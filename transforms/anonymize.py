@@ -37,7 +37,7 @@ from anonymity.api import RecodingPlan, plan_recoding, release_document
 from anonymity.hierarchy import Hierarchy
 from anonymity.recoding import BatchRecoder, Recoding
 from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary, group_rows
+from anonymity.summary import Summary, group_rows, unit_hashes
 from anonymity.verify import verify_counts, verify_grid_labels
 from privpipe.errors import PrivacyRefusal
 from transforms.io import InputSpec, ReadMicrodata
@@ -112,20 +112,38 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
     row); equal rows are found exactly with mixed-radix int64 keys, never hashes. With
     ``categorical`` the columns come out as pandas Categoricals over those dictionaries
     (cheap to ship and to encode); otherwise as ``str`` columns.
+
+    ``hashed`` columns (the person id) are carried as the 64-bit hash of each value's
+    canonical string (``summary.unit_hashes``, the hash the summary uses) and come out as
+    a ``uint64`` column: no dictionary of a million id strings is built, shipped or
+    merged. A collision can only merge two persons, so persons are undercounted and the
+    models checked more strictly, never less.
     """
 
-    def __init__(self, columns: Sequence[str], categorical: bool = False) -> None:
+    def __init__(
+        self, columns: Sequence[str], categorical: bool = False, hashed: Sequence[str] = ()
+    ) -> None:
         self.columns = list(columns)
         self.categorical = categorical
+        self.hashed = frozenset(c for c in hashed if c in self.columns)
 
     def create_accumulator(self) -> _Partial:
-        return _Partial(values=[pd.Index([], dtype=object) for _ in self.columns])
+        return _Partial(
+            values=[
+                pd.Index([], dtype=np.int64 if c in self.hashed else object)
+                for c in self.columns
+            ]
+        )
 
     def add_input(self, acc: _Partial, batch: pd.DataFrame) -> _Partial:
         if not len(batch):
             return acc
         codes = np.empty((len(batch), len(self.columns)), dtype=np.int32)
         for j, col in enumerate(self.columns):
+            if col in self.hashed:
+                hash_codes, hashes = pd.factorize(unit_hashes(batch[col], col))
+                codes[:, j] = acc.encode(j, pd.Index(hashes, dtype=np.int64))[hash_codes]
+                continue
             # distinct raw values first, then their strings (equal strings share a code)
             raw_codes, raw_uniques = pd.factorize(batch[col], use_na_sentinel=False)
             strings = pd.Series(raw_uniques).astype("str").to_numpy(dtype=object)
@@ -168,7 +186,10 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
         out: dict[str, Any] = {}
         for j, col in enumerate(self.columns):
             values = acc.values[j]
-            if self.categorical:
+            if col in self.hashed:
+                hashes = values.to_numpy(dtype=np.int64)[rows[:, j]]
+                out[col] = np.ascontiguousarray(hashes).view(np.uint64)
+            elif self.categorical:
                 missing = values.isna()
                 present = np.flatnonzero(~missing)
                 recode = np.full(len(values), -1, dtype=np.int32)
@@ -374,9 +395,10 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         spec, cols = self.spec, published_columns(self.spec)
         counted = counted_columns(spec)
+        hashed = [spec.unit_by] if spec.unit_by is not None else []  # person ids as hashes
         ctx = (
             batches
-            | "Summarise" >> beam.CombineGlobally(FrequencyTable(counted, categorical=True))
+            | "Summarise" >> beam.CombineGlobally(FrequencyTable(counted, True, hashed))
             | "Search" >> beam.Map(make_context, spec, self.resolver)
         )
         # the side inputs are slim views of the context (the full one is never shipped)
@@ -404,12 +426,12 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         )
         _ = written | "Write" >> write
         dropped = recode[RecodeFn.DROPPED] | "CountDropped" >> beam.CombineGlobally(
-            FrequencyTable(dropped_columns(spec))
+            FrequencyTable(dropped_columns(spec), hashed=hashed)
         )
         path = str(Path(self.directory) / "release.json")
         return (
             recoded
-            | "CountClasses" >> beam.CombineGlobally(FrequencyTable(counted, categorical=True))
+            | "CountClasses" >> beam.CombineGlobally(FrequencyTable(counted, True, hashed))
             | "Verify"
             >> beam.Map(
                 verify_and_document,
