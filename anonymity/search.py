@@ -9,8 +9,8 @@ metric has one: Loss, precision, non-uniform entropy), ties in the deterministic
 order. The bound is the metric without suppression, which suppression can only raise,
 and it is non-decreasing along generalisation; so once a node's bound exceeds the best
 value found, no later node can beat it and the search stops. Classes are rolled up from
-an evaluated predecessor when one is cached (see ``transformation``), else counted
-from the summary rows.
+a cached evaluated specialisation (a direct predecessor, or a farther one with far
+fewer cells; see ``transformation``), else counted from the summary rows.
 
 Monotonicity is used only where it is valid (REFERENCE.md):
 - Failure goes down: if a node fails the *monotone* models (k-anonymity, distinct

@@ -28,9 +28,17 @@ Privacy units: when the summary carries unit codes (``Summary.unit_codes``), a c
 size for the models is its number of distinct persons, and a cell's count the number of
 distinct persons of the class with that SA value (a person with several SA values in a
 class counts once for each of them). ``Evaluator.in_units`` gives that view of any
-classes, recomputed from the (person, tuple) summary rows of the node (never summed from
-a finer node: one person's rows can merge into one class). Rows stay the unit of the
-suppression limit and of the utility metrics.
+classes. Person counts are never summed from a finer node (one person's rows can merge
+into one class); instead each node carries, per cell, the rows of persons with a single
+summary row (summed: they cannot repeat) and the distinct (cell, person) pairs of
+persons with several rows (``multi_pairs``), which a roll-up maps to the coarser cells
+and de-duplicates again; the view counts persons from those.
+
+``Evaluator.rollup_to`` rolls classes up to any generalisation of their node (several
+QIs, several levels) by rewriting digits of the cell keys and regrouping them: the
+optimal search uses it from the cached node with the fewest cells below the node.
+
+Rows stay the unit of the suppression limit and of the utility metrics.
 
 Pure core: numpy, pandas and the standard library only (no Beam).
 """
@@ -159,6 +167,7 @@ class EquivalenceClasses:
         "cell_class",
         "cell_count",
         "cell_sa",
+        "cell_first",
         "cell_single",
         "evaluator",
         "in_units",
@@ -194,6 +203,9 @@ class EquivalenceClasses:
         # per cell: summary rows of persons with a single summary row (privacy units only;
         # carried through roll-ups so persons are recounted only from the other rows)
         self.cell_single: IntArray | None = None
+        # per cell: persons of one QI tuple whose first summary row is in the cell (their
+        # rows never split between classes, so a class's sum counts each of them once)
+        self.cell_first: IntArray | None = None
         # sorted distinct (cell index * n_units + unit) of the summary rows of persons with
         # several rows (privacy units only): rolled up with the cells, so a node's persons
         # are counted from these pairs, never from all summary rows again
@@ -393,7 +405,11 @@ class Evaluator:
         if self.use_sa:
             self.sa_distribution = summary.sa_counts().astype(np.float64) / summary.n_records
         self.units: IntArray | None = None  # dense unit id per summary row
-        self._single: IntArray | None = None  # 1 for rows whose unit has no other row
+        # 1 for rows of persons whose rows all share one QI tuple ("simple" persons: at
+        # every node all their rows are in one class, and each row is a distinct (cell,
+        # person) pair, their SA values differing); _first: 1 for one row of each of them
+        self._single: IntArray | None = None
+        self._first: IntArray | None = None
         self._multi: IntArray = np.zeros(0, dtype=np.int64)  # the other rows
         self.n_units = summary.n_records
         self.unit_sa_distribution: FloatArray | None = None
@@ -404,9 +420,16 @@ class Evaluator:
             # persons, so the classes are their own person view (no recount per node)
             if self.n_units < summary.n_records:
                 self.units = dense.ravel().astype(np.int64)
-                rows_per_unit = np.bincount(self.units, minlength=self.n_units)
-                single = rows_per_unit[self.units] == 1
+                tuple_of_row, _ = self.qi_tuples()
+                n_tuples = int(tuple_of_row.max()) + 1
+                _, unit_tuples = group_rows([self.units, tuple_of_row], [self.n_units, n_tuples])
+                tuples_per_unit = np.bincount(self.units[unit_tuples], minlength=self.n_units)
+                single = tuples_per_unit[self.units] == 1
+                _, first_rows = unique_first_inverse(self.units)[:2]
+                first = np.zeros(summary.n_distinct, dtype=np.int64)
+                first[first_rows] = 1
                 self._single = single.astype(np.int64)
+                self._first = first * self._single
                 self._multi = np.flatnonzero(~single).astype(np.int64)
             if self.units is not None and self.use_sa:
                 pairs = np.unique(self._row_sa * self.n_units + self.units)
@@ -477,7 +500,8 @@ class Evaluator:
             rows = self._multi[suppressed[self._multi_row_classes(classes)]]
             units = self.units[rows]
             pair_sa = self._row_sa[rows]
-        n_persons = int(classes.cell_single[cells].sum()) + int(np.unique(units).shape[0])
+        assert classes.cell_first is not None
+        n_persons = int(classes.cell_first[cells].sum()) + int(np.unique(units).shape[0])
         size = np.array([n_persons], dtype=np.int64)
         if classes.cell_sa is None:
             block = EquivalenceClasses(
@@ -506,7 +530,11 @@ class Evaluator:
         if self.units is None or classes.in_units:
             return classes
         if classes._units is None:
-            if classes.cell_single is not None and classes._class_keys is not None:
+            if (
+                classes.cell_single is not None
+                and classes.cell_first is not None
+                and classes._class_keys is not None
+            ):
                 view = self._units_from_singles(classes)
             else:
                 view = count_units(
@@ -526,20 +554,19 @@ class Evaluator:
             keys += np.multiply(self._labels_of_rows(j, level)[rows], stride, dtype=np.int64)
         return np.searchsorted(classes._class_keys, keys).astype(np.int64)
 
-    def _units_from_pairs(
-        self, classes: EquivalenceClasses, pairs: IntArray
-    ) -> EquivalenceClasses:
+    def _units_from_pairs(self, classes: EquivalenceClasses, pairs: IntArray) -> EquivalenceClasses:
         """The person view from the carried single-row counts and the carried distinct
         (cell, person) pairs of persons with several rows."""
-        assert classes.cell_single is not None
+        assert classes.cell_single is not None and classes.cell_first is not None
         radix = self.n_units
         cell = pairs // radix
-        cell_count = classes.cell_single + np.bincount(cell, minlength=classes.n_cells)
         if classes.cell_sa is None:  # the cells are the classes
+            cell_count = classes.cell_first + np.bincount(cell, minlength=classes.n_cells)
             persons = cell_count
         else:
+            cell_count = classes.cell_single + np.bincount(cell, minlength=classes.n_cells)
             persons = np.bincount(
-                classes.cell_class, weights=classes.cell_single, minlength=classes.n_classes
+                classes.cell_class, weights=classes.cell_first, minlength=classes.n_classes
             )
             persons = np.rint(persons).astype(np.int64)
             persons += _distinct_per_group(
@@ -570,7 +597,10 @@ class Evaluator:
         row_class = self._multi_row_classes(classes)
         units = self.units[rows]
         singles = classes.cell_single
-        persons = np.bincount(classes.cell_class, weights=singles, minlength=classes.n_classes)
+        assert classes.cell_first is not None
+        persons = np.bincount(
+            classes.cell_class, weights=classes.cell_first, minlength=classes.n_classes
+        )
         persons = np.rint(persons).astype(np.int64)
         persons += _distinct_per_group(row_class, units, radix, classes.n_classes)
         if classes.cell_sa is None:
@@ -611,7 +641,11 @@ class Evaluator:
             size = np.array([int(counts.sum())], dtype=np.int64)
             zeros = np.zeros(present.shape[0], dtype=np.int64)
             return EquivalenceClasses(self, node, size, zeros, present.astype(np.int64), counts)
-        if classes.cell_single is not None and classes._class_keys is not None:
+        if (
+            classes.cell_single is not None
+            and classes.cell_first is not None
+            and classes._class_keys is not None
+        ):
             return self._block_from_singles(classes, suppressed)
         rows = suppressed[classes.row_classes()]
         one = np.zeros(int(rows.sum()), dtype=np.int64)
@@ -656,28 +690,32 @@ class Evaluator:
             tally = np.bincount(dense, weights=self.summary.counts, minlength=space)
             present = np.flatnonzero(tally)
             counts = np.rint(tally[present]).astype(np.int64)
-            singles = None
+            singles = first = None
             pairs = None
             if self._single is not None:
                 ones = np.bincount(dense, weights=self._single, minlength=space)
                 singles = np.rint(ones[present]).astype(np.int64)
+                firsts = np.bincount(dense, weights=self._first, minlength=space)
+                first = np.rint(firsts[present]).astype(np.int64)
                 pairs = self._pairs_of(np.searchsorted(present, dense[self._multi]), present)
             keys = present % self.sa_radix
             rest = present // self.sa_radix
             for j in range(len(node) - 1, -1, -1):
                 keys += (rest % radices[j]) * self.strides[j]
                 rest //= radices[j]
-            return self._from_cells(node, keys, counts, singles, pairs)
+            return self._from_cells(node, keys, counts, singles, pairs, first)
         keys = self._row_keys(node)
         cell_keys, _, inverse = unique_first_inverse(keys)
         tally = np.bincount(inverse.ravel(), weights=self.summary.counts)
-        singles = None
+        singles = first = None
         pairs = None
         if self._single is not None:
             ones = np.bincount(inverse.ravel(), weights=self._single)
             singles = np.rint(ones).astype(np.int64)
+            first = np.rint(np.bincount(inverse.ravel(), weights=self._first)).astype(np.int64)
             pairs = self._pairs_of(inverse.ravel()[self._multi], cell_keys)
-        return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64), singles, pairs)
+        counts = np.rint(tally).astype(np.int64)
+        return self._from_cells(node, cell_keys, counts, singles, pairs, first)
 
     def classes_with_rows(self, levels: Sequence[int]) -> tuple[EquivalenceClasses, IntArray]:
         """Classes of ``levels`` and the class index of every summary row."""
@@ -737,6 +775,7 @@ class Evaluator:
                 class_keys=classes._class_keys,
             )
             same.cell_single = classes.cell_single
+            same.cell_first = classes.cell_first
             same.multi_pairs = classes.multi_pairs
             return same
         keys = classes._cell_keys
@@ -792,6 +831,7 @@ class Evaluator:
                 class_keys=classes._class_keys,
             )
             same.cell_single = classes.cell_single
+            same.cell_first = classes.cell_first
             same.multi_pairs = classes.multi_pairs
             return same
         order = np.argsort(keys)
@@ -848,8 +888,11 @@ class Evaluator:
         starts = _starts(keys)
         counts = np.add.reduceat(classes.cell_count[order], starts)
         singles = None
+        first = None
         if classes.cell_single is not None:
             singles = np.add.reduceat(classes.cell_single[order], starts)
+        if classes.cell_first is not None:
+            first = np.add.reduceat(classes.cell_first[order], starts)
         pairs = None
         if classes.multi_pairs is not None:
             flags = np.zeros(keys.shape[0], dtype=np.int64)
@@ -860,7 +903,7 @@ class Evaluator:
             old = classes.multi_pairs // radix
             unit = classes.multi_pairs - old * radix
             pairs = sorted_unique(new_of_old[old] * radix + unit)
-        return self._from_cells(node, keys[starts], counts, singles, pairs)
+        return self._from_cells(node, keys[starts], counts, singles, pairs, first)
 
     def _pairs_of(self, multi_cells: IntArray, cells: IntArray) -> IntArray | None:
         """Distinct (cell index, person) of the rows of persons with several rows, packed
@@ -877,9 +920,11 @@ class Evaluator:
         counts: IntArray,
         singles: IntArray | None = None,
         pairs: IntArray | None = None,
+        first: IntArray | None = None,
     ) -> EquivalenceClasses:
         classes = self._cells_to_classes(node, cell_keys, counts)
         classes.cell_single = singles
+        classes.cell_first = first
         classes.multi_pairs = pairs
         return classes
 

@@ -110,7 +110,8 @@ def _persons(column: pd.Series) -> npt.NDArray[Any]:
     """Person ids to tell persons apart: 64-bit hashes of the ids (a ``uint64`` column,
     as the frequency table carries them) as they are, else canonical strings."""
     if column.dtype == np.uint64:
-        return column.to_numpy()
+        hashes: npt.NDArray[np.uint64] = column.to_numpy(dtype=np.uint64)
+        return hashes
     return _strings(column)
 
 

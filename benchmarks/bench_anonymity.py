@@ -188,8 +188,8 @@ def demo_searches(rows: int, runs: bool = True) -> list[dict]:
     with ``runs`` also the whole ``privpipe run`` of a single-release config (wall, CPU)."""
     import pandas as pd
 
-    from pipelines.plan import load_plan
     from pipelines.hierarchies import HierarchyResolver
+    from pipelines.plan import load_plan
     from pipelines.run import anonymization_spec
     from transforms.anonymize import FrequencyTable, counted_columns, make_context
 
@@ -203,7 +203,9 @@ def demo_searches(rows: int, runs: bool = True) -> list[dict]:
             spec = anonymization_spec(plan.config.releases[0], plan)
             if freq is None:
                 t = time.perf_counter()
-                fn = FrequencyTable(counted_columns(spec), True, [spec.unit_by] if spec.unit_by else [])
+                fn = FrequencyTable(
+                    counted_columns(spec), True, [spec.unit_by] if spec.unit_by else []
+                )
                 acc = fn.create_accumulator()
                 for chunk in pd.read_csv(
                     plan.input_paths[0], dtype=str, chunksize=200_000, keep_default_na=False
@@ -256,7 +258,11 @@ def main() -> None:
     args, _ = ap.parse_known_args()
     if args.searches:
         searches = demo_searches(args.searches, runs=not args.no_runs)
-        print(json.dumps({"benchmark": "anonymity_searches", "machine": machine(), "searches": searches}))
+        print(
+            json.dumps(
+                {"benchmark": "anonymity_searches", "machine": machine(), "searches": searches}
+            )
+        )
         return
     result: dict = {
         "benchmark": "anonymity",

@@ -107,9 +107,7 @@ def test_hashed_person_ids_count_persons_as_the_strings_do(seed: int, n: int, st
     persons = df.groupby("q")["p"].nunique().to_numpy()
     np.testing.assert_array_equal(views[3].sizes, persons)
     k = int(persons.min()) + int(rng.integers(0, 2))  # sometimes passes, sometimes fails
-    spec = AnonymizationSpec(
-        "l_diversity", ("q",), "s", k=k, l=2, unit="person", unit_column="p"
-    )
+    spec = AnonymizationSpec("l_diversity", ("q",), "s", k=k, l=2, unit="person", unit_column="p")
     verdicts = [
         verify_counts(table, spec, input_records=n, suppressed_records=0).ok
         for table in (plain, hashed_table)

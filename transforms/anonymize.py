@@ -130,8 +130,7 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
     def create_accumulator(self) -> _Partial:
         return _Partial(
             values=[
-                pd.Index([], dtype=np.int64 if c in self.hashed else object)
-                for c in self.columns
+                pd.Index([], dtype=np.int64 if c in self.hashed else object) for c in self.columns
             ]
         )
 
@@ -325,6 +324,26 @@ def dropped_columns(spec: AnonymizationSpec) -> list[str]:
     return rest or [NO_COLUMN]
 
 
+def hashed_columns(spec: AnonymizationSpec) -> list[str]:
+    """The columns the frequency tables carry as 64-bit hashes: the person id."""
+    return [spec.unit_by] if spec.unit_by is not None else []
+
+
+class Summarise(beam.PTransform):  # type: ignore[misc]
+    """batches → the one frequency table a release's search starts from (the published
+    columns and the person id). Releases counting the same columns share one: build it
+    once and hand it to each ``AnonymizeRelease(summary=...)``."""
+
+    def __init__(self, spec: AnonymizationSpec) -> None:
+        super().__init__()
+        self.columns = counted_columns(spec)
+        self.hashed = hashed_columns(spec)
+
+    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        table = FrequencyTable(self.columns, True, self.hashed)
+        return batches | "FrequencyTable" >> beam.CombineGlobally(table)
+
+
 def counted_columns(spec: AnonymizationSpec) -> list[str]:
     """The published columns and, with ``unit: person``, the person id (never written)."""
     unit = spec.unit_by
@@ -383,9 +402,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         directory: str,
         output_format: str = "csv",
         reread: beam.PCollection | None = None,
+        summary: beam.PCollection | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
+        self.summary = summary  # a ``Summarise`` of these columns shared by several releases
         self.reread = reread  # the second read of the rows, shared by several releases
         self.input_spec = input_spec
         self.resolver = resolver
@@ -395,12 +416,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         spec, cols = self.spec, published_columns(self.spec)
         counted = counted_columns(spec)
-        hashed = [spec.unit_by] if spec.unit_by is not None else []  # person ids as hashes
-        ctx = (
-            batches
-            | "Summarise" >> beam.CombineGlobally(FrequencyTable(counted, True, hashed))
-            | "Search" >> beam.Map(make_context, spec, self.resolver)
-        )
+        hashed = hashed_columns(spec)
+        freq = self.summary
+        if freq is None:
+            freq = batches | "Summarise" >> Summarise(spec)
+        ctx = freq | "Search" >> beam.Map(make_context, spec, self.resolver)
         # the side inputs are slim views of the context (the full one is never shipped)
         recoder = ctx | "Recoder" >> beam.Map(ReleaseContext.for_recoding)
         figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)
