@@ -71,6 +71,9 @@ level is cached; int64 would take 8 bytes per distinct tuple each). Promote to i
 (``np.multiply(..., dtype=np.int64)``) before any arithmetic."""
 
 _KEY_LIMIT: Final = 1 << 62
+DENSE_FACTOR: Final = 8
+"""A node is counted from the summary rows without a sort when its key space is at most
+this many times the number of summary rows (a flag array of that many bytes)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -411,6 +414,8 @@ class Evaluator:
         self._single: IntArray | None = None
         self._first: IntArray | None = None
         self._multi: IntArray = np.zeros(0, dtype=np.int64)  # the other rows
+        self._single_rows: IntArray = np.zeros(0, dtype=np.int64)  # where _single is 1
+        self._first_rows: IntArray = np.zeros(0, dtype=np.int64)  # where _first is 1
         self.n_units = summary.n_records
         self.unit_sa_distribution: FloatArray | None = None
         if summary.unit_codes is not None:
@@ -431,6 +436,8 @@ class Evaluator:
                 self._single = single.astype(np.int64)
                 self._first = first * self._single
                 self._multi = np.flatnonzero(~single).astype(np.int64)
+                self._single_rows = np.flatnonzero(self._single).astype(np.int64)
+                self._first_rows = np.flatnonzero(self._first).astype(np.int64)
             if self.units is not None and self.use_sa:
                 pairs = np.unique(self._row_sa * self.n_units + self.units)
                 persons = np.bincount(pairs // self.n_units, minlength=self.sa_radix)
@@ -680,41 +687,51 @@ class Evaluator:
             return classes
         radices = [self._qi[j].n_labels(level) for j, level in enumerate(node)]
         space = math.prod(radices) * self.sa_radix
-        if space <= max(4 * self.summary.n_distinct, 1 << 16):
-            # small key space: count with a dense bincount (no sort), then re-pack
+        if space <= max(DENSE_FACTOR * self.summary.n_distinct, 1 << 16):
+            # small key space: mark the keys present in a dense flag array (no sort),
+            # number them in key order, then re-pack them
             dense = self._row_sa.copy()
             stride = self.sa_radix
             for j in range(len(node) - 1, -1, -1):
                 dense += np.multiply(self._labels_of_rows(j, node[j]), stride, dtype=np.int64)
                 stride *= radices[j]
-            tally = np.bincount(dense, weights=self.summary.counts, minlength=space)
-            present = np.flatnonzero(tally)
-            counts = np.rint(tally[present]).astype(np.int64)
-            singles = first = None
-            pairs = None
-            if self._single is not None:
-                ones = np.bincount(dense, weights=self._single, minlength=space)
-                singles = np.rint(ones[present]).astype(np.int64)
-                firsts = np.bincount(dense, weights=self._first, minlength=space)
-                first = np.rint(firsts[present]).astype(np.int64)
-                pairs = self._pairs_of(np.searchsorted(present, dense[self._multi]), present)
+            seen = np.zeros(space, dtype=bool)
+            seen[dense] = True
+            present = np.flatnonzero(seen)
+            del seen
+            index_of = np.empty(space, dtype=np.int32 if present.shape[0] < 1 << 31 else np.int64)
+            index_of[present] = np.arange(present.shape[0], dtype=index_of.dtype)
+            inverse = index_of[dense]
+            del index_of
             keys = present % self.sa_radix
             rest = present // self.sa_radix
             for j in range(len(node) - 1, -1, -1):
                 keys += (rest % radices[j]) * self.strides[j]
                 rest //= radices[j]
-            return self._from_cells(node, keys, counts, singles, pairs, first)
+            return self._cells_of_rows(node, keys, inverse)
         keys = self._row_keys(node)
-        cell_keys, _, inverse = unique_first_inverse(keys)
-        tally = np.bincount(inverse.ravel(), weights=self.summary.counts)
-        singles = first = None
-        pairs = None
-        if self._single is not None:
-            ones = np.bincount(inverse.ravel(), weights=self._single)
-            singles = np.rint(ones).astype(np.int64)
-            first = np.rint(np.bincount(inverse.ravel(), weights=self._first)).astype(np.int64)
-            pairs = self._pairs_of(inverse.ravel()[self._multi], cell_keys)
+        order = np.argsort(keys)
+        ordered = keys[order]
+        starts = _starts(ordered)
+        inverse = np.empty(order.shape[0], dtype=np.int64)
+        flags = np.zeros(order.shape[0], dtype=np.int64)
+        flags[starts] = 1
+        inverse[order] = np.cumsum(flags) - 1
+        return self._cells_of_rows(node, ordered[starts], inverse)
+
+    def _cells_of_rows(
+        self, node: Node, cell_keys: IntArray, inverse: npt.NDArray[np.integer[Any]]
+    ) -> EquivalenceClasses:
+        """Classes from the sorted distinct cell keys and the cell of every summary row:
+        record counts, and with privacy units the per-cell sums and pairs they carry."""
+        n_cells = cell_keys.shape[0]
+        tally = np.bincount(inverse, weights=self.summary.counts, minlength=n_cells)
         counts = np.rint(tally).astype(np.int64)
+        singles = first = pairs = None
+        if self._single is not None:
+            singles = np.bincount(inverse[self._single_rows], minlength=n_cells).astype(np.int64)
+            first = np.bincount(inverse[self._first_rows], minlength=n_cells).astype(np.int64)
+            pairs = self._pairs_of(inverse[self._multi], cell_keys)
         return self._from_cells(node, cell_keys, counts, singles, pairs, first)
 
     def classes_with_rows(self, levels: Sequence[int]) -> tuple[EquivalenceClasses, IntArray]:
