@@ -11,12 +11,18 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from anonymity.api import identity_recoding, person_class_sizes, recoding_from_search
+from anonymity.models import KAnonymity
+from anonymity.recoding import Recoding
+from anonymity.search import optimal
 from anonymity.summary import Summary
 from anonymity.transformation import EquivalenceClasses, Evaluator
+from privpipe.errors import PrivacyRefusal
 from tests.test_anonymity_core import tiny
 from tests.test_units import person_tables, qi_names
 
@@ -84,3 +90,40 @@ def test_rolled_up_person_counts_equal_recounted_ones(data: st.DataObject) -> No
         assert units is not None
         for c in range(direct.n_classes):
             assert ev.in_units(rolled).sizes[c] == np.unique(units[classes == c]).shape[0]
+
+
+def _person_class_sizes_by_pandas(recoding: Recoding, summary: Summary) -> np.ndarray:
+    """The definition, written with pandas (labels as strings, drop_duplicates)."""
+    assert summary.unit_codes is not None
+    index = pd.MultiIndex.from_arrays([recoding.codes[:, j] for j in range(summary.n_qi)])
+    rows = pd.MultiIndex.from_arrays([summary.qi_codes[:, j] for j in range(summary.n_qi)])
+    row = np.asarray(index.get_indexer(rows))
+    labels = pd.MultiIndex.from_arrays(
+        [recoding.labels[:, j].astype(str) for j in range(recoding.labels.shape[1])]
+    )
+    cls = np.asarray(labels.factorize()[0])[row]
+    kept = ~np.asarray(recoding.suppressed, dtype=bool)[row]
+    pairs = pd.DataFrame({"cls": cls[kept], "unit": summary.unit_codes[kept]}).drop_duplicates()
+    return pairs.groupby("cls").size().to_numpy(np.int64)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_person_class_sizes_equal_the_pandas_definition(data: st.DataObject) -> None:
+    df, hier = data.draw(person_tables(max_rows=20))
+    qis = qi_names(df)
+    summary = Summary.from_frame(df, qis, "S", hier, unit="P")
+    ev = Evaluator(summary, hier)
+    limit = data.draw(st.sampled_from([0.0, 0.5]))
+    try:
+        result = optimal(ev, KAnonymity(2), suppression_limit=limit)
+    except PrivacyRefusal:
+        result = None
+    for recoding in (
+        identity_recoding(summary, hier),
+        *([] if result is None else [recoding_from_search(result, summary, hier)]),
+    ):
+        np.testing.assert_array_equal(
+            person_class_sizes(recoding, summary),
+            _person_class_sizes_by_pandas(recoding, summary),
+        )
