@@ -155,37 +155,64 @@ def _cached_cells(classes: EquivalenceClasses) -> int:
 
 class _ClassCache:
     """Equivalence classes of recently evaluated nodes, for roll-ups; at most
-    ``CACHE_CELLS`` cells are kept (the oldest entries are evicted first)."""
+    ``CACHE_CELLS`` cells are kept (the oldest entries are evicted first). The levels and
+    sizes of the entries are also kept in arrays (one slot per entry, freed slots reused)
+    so that ``smallest_below`` is one vectorised comparison."""
 
     def __init__(self) -> None:
-        self._items: OrderedDict[object, EquivalenceClasses] = OrderedDict()
+        self._items: OrderedDict[object, tuple[EquivalenceClasses, int]] = OrderedDict()
         self._cells = 0
+        self._levels = np.zeros((0, 0), dtype=np.int64)
+        self._sizes = np.zeros(0, dtype=np.int64)  # -1: a free slot
+        self._free: list[int] = []
+        self._by_slot: list[EquivalenceClasses | None] = []
 
     def get(self, key: object) -> EquivalenceClasses | None:
-        return self._items.get(key)
+        item = self._items.get(key)
+        return None if item is None else item[0]
 
     def put(self, key: object, classes: EquivalenceClasses) -> None:
         size = _cached_cells(classes)
         if size > CACHE_CELLS or key in self._items:
             return
         while self._items and self._cells + size > CACHE_CELLS:
-            _, old = self._items.popitem(last=False)
-            self._cells -= _cached_cells(old)
-        self._items[key] = classes
+            _, (_, old_slot) = self._items.popitem(last=False)
+            self._cells -= int(self._sizes[old_slot])
+            self._sizes[old_slot] = -1
+            self._by_slot[old_slot] = None
+            self._free.append(old_slot)
+        slot = self._slot(len(classes.levels))
+        self._levels[slot] = classes.levels
+        self._sizes[slot] = size
+        self._by_slot[slot] = classes
+        self._items[key] = (classes, slot)
         self._cells += size
+
+    def _slot(self, n_qi: int) -> int:
+        if self._free:
+            return self._free.pop()
+        used = self._sizes.shape[0]
+        grown = max(2 * used, 64)
+        levels = np.zeros((grown, n_qi), dtype=np.int64)
+        if used:
+            levels[:used] = self._levels
+        sizes = np.full(grown, -1, dtype=np.int64)
+        sizes[:used] = self._sizes
+        self._levels, self._sizes = levels, sizes
+        self._by_slot.extend([None] * (grown - used))
+        self._free.extend(range(grown - 1, used, -1))
+        return used
 
     def smallest_below(self, node: Sequence[int]) -> EquivalenceClasses | None:
         """The cached classes with the fewest cells whose node is a specialisation of
         ``node`` (every level lower or equal), None if there is none."""
         if not self._items:
             return None
-        entries = list(self._items.values())
-        levels = np.array([c.levels for c in entries], dtype=np.int64)
-        cells = np.array([c.n_cells for c in entries], dtype=np.int64)
-        below = np.flatnonzero(np.all(levels <= np.asarray(node, dtype=np.int64), axis=1))
-        if not below.shape[0]:
+        below = (self._sizes >= 0) & np.all(self._levels <= np.asarray(node), axis=1)
+        if not below.any():
             return None
-        return entries[int(below[np.argmin(cells[below])])]
+        sizes = np.where(below, self._sizes, np.iinfo(np.int64).max)
+        return self._by_slot[int(np.argmin(sizes))]
 
 
 class _Watch:
