@@ -720,7 +720,7 @@ class Evaluator:
         return self._cells_of_rows(node, ordered[starts], inverse)
 
     def _cells_of_rows(
-        self, node: Node, cell_keys: IntArray, inverse: npt.NDArray[np.integer[Any]]
+        self, node: Node, cell_keys: IntArray, inverse: npt.NDArray[Any]
     ) -> EquivalenceClasses:
         """Classes from the sorted distinct cell keys and the cell of every summary row:
         record counts, and with privacy units the per-cell sums and pairs they carry."""
@@ -922,7 +922,7 @@ class Evaluator:
             pairs = sorted_unique(new_of_old[old] * radix + unit)
         return self._from_cells(node, keys[starts], counts, singles, pairs, first)
 
-    def _pairs_of(self, multi_cells: IntArray, cells: IntArray) -> IntArray | None:
+    def _pairs_of(self, multi_cells: npt.NDArray[Any], cells: IntArray) -> IntArray | None:
         """Distinct (cell index, person) of the rows of persons with several rows, packed
         (None when the packed pairs could overflow int64: persons are then recounted)."""
         if self.units is None or cells.shape[0] * self.n_units >= _KEY_LIMIT:
