@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from anonymity.arrays import sorted_unique
 from anonymity.hierarchy import Hierarchy
 from anonymity.mondrian import mondrian
 from anonymity.quality import measure_recoding
@@ -183,16 +184,28 @@ def _risk(sizes: IntArray, suppressed: int, unit: str = "rows") -> dict[str, Any
 
 def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     """Distinct persons per published class of ``recoding`` (kept classes only; suppressed
-    tuples left out as the record-level risk does)."""
+    tuples left out as the record-level risk does), classes in order of their first
+    tuple. Integer keys throughout: a class id per tuple from its factorised labels, then
+    the distinct (class, person) pairs of the kept summary rows, packed in one int64."""
     assert summary.unit_codes is not None
     row = _tuple_of_rows(summary, recoding.codes)
-    labels = pd.MultiIndex.from_arrays(
-        [recoding.labels[:, j].astype(str) for j in range(recoding.labels.shape[1])]
-    )
-    cls = np.asarray(labels.factorize()[0], dtype=np.int64)[row]
+    n_tuples, n_qi = recoding.labels.shape
+    if n_tuples == 0 or summary.n_distinct == 0:
+        return np.zeros(0, dtype=np.int64)
+    columns = [
+        np.asarray(pd.factorize(recoding.labels[:, j].astype(str))[0], dtype=np.int64)
+        for j in range(n_qi)
+    ]
+    group, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
+    rank = np.empty(first.shape[0], dtype=np.int64)  # classes in order of first tuple
+    rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
     kept = ~np.asarray(recoding.suppressed, dtype=bool)[row]
-    pairs = pd.DataFrame({"cls": cls[kept], "unit": summary.unit_codes[kept]}).drop_duplicates()
-    return np.asarray(pairs.groupby("cls").size().to_numpy(np.int64), dtype=np.int64)
+    cls = rank[group][row][kept]
+    units, _ = pd.factorize(summary.unit_codes[kept])
+    n_units = max(int(units.max()) + 1, 1) if units.shape[0] else 1
+    pairs = sorted_unique(cls * n_units + np.asarray(units, dtype=np.int64))
+    sizes = np.bincount(pairs // n_units, minlength=first.shape[0])
+    return np.asarray(sizes[sizes > 0], dtype=np.int64)
 
 
 def _tuple_of_rows(summary: Summary, tuples: IntArray) -> IntArray:

@@ -9,8 +9,8 @@ metric has one: Loss, precision, non-uniform entropy), ties in the deterministic
 order. The bound is the metric without suppression, which suppression can only raise,
 and it is non-decreasing along generalisation; so once a node's bound exceeds the best
 value found, no later node can beat it and the search stops. Classes are rolled up from
-an evaluated predecessor when one is cached (see ``transformation``), else counted
-from the summary rows.
+a cached evaluated specialisation (a direct predecessor, or a farther one with far
+fewer cells; see ``transformation``), else counted from the summary rows.
 
 Monotonicity is used only where it is valid (REFERENCE.md):
 - Failure goes down: if a node fails the *monotone* models (k-anonymity, distinct
@@ -74,6 +74,10 @@ RELATIVE_TIE: Final = 1e-9
 """Metric values closer than this (relative) are ties, broken by the node order."""
 CACHE_CELLS: Final = 4_000_000
 """Cells of equivalence classes kept for roll-ups during the optimal search (~64 MB)."""
+ROLLUP_SORT_FACTOR: Final = 4
+"""A farther cached specialisation (regrouped with a full sort) is used instead of a
+direct predecessor (merged sorted runs, near-linear) when it has this many times fewer
+cells."""
 
 
 def _tol(value: float) -> float:
@@ -143,25 +147,72 @@ class SearchResult:
         )
 
 
+def _cached_cells(classes: EquivalenceClasses) -> int:
+    """What a cached node weighs: its cells and its carried (cell, person) pairs."""
+    pairs = classes.multi_pairs
+    return classes.n_cells + (0 if pairs is None else int(pairs.shape[0]))
+
+
 class _ClassCache:
     """Equivalence classes of recently evaluated nodes, for roll-ups; at most
-    ``CACHE_CELLS`` cells are kept (the oldest entries are evicted first)."""
+    ``CACHE_CELLS`` cells are kept (the oldest entries are evicted first). The levels and
+    sizes of the entries are also kept in arrays (one slot per entry, freed slots reused)
+    so that ``smallest_below`` is one vectorised comparison."""
 
     def __init__(self) -> None:
-        self._items: OrderedDict[object, EquivalenceClasses] = OrderedDict()
+        self._items: OrderedDict[object, tuple[EquivalenceClasses, int]] = OrderedDict()
         self._cells = 0
+        self._levels = np.zeros((0, 0), dtype=np.int64)
+        self._sizes = np.zeros(0, dtype=np.int64)  # -1: a free slot
+        self._free: list[int] = []
+        self._by_slot: list[EquivalenceClasses | None] = []
 
     def get(self, key: object) -> EquivalenceClasses | None:
-        return self._items.get(key)
+        item = self._items.get(key)
+        return None if item is None else item[0]
 
     def put(self, key: object, classes: EquivalenceClasses) -> None:
-        if classes.n_cells > CACHE_CELLS or key in self._items:
+        size = _cached_cells(classes)
+        if size > CACHE_CELLS or key in self._items:
             return
-        while self._items and self._cells + classes.n_cells > CACHE_CELLS:
-            _, old = self._items.popitem(last=False)
-            self._cells -= old.n_cells
-        self._items[key] = classes
-        self._cells += classes.n_cells
+        while self._items and self._cells + size > CACHE_CELLS:
+            _, (_, old_slot) = self._items.popitem(last=False)
+            self._cells -= int(self._sizes[old_slot])
+            self._sizes[old_slot] = -1
+            self._by_slot[old_slot] = None
+            self._free.append(old_slot)
+        slot = self._slot(len(classes.levels))
+        self._levels[slot] = classes.levels
+        self._sizes[slot] = size
+        self._by_slot[slot] = classes
+        self._items[key] = (classes, slot)
+        self._cells += size
+
+    def _slot(self, n_qi: int) -> int:
+        if self._free:
+            return self._free.pop()
+        used = self._sizes.shape[0]
+        grown = max(2 * used, 64)
+        levels = np.zeros((grown, n_qi), dtype=np.int64)
+        if used:
+            levels[:used] = self._levels
+        sizes = np.full(grown, -1, dtype=np.int64)
+        sizes[:used] = self._sizes
+        self._levels, self._sizes = levels, sizes
+        self._by_slot.extend([None] * (grown - used))
+        self._free.extend(range(grown - 1, used, -1))
+        return used
+
+    def smallest_below(self, node: Sequence[int]) -> EquivalenceClasses | None:
+        """The cached classes with the fewest cells whose node is a specialisation of
+        ``node`` (every level lower or equal), None if there is none."""
+        if not self._items:
+            return None
+        below = (self._sizes >= 0) & np.all(self._levels <= np.asarray(node), axis=1)
+        if not below.any():
+            return None
+        sizes = np.where(below, self._sizes, np.iinfo(np.int64).max)
+        return self._by_slot[int(np.argmin(sizes))]
 
 
 class _Watch:
@@ -408,7 +459,9 @@ class _OptimalState:
             stack.extend(self._neighbours(current, up))
 
     def _classes(self, rank: int) -> EquivalenceClasses:
-        """Rolled up from the smallest cached predecessor, else from the summary rows."""
+        """Rolled up from the cached node with the fewest cells among the node's
+        specialisations (a direct predecessor merges sorted runs; any other is regrouped),
+        else counted from the summary rows."""
         node = self.nodes[rank]
         flat = self.flat[rank]
         source: tuple[int, EquivalenceClasses] | None = None
@@ -419,7 +472,12 @@ class _OptimalState:
                     source is None or candidate.n_cells < source[1].n_cells
                 ):
                     source = (j, candidate)
-        if source is not None:
+        farther = self.cache.smallest_below(node)
+        if farther is not None and (
+            source is None or farther.n_cells * ROLLUP_SORT_FACTOR < source[1].n_cells
+        ):
+            classes = self.work.rollup_to(farther, node)
+        elif source is not None:
             classes = self.work.rollup(source[1], source[0])
         else:
             classes = self.work.classes(tuple(node))

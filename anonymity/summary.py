@@ -496,7 +496,10 @@ class Summary:
 
 def unit_hashes(column: pd.Series, name: str) -> IntArray:
     """A 64-bit hash of each privacy-unit id (as its canonical string), the same in every
-    batch; a missing id is an InputDataError (every record needs its person)."""
+    batch; a missing id is an InputDataError (every record needs its person). A ``uint64``
+    column holds such hashes already (``FrequencyTable(hashed=...)``) and is taken as is."""
+    if column.dtype == np.uint64:
+        return np.ascontiguousarray(column.to_numpy()).view(np.int64)
     codes, uniques = pd.factorize(column, use_na_sentinel=True)
     codes = np.asarray(codes, dtype=np.int64)
     strings = [canonical_scalar(v) for v in np.asarray(uniques, dtype=object)]

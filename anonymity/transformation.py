@@ -28,9 +28,17 @@ Privacy units: when the summary carries unit codes (``Summary.unit_codes``), a c
 size for the models is its number of distinct persons, and a cell's count the number of
 distinct persons of the class with that SA value (a person with several SA values in a
 class counts once for each of them). ``Evaluator.in_units`` gives that view of any
-classes, recomputed from the (person, tuple) summary rows of the node (never summed from
-a finer node: one person's rows can merge into one class). Rows stay the unit of the
-suppression limit and of the utility metrics.
+classes. Person counts are never summed from a finer node (one person's rows can merge
+into one class); instead each node carries, per cell, the rows of persons with a single
+summary row (summed: they cannot repeat) and the distinct (cell, person) pairs of
+persons with several rows (``multi_pairs``), which a roll-up maps to the coarser cells
+and de-duplicates again; the view counts persons from those.
+
+``Evaluator.rollup_to`` rolls classes up to any generalisation of their node (several
+QIs, several levels) by rewriting digits of the cell keys and regrouping them: the
+optimal search uses it from the cached node with the fewest cells below the node.
+
+Rows stay the unit of the suppression limit and of the utility metrics.
 
 Pure core: numpy, pandas and the standard library only (no Beam).
 """
@@ -46,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.arrays import unique_first_inverse
+from anonymity.arrays import sorted_unique, unique_first_inverse
 from anonymity.hierarchy import Hierarchy
 from anonymity.lattice import Lattice, Node
 from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
@@ -63,6 +71,9 @@ level is cached; int64 would take 8 bytes per distinct tuple each). Promote to i
 (``np.multiply(..., dtype=np.int64)``) before any arithmetic."""
 
 _KEY_LIMIT: Final = 1 << 62
+DENSE_FACTOR: Final = 8
+"""A node is counted from the summary rows without a sort when its key space is at most
+this many times the number of summary rows (a flag array of that many bytes)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,11 +169,13 @@ class EquivalenceClasses:
         "_units",
         "cell_class",
         "cell_count",
+        "cell_first",
         "cell_sa",
         "cell_single",
         "evaluator",
         "in_units",
         "levels",
+        "multi_pairs",
         "sizes",
     )
 
@@ -193,6 +206,13 @@ class EquivalenceClasses:
         # per cell: summary rows of persons with a single summary row (privacy units only;
         # carried through roll-ups so persons are recounted only from the other rows)
         self.cell_single: IntArray | None = None
+        # per cell: persons of one QI tuple whose first summary row is in the cell (their
+        # rows never split between classes, so a class's sum counts each of them once)
+        self.cell_first: IntArray | None = None
+        # sorted distinct (cell index * n_units + unit) of the summary rows of persons with
+        # several rows (privacy units only): rolled up with the cells, so a node's persons
+        # are counted from these pairs, never from all summary rows again
+        self.multi_pairs: IntArray | None = None
         self.in_units = False  # True for the person-counted view (``Evaluator.in_units``)
 
     def __repr__(self) -> str:
@@ -388,8 +408,14 @@ class Evaluator:
         if self.use_sa:
             self.sa_distribution = summary.sa_counts().astype(np.float64) / summary.n_records
         self.units: IntArray | None = None  # dense unit id per summary row
-        self._single: IntArray | None = None  # 1 for rows whose unit has no other row
+        # 1 for rows of persons whose rows all share one QI tuple ("simple" persons: at
+        # every node all their rows are in one class, and each row is a distinct (cell,
+        # person) pair, their SA values differing); _first: 1 for one row of each of them
+        self._single: IntArray | None = None
+        self._first: IntArray | None = None
         self._multi: IntArray = np.zeros(0, dtype=np.int64)  # the other rows
+        self._single_rows: IntArray = np.zeros(0, dtype=np.int64)  # where _single is 1
+        self._first_rows: IntArray = np.zeros(0, dtype=np.int64)  # where _first is 1
         self.n_units = summary.n_records
         self.unit_sa_distribution: FloatArray | None = None
         if summary.unit_codes is not None:
@@ -399,10 +425,19 @@ class Evaluator:
             # persons, so the classes are their own person view (no recount per node)
             if self.n_units < summary.n_records:
                 self.units = dense.ravel().astype(np.int64)
-                rows_per_unit = np.bincount(self.units, minlength=self.n_units)
-                single = rows_per_unit[self.units] == 1
+                tuple_of_row, _ = self.qi_tuples()
+                n_tuples = int(tuple_of_row.max()) + 1
+                _, unit_tuples = group_rows([self.units, tuple_of_row], [self.n_units, n_tuples])
+                tuples_per_unit = np.bincount(self.units[unit_tuples], minlength=self.n_units)
+                single = tuples_per_unit[self.units] == 1
+                _, first_rows = unique_first_inverse(self.units)[:2]
+                first = np.zeros(summary.n_distinct, dtype=np.int64)
+                first[first_rows] = 1
                 self._single = single.astype(np.int64)
+                self._first = first * self._single
                 self._multi = np.flatnonzero(~single).astype(np.int64)
+                self._single_rows = np.flatnonzero(self._single).astype(np.int64)
+                self._first_rows = np.flatnonzero(self._first).astype(np.int64)
             if self.units is not None and self.use_sa:
                 pairs = np.unique(self._row_sa * self.n_units + self.units)
                 persons = np.bincount(pairs // self.n_units, minlength=self.sa_radix)
@@ -462,9 +497,18 @@ class Evaluator:
         """``block`` from the carried single-row counts and the multi-row persons."""
         assert self.units is not None and classes.cell_single is not None
         cells = suppressed[classes.cell_class]
-        rows = self._multi[suppressed[self._multi_row_classes(classes)]]
-        units = self.units[rows]
-        n_persons = int(classes.cell_single[cells].sum()) + int(np.unique(units).shape[0])
+        pairs = classes.multi_pairs
+        if pairs is not None:
+            pair_cell = pairs // self.n_units
+            kept = cells[pair_cell]
+            units = (pairs - pair_cell * self.n_units)[kept]
+            pair_sa = None if classes.cell_sa is None else classes.cell_sa[pair_cell[kept]]
+        else:
+            rows = self._multi[suppressed[self._multi_row_classes(classes)]]
+            units = self.units[rows]
+            pair_sa = self._row_sa[rows]
+        assert classes.cell_first is not None
+        n_persons = int(classes.cell_first[cells].sum()) + int(np.unique(units).shape[0])
         size = np.array([n_persons], dtype=np.int64)
         if classes.cell_sa is None:
             block = EquivalenceClasses(
@@ -476,7 +520,8 @@ class Evaluator:
                 classes.cell_sa[cells], weights=classes.cell_single[cells], minlength=self.sa_radix
             )
             per_sa = np.rint(per_sa).astype(np.int64)
-            per_sa += _distinct_per_group(self._row_sa[rows], units, radix, self.sa_radix)
+            assert pair_sa is not None
+            per_sa += _distinct_per_group(pair_sa, units, radix, self.sa_radix)
             present = np.flatnonzero(per_sa)
             zeros = np.zeros(present.shape[0], dtype=np.int64)
             block = EquivalenceClasses(
@@ -492,7 +537,11 @@ class Evaluator:
         if self.units is None or classes.in_units:
             return classes
         if classes._units is None:
-            if classes.cell_single is not None and classes._class_keys is not None:
+            if (
+                classes.cell_single is not None
+                and classes.cell_first is not None
+                and classes._class_keys is not None
+            ):
                 view = self._units_from_singles(classes)
             else:
                 view = count_units(
@@ -512,16 +561,53 @@ class Evaluator:
             keys += np.multiply(self._labels_of_rows(j, level)[rows], stride, dtype=np.int64)
         return np.searchsorted(classes._class_keys, keys).astype(np.int64)
 
+    def _units_from_pairs(self, classes: EquivalenceClasses, pairs: IntArray) -> EquivalenceClasses:
+        """The person view from the carried single-row counts and the carried distinct
+        (cell, person) pairs of persons with several rows."""
+        assert classes.cell_single is not None and classes.cell_first is not None
+        radix = self.n_units
+        cell = pairs // radix
+        if classes.cell_sa is None:  # the cells are the classes
+            cell_count = classes.cell_first + np.bincount(cell, minlength=classes.n_cells)
+            persons = cell_count
+        else:
+            cell_count = classes.cell_single + np.bincount(cell, minlength=classes.n_cells)
+            persons = np.bincount(
+                classes.cell_class, weights=classes.cell_first, minlength=classes.n_classes
+            )
+            persons = np.rint(persons).astype(np.int64)
+            persons += _distinct_per_group(
+                classes.cell_class[cell], pairs - cell * radix, radix, classes.n_classes
+            )
+        view = EquivalenceClasses(
+            self,
+            classes.levels,
+            persons.astype(np.int64, copy=False),
+            classes.cell_class,
+            classes.cell_sa,
+            cell_count.astype(np.int64, copy=False),
+            cell_keys=classes._cell_keys,
+            class_keys=classes._class_keys,
+            local_labels=classes._local,
+        )
+        view.in_units = True
+        return view
+
     def _units_from_singles(self, classes: EquivalenceClasses) -> EquivalenceClasses:
         """The person view from the carried single-row counts plus distinct persons among
         the rows of persons with several rows (the only ones that can repeat a person)."""
         assert self.units is not None and classes.cell_single is not None
         radix = self.n_units
+        if classes.multi_pairs is not None:
+            return self._units_from_pairs(classes, classes.multi_pairs)
         rows = self._multi
         row_class = self._multi_row_classes(classes)
         units = self.units[rows]
         singles = classes.cell_single
-        persons = np.bincount(classes.cell_class, weights=singles, minlength=classes.n_classes)
+        assert classes.cell_first is not None
+        persons = np.bincount(
+            classes.cell_class, weights=classes.cell_first, minlength=classes.n_classes
+        )
         persons = np.rint(persons).astype(np.int64)
         persons += _distinct_per_group(row_class, units, radix, classes.n_classes)
         if classes.cell_sa is None:
@@ -562,7 +648,11 @@ class Evaluator:
             size = np.array([int(counts.sum())], dtype=np.int64)
             zeros = np.zeros(present.shape[0], dtype=np.int64)
             return EquivalenceClasses(self, node, size, zeros, present.astype(np.int64), counts)
-        if classes.cell_single is not None and classes._class_keys is not None:
+        if (
+            classes.cell_single is not None
+            and classes.cell_first is not None
+            and classes._class_keys is not None
+        ):
             return self._block_from_singles(classes, suppressed)
         rows = suppressed[classes.row_classes()]
         one = np.zeros(int(rows.sum()), dtype=np.int64)
@@ -597,34 +687,52 @@ class Evaluator:
             return classes
         radices = [self._qi[j].n_labels(level) for j, level in enumerate(node)]
         space = math.prod(radices) * self.sa_radix
-        if space <= max(4 * self.summary.n_distinct, 1 << 16):
-            # small key space: count with a dense bincount (no sort), then re-pack
+        if space <= max(DENSE_FACTOR * self.summary.n_distinct, 1 << 16):
+            # small key space: mark the keys present in a dense flag array (no sort),
+            # number them in key order, then re-pack them
             dense = self._row_sa.copy()
             stride = self.sa_radix
             for j in range(len(node) - 1, -1, -1):
                 dense += np.multiply(self._labels_of_rows(j, node[j]), stride, dtype=np.int64)
                 stride *= radices[j]
-            tally = np.bincount(dense, weights=self.summary.counts, minlength=space)
-            present = np.flatnonzero(tally)
-            counts = np.rint(tally[present]).astype(np.int64)
-            singles = None
-            if self._single is not None:
-                ones = np.bincount(dense, weights=self._single, minlength=space)
-                singles = np.rint(ones[present]).astype(np.int64)
+            seen = np.zeros(space, dtype=bool)
+            seen[dense] = True
+            present = np.flatnonzero(seen)
+            del seen
+            index_of = np.empty(space, dtype=np.int32 if present.shape[0] < 1 << 31 else np.int64)
+            index_of[present] = np.arange(present.shape[0], dtype=index_of.dtype)
+            inverse = index_of[dense]
+            del index_of
             keys = present % self.sa_radix
             rest = present // self.sa_radix
             for j in range(len(node) - 1, -1, -1):
                 keys += (rest % radices[j]) * self.strides[j]
                 rest //= radices[j]
-            return self._from_cells(node, keys, counts, singles)
+            return self._cells_of_rows(node, keys, inverse)
         keys = self._row_keys(node)
-        cell_keys, _, inverse = unique_first_inverse(keys)
-        tally = np.bincount(inverse.ravel(), weights=self.summary.counts)
-        singles = None
+        order = np.argsort(keys)
+        ordered = keys[order]
+        starts = _starts(ordered)
+        inverse = np.empty(order.shape[0], dtype=np.int64)
+        flags = np.zeros(order.shape[0], dtype=np.int64)
+        flags[starts] = 1
+        inverse[order] = np.cumsum(flags) - 1
+        return self._cells_of_rows(node, ordered[starts], inverse)
+
+    def _cells_of_rows(
+        self, node: Node, cell_keys: IntArray, inverse: npt.NDArray[Any]
+    ) -> EquivalenceClasses:
+        """Classes from the sorted distinct cell keys and the cell of every summary row:
+        record counts, and with privacy units the per-cell sums and pairs they carry."""
+        n_cells = cell_keys.shape[0]
+        tally = np.bincount(inverse, weights=self.summary.counts, minlength=n_cells)
+        counts = np.rint(tally).astype(np.int64)
+        singles = first = pairs = None
         if self._single is not None:
-            ones = np.bincount(inverse.ravel(), weights=self._single)
-            singles = np.rint(ones).astype(np.int64)
-        return self._from_cells(node, cell_keys, np.rint(tally).astype(np.int64), singles)
+            singles = np.bincount(inverse[self._single_rows], minlength=n_cells).astype(np.int64)
+            first = np.bincount(inverse[self._first_rows], minlength=n_cells).astype(np.int64)
+            pairs = self._pairs_of(inverse[self._multi], cell_keys)
+        return self._from_cells(node, cell_keys, counts, singles, pairs, first)
 
     def classes_with_rows(self, levels: Sequence[int]) -> tuple[EquivalenceClasses, IntArray]:
         """Classes of ``levels`` and the class index of every summary row."""
@@ -684,19 +792,67 @@ class Evaluator:
                 class_keys=classes._class_keys,
             )
             same.cell_single = classes.cell_single
+            same.cell_first = classes.cell_first
+            same.multi_pairs = classes.multi_pairs
             return same
         keys = classes._cell_keys
         stride = self.strides[qi]
         digit = (keys // stride) % self.radices[qi]
         keys = keys + (info.up[level][digit] - digit) * stride
         order = np.argsort(keys, kind="stable")  # sorted runs: near-linear merge
-        keys = keys[order]
-        counts = classes.cell_count[order]
-        starts = _starts(keys)
-        singles = None
-        if classes.cell_single is not None:
-            singles = np.add.reduceat(classes.cell_single[order], starts)
-        return self._from_cells(node, keys[starts], np.add.reduceat(counts, starts), singles)
+        return self._merge_cells(node, classes, keys[order], order)
+
+    def rollup_to(self, classes: EquivalenceClasses, levels: Sequence[int]) -> EquivalenceClasses:
+        """Classes of ``levels``, a generalisation of ``classes.levels`` (every QI at the
+        same or a higher level), rolled up from ``classes``: each changed QI's digit of the
+        cell keys is rewritten to its ancestor's local id, then equal keys are merged (their
+        record counts and single-person row counts summed). Work is proportional to the
+        cells of ``classes``, not to the summary rows; same result as ``classes(levels)``."""
+        if classes.evaluator is not self:
+            raise ValueError("rollup_to needs classes built by this evaluator")
+        node = self._check(levels)
+        changed = [j for j, (a, b) in enumerate(zip(classes.levels, node, strict=True)) if a != b]
+        if any(node[j] < classes.levels[j] for j in changed):
+            raise ValueError(f"{node} is not a generalisation of {classes.levels}")
+        if not changed:
+            return classes
+        if len(changed) == 1 and node[changed[0]] == classes.levels[changed[0]] + 1:
+            return self.rollup(classes, changed[0])
+        if not self.packed or classes._cell_keys is None:
+            return self.classes(node)
+        keys = classes._cell_keys.copy()
+        moved = False
+        for j in changed:
+            info = self._qi[j]
+            mapping: IntArray | None = None
+            for level in range(classes.levels[j], node[j]):
+                if info.identity[level]:
+                    continue
+                up = info.up[level]
+                mapping = up if mapping is None else up[mapping]
+            if mapping is None:
+                continue
+            stride = self.strides[j]
+            digit = (keys // stride) % self.radices[j]
+            keys += (mapping[digit] - digit) * stride
+            moved = True
+        if not moved:  # every step was an identity: same cells under the new levels
+            same = EquivalenceClasses(
+                self,
+                node,
+                classes.sizes,
+                classes.cell_class,
+                classes.cell_sa,
+                classes.cell_count,
+                cell_keys=classes._cell_keys,
+                class_keys=classes._class_keys,
+            )
+            same.cell_single = classes.cell_single
+            same.cell_first = classes.cell_first
+            same.multi_pairs = classes.multi_pairs
+            return same
+        order = np.argsort(keys)
+        return self._merge_cells(node, classes, keys[order], order)
 
     def row_class_keys(self, levels: Sequence[int]) -> IntArray:
         """Packed class key of every summary row at ``levels`` (packed mode only)."""
@@ -738,11 +894,55 @@ class Evaluator:
             keys += np.multiply(self._labels_of_rows(j, level), self.strides[j], dtype=np.int64)
         return keys if with_sa else keys // self.sa_radix
 
+    def _merge_cells(
+        self, node: Node, classes: EquivalenceClasses, keys: IntArray, order: IntArray
+    ) -> EquivalenceClasses:
+        """Cells of ``node`` from the cells of ``classes`` whose rewritten keys, sorted, are
+        ``keys`` (``order`` the old cell of each): counts, single-person rows and the
+        (cell, person) pairs of persons with several rows are merged."""
+        if not keys.shape[0]:
+            return self.classes(node)
+        starts = _starts(keys)
+        counts = np.add.reduceat(classes.cell_count[order], starts)
+        singles = None
+        first = None
+        if classes.cell_single is not None:
+            singles = np.add.reduceat(classes.cell_single[order], starts)
+        if classes.cell_first is not None:
+            first = np.add.reduceat(classes.cell_first[order], starts)
+        pairs = None
+        if classes.multi_pairs is not None:
+            flags = np.zeros(keys.shape[0], dtype=np.int64)
+            flags[starts] = 1
+            new_of_old = np.empty(keys.shape[0], dtype=np.int64)
+            new_of_old[order] = np.cumsum(flags) - 1
+            radix = self.n_units
+            old = classes.multi_pairs // radix
+            unit = classes.multi_pairs - old * radix
+            pairs = sorted_unique(new_of_old[old] * radix + unit)
+        return self._from_cells(node, keys[starts], counts, singles, pairs, first)
+
+    def _pairs_of(self, multi_cells: npt.NDArray[Any], cells: IntArray) -> IntArray | None:
+        """Distinct (cell index, person) of the rows of persons with several rows, packed
+        (None when the packed pairs could overflow int64: persons are then recounted)."""
+        if self.units is None or cells.shape[0] * self.n_units >= _KEY_LIMIT:
+            return None
+        packed = multi_cells.astype(np.int64) * self.n_units + self.units[self._multi]
+        return sorted_unique(packed)
+
     def _from_cells(
-        self, node: Node, cell_keys: IntArray, counts: IntArray, singles: IntArray | None = None
+        self,
+        node: Node,
+        cell_keys: IntArray,
+        counts: IntArray,
+        singles: IntArray | None = None,
+        pairs: IntArray | None = None,
+        first: IntArray | None = None,
     ) -> EquivalenceClasses:
         classes = self._cells_to_classes(node, cell_keys, counts)
         classes.cell_single = singles
+        classes.cell_first = first
+        classes.multi_pairs = pairs
         return classes
 
     def _cells_to_classes(

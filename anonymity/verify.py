@@ -106,6 +106,15 @@ def _strings(column: pd.Series) -> npt.NDArray[np.object_]:
     return np.asarray(names[np.asarray(codes)], dtype=object)
 
 
+def _persons(column: pd.Series) -> npt.NDArray[Any]:
+    """Person ids to tell persons apart: 64-bit hashes of the ids (a ``uint64`` column,
+    as the frequency table carries them) as they are, else canonical strings."""
+    if column.dtype == np.uint64:
+        hashes: npt.NDArray[np.uint64] = column.to_numpy(dtype=np.uint64)
+        return hashes
+    return _strings(column)
+
+
 def _cap(limit: float, records: int) -> int:
     """floor(limit * records), the limit read as the decimal it was written as."""
     return math.floor(Decimal(repr(float(limit))) * records)
@@ -298,7 +307,7 @@ def verify_counts(
     sizes = np.bincount(class_of, weights=kept_counts, minlength=n_classes).astype(np.int64)
     person = None
     if unit is not None:  # distinct persons: one (class, person) pair each
-        person = _strings(kept[unit])
+        person = _persons(kept[unit])
         pairs = pd.DataFrame({"cls": class_of, "person": person}).drop_duplicates()
         sizes = np.bincount(pairs["cls"].to_numpy(np.int64), minlength=n_classes)
         sizes = sizes.astype(np.int64)

@@ -9,12 +9,22 @@
    combinations, not on rows).
 
     python benchmarks/bench_anonymity.py [--rows 1000000 10000000]
+
+4. ``--searches N [--no-runs]``: only the demo's optimal searches (issue 14) on N demo
+   rows: k5 at 0% and 5% suppression, l3 (recursive (4,3)) and t03 (hierarchical
+   t=0.3), all ``unit: person``. The frequency table once, then per release the
+   summary, search and metrics in-process (``search_s`` wall, ``context_cpu_s``,
+   ``nodes``, the optimum), and unless ``--no-runs`` the whole ``privpipe run`` of a
+   config with that release alone (``run_wall_s``, ``run_cpu_s``).
+
+    python benchmarks/bench_anonymity.py --searches 1000000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -151,10 +161,120 @@ def demo_run(tmp: Path, rows: int) -> dict:
     }
 
 
+DEMO_SEARCHES = ("k5_0", "k5", "l3", "t03")
+"""The demo's three optimal-search releases, and k5 without suppression."""
+
+
+def _demo_config(tmp: Path, rows: int, release: str) -> Path:
+    """A copy of the demo config on the cached demo data with one anonymised release
+    (``k5_0``: k5 at 0% suppression) and nothing else: no DP, attacks or report."""
+    from pipelines.cli import DEMO_CONFIG
+
+    cfg = yaml.safe_load(DEMO_CONFIG.read_text())
+    cfg["input"]["path"] = str(data_file(rows))
+    cfg["hierarchies"] = {
+        c: ({"file": str(DEMO_CONFIG.parent / h["file"])} if "file" in h else h)
+        for c, h in cfg["hierarchies"].items()
+    }
+    by_name = {r["name"]: r for r in cfg["releases"]}
+    chosen = dict(by_name["k5" if release == "k5_0" else release])
+    if release == "k5_0":
+        chosen.update(name="k5_0", suppression_limit=0.0)
+    cfg["releases"] = [chosen]
+    for key in ("attacks", "budget", "sweep", "publish"):
+        cfg.pop(key, None)
+    cfg["report"] = {"enabled": False}
+    cfg["output"] = {"dir": str(tmp / f"demo-{rows}-{release}")}
+    path = tmp / f"demo-{rows}-{release}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def demo_searches(rows: int, runs: bool = True) -> list[dict]:
+    """The demo's optimal searches on ``rows`` demo rows (person-level, as configured):
+    the frequency table once (as the pipeline's ``FrequencyTable``), then per release
+    ``make_context`` (summary, search, metrics) in-process: search seconds and nodes;
+    with ``runs`` also the whole ``privpipe run`` of a single-release config (wall, CPU)."""
+    import pandas as pd
+
+    from pipelines.hierarchies import HierarchyResolver
+    from pipelines.plan import load_plan
+    from pipelines.run import anonymization_spec
+    from transforms.anonymize import FrequencyTable, counted_columns, make_context
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        freq = None
+        for release in DEMO_SEARCHES:
+            config = _demo_config(tmp, rows, release)
+            plan = load_plan(config)
+            spec = anonymization_spec(plan.config.releases[0], plan)
+            if freq is None:
+                t = time.perf_counter()
+                fn = FrequencyTable(
+                    counted_columns(spec), True, [spec.unit_by] if spec.unit_by else []
+                )
+                acc = fn.create_accumulator()
+                for chunk in pd.read_csv(
+                    plan.input_paths[0], dtype=str, chunksize=200_000, keep_default_na=False
+                ):
+                    acc = fn.add_input(acc, chunk)
+                freq = fn.extract_output(fn.merge_accumulators([acc]))
+                table_s = time.perf_counter() - t
+            resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
+            t, cpu0 = time.perf_counter(), time.process_time()
+            ctx = make_context(freq, spec, resolver)
+            context_s = time.perf_counter() - t
+            context_cpu_s = time.process_time() - cpu0  # less disturbed by other load
+            search = ctx.plan.search
+            row = {
+                "release": release,
+                "rows": rows,
+                "frequency_table_s": round(table_s, 3),
+                "distinct_rows": len(freq),
+                "search_s": round(search["seconds"], 3),
+                "plan_s": round(search["total_seconds"], 3),
+                "context_s": round(context_s, 3),
+                "context_cpu_s": round(context_cpu_s, 3),
+                "nodes": search["nodes_checked"],
+                "lattice": search["lattice_size"],
+                "optimum": search["transformation"],
+                "suppressed_records": search["suppressed_records"],
+            }
+            if runs:
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                res = run_config(config)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                row["run_wall_s"] = res["wall_s"]
+                row["run_cpu_s"] = round(cpu, 2)
+                row["run_peak_rss_mb"] = res["peak_rss_mb"]
+            out.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    ap.add_argument(
+        "--searches",
+        type=int,
+        default=None,
+        metavar="ROWS",
+        help="only the demo's optimal searches (k5 0%%/5%%, l3, t03) on ROWS demo rows",
+    )
+    ap.add_argument("--no-runs", action="store_true", help="with --searches: no privpipe run")
     args, _ = ap.parse_known_args()
+    if args.searches:
+        searches = demo_searches(args.searches, runs=not args.no_runs)
+        print(
+            json.dumps(
+                {"benchmark": "anonymity_searches", "machine": machine(), "searches": searches}
+            )
+        )
+        return
     result: dict = {
         "benchmark": "anonymity",
         "date": datetime.now(UTC).date().isoformat(),

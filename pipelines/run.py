@@ -69,7 +69,7 @@ from pipelines.publication import (
 from privpipe import errors, timing
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from privpipe.timing import stage
-from transforms.anonymize import AnonymizeRelease
+from transforms.anonymize import AnonymizeRelease, Summarise, counted_columns
 from transforms.dp_aggregate import AggregateDPCells, DPCellsJob
 from transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
@@ -176,14 +176,20 @@ def build_graph(
     share = holdout_share(plan)
     if again is not None and share is not None and holdout_key is not None:  # same split
         again = (again | "HoldOutAgain" >> HoldOut(share, holdout_key, s.privacy_unit))[MEMBERS]
+    summaries: dict[tuple[str, ...], beam.PCollection] = {}  # one per counted columns
     for r in anonymised:
+        aspec = anonymization_spec(r, plan)
+        counted_key = tuple(counted_columns(aspec))
+        if counted_key not in summaries:
+            summaries[counted_key] = batches | f"Summarise[{r.name}]" >> Summarise(aspec)
         _ = batches | f"Release[{r.name}]" >> AnonymizeRelease(
-            anonymization_spec(r, plan),
+            aspec,
             spec,
             resolver,
             str(out.releases / r.name),
             plan.config.output.format,
             again,
+            summaries[counted_key],
         )
     several = len(plan.config.published()) > 1
     if (plan.config.attacks is not None or wants_audit(plan) or several) and audit_columns(plan):

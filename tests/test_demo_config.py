@@ -83,8 +83,8 @@ def test_demo_refuses_fewer_rows_than_k_before_any_data(
 DRIVER = {"graph", "pipeline", "dp_noise", "local_publish", "attacks", "common", "utility",
           "publication_attacks", "audit", "report", "commit", "continual_publish"}  # fmt: skip
 TABLES = ("k5", "l3", "t03", "mondrian5")
-PIPELINE = {"read", "holdout", "profile", "dp:dp_diagnosis", "dp:dp_zip", "dp:dp_salary",
-            "local_dp:ldp_diagnosis", "continual:weekly_visits"}  # fmt: skip
+# the DP and continual releases share one timed step ("dp")
+PIPELINE = {"read", "holdout", "profile", "dp", "local_dp:ldp_diagnosis"}
 
 
 @pytest.mark.slow
@@ -110,8 +110,9 @@ def test_demo_of_50_rows_finishes_with_every_stage_timed(
     t = m["timings"]
     stages = t["stages"]
     assert set(stages) >= DRIVER | PIPELINE
-    for step in ("summary", "recode", "verify", "write"):
+    for step in ("recode", "verify", "write"):
         assert {f"{step}:{r}" for r in TABLES} <= set(stages)
+    assert "summary" in stages  # one frequency table shared by the anonymised releases
     assert {f"search:{r}" for r in TABLES} <= set(stages) or "search" in stages
     assert all(v >= 0 for v in stages.values())
     assert 0 < t["pipeline_s"] <= t["wall_s"] <= wall + 1

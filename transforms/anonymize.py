@@ -37,7 +37,7 @@ from anonymity.api import RecodingPlan, plan_recoding, release_document
 from anonymity.hierarchy import Hierarchy
 from anonymity.recoding import BatchRecoder, Recoding
 from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary, group_rows
+from anonymity.summary import Summary, group_rows, unit_hashes
 from anonymity.verify import verify_counts, verify_grid_labels
 from privpipe.errors import PrivacyRefusal
 from transforms.io import InputSpec, ReadMicrodata
@@ -113,20 +113,37 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
     row); equal rows are found exactly with mixed-radix int64 keys, never hashes. With
     ``categorical`` the columns come out as pandas Categoricals over those dictionaries
     (cheap to ship and to encode); otherwise as ``str`` columns.
+
+    ``hashed`` columns (the person id) are carried as the 64-bit hash of each value's
+    canonical string (``summary.unit_hashes``, the hash the summary uses) and come out as
+    a ``uint64`` column: no dictionary of a million id strings is built, shipped or
+    merged. A collision can only merge two persons, so persons are undercounted and the
+    models checked more strictly, never less.
     """
 
-    def __init__(self, columns: Sequence[str], categorical: bool = False) -> None:
+    def __init__(
+        self, columns: Sequence[str], categorical: bool = False, hashed: Sequence[str] = ()
+    ) -> None:
         self.columns = list(columns)
         self.categorical = categorical
+        self.hashed = frozenset(c for c in hashed if c in self.columns)
 
     def create_accumulator(self) -> _Partial:
-        return _Partial(values=[pd.Index([], dtype=object) for _ in self.columns])
+        return _Partial(
+            values=[
+                pd.Index([], dtype=np.int64 if c in self.hashed else object) for c in self.columns
+            ]
+        )
 
     def add_input(self, acc: _Partial, batch: pd.DataFrame) -> _Partial:
         if not len(batch):
             return acc
         codes = np.empty((len(batch), len(self.columns)), dtype=np.int32)
         for j, col in enumerate(self.columns):
+            if col in self.hashed:
+                hash_codes, hashes = pd.factorize(unit_hashes(batch[col], col))
+                codes[:, j] = acc.encode(j, pd.Index(hashes, dtype=np.int64))[hash_codes]
+                continue
             # distinct raw values first, then their strings (equal strings share a code)
             raw_codes, raw_uniques = pd.factorize(batch[col], use_na_sentinel=False)
             strings = pd.Series(raw_uniques).astype("str").to_numpy(dtype=object)
@@ -169,7 +186,10 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
         out: dict[str, Any] = {}
         for j, col in enumerate(self.columns):
             values = acc.values[j]
-            if self.categorical:
+            if col in self.hashed:
+                hashes = values.to_numpy(dtype=np.int64)[rows[:, j]]
+                out[col] = np.ascontiguousarray(hashes).view(np.uint64)
+            elif self.categorical:
                 missing = values.isna()
                 present = np.flatnonzero(~missing)
                 recode = np.full(len(values), -1, dtype=np.int32)
@@ -305,6 +325,26 @@ def dropped_columns(spec: AnonymizationSpec) -> list[str]:
     return rest or [NO_COLUMN]
 
 
+def hashed_columns(spec: AnonymizationSpec) -> list[str]:
+    """The columns the frequency tables carry as 64-bit hashes: the person id."""
+    return [spec.unit_by] if spec.unit_by is not None else []
+
+
+class Summarise(beam.PTransform):  # type: ignore[misc]
+    """batches → the one frequency table a release's search starts from (the published
+    columns and the person id). Releases counting the same columns share one: build it
+    once and hand it to each ``AnonymizeRelease(summary=...)``."""
+
+    def __init__(self, spec: AnonymizationSpec) -> None:
+        super().__init__()
+        self.columns = counted_columns(spec)
+        self.hashed = hashed_columns(spec)
+
+    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        table = TimedCombineFn("summary", FrequencyTable(self.columns, True, self.hashed))
+        return batches | "FrequencyTable" >> beam.CombineGlobally(table)
+
+
 def counted_columns(spec: AnonymizationSpec) -> list[str]:
     """The published columns and, with ``unit: person``, the person id (never written)."""
     unit = spec.unit_by
@@ -363,9 +403,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         directory: str,
         output_format: str = "csv",
         reread: beam.PCollection | None = None,
+        summary: beam.PCollection | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
+        self.summary = summary  # a ``Summarise`` of these columns shared by several releases
         self.reread = reread  # the second read of the rows, shared by several releases
         self.input_spec = input_spec
         self.resolver = resolver
@@ -375,13 +417,12 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         spec, cols = self.spec, published_columns(self.spec)
         counted = counted_columns(spec)
-        ctx = (
-            batches
-            | "Summarise"
-            >> beam.CombineGlobally(
-                TimedCombineFn(f"summary:{spec.name}", FrequencyTable(counted, categorical=True))
-            )
-            | "Search" >> beam.Map(timed(f"search:{spec.name}", make_context), spec, self.resolver)
+        hashed = hashed_columns(spec)
+        freq = self.summary
+        if freq is None:
+            freq = batches | "Summarise" >> Summarise(spec)
+        ctx = freq | "Search" >> beam.Map(
+            timed(f"search:{spec.name}", make_context), spec, self.resolver
         )
         # the side inputs are slim views of the context (the full one is never shipped)
         recoder = ctx | "Recoder" >> beam.Map(ReleaseContext.for_recoding)
@@ -409,14 +450,14 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         )
         _ = written | "Write" >> write
         dropped = recode[RecodeFn.DROPPED] | "CountDropped" >> beam.CombineGlobally(
-            FrequencyTable(dropped_columns(spec))
+            FrequencyTable(dropped_columns(spec), hashed=hashed)
         )
         path = str(Path(self.directory) / "release.json")
         return (
             recoded
             | "CountClasses"
             >> beam.CombineGlobally(
-                TimedCombineFn(f"verify:{spec.name}", FrequencyTable(counted, categorical=True))
+                TimedCombineFn(f"verify:{spec.name}", FrequencyTable(counted, True, hashed))
             )
             | "Verify"
             >> beam.Map(
