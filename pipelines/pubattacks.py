@@ -95,6 +95,8 @@ def _tables_pairwise(
     published: set[str],
     known: Sequence[str] | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from pipelines.audit import summary_of
+
     s = plan.config.schema_
     qis, sa = list(s.quasi_identifiers), str(s.sensitive or "")
     linking: list[dict[str, Any]] = []
@@ -115,7 +117,9 @@ def _tables_pairwise(
         )  # fmt: skip
         if sa and sa in ta.columns and sa in tb.columns:
             comp = compose_tables(
-                {a: ta, b: tb}, targets, qis, sa, hierarchies,
+                {n: summary_of(t, [*(q for q in qis if q in t.columns), sa])
+                 for n, t in ((a, ta), (b, tb))},
+                targets, qis, sa, hierarchies,
                 guarantees={n: public_document(releases[n]).get("guarantee") for n in (a, b)},
                 known=known,
             )  # fmt: skip
