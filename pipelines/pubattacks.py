@@ -33,7 +33,13 @@ import pandas as pd
 from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
 from attacks.composition import compose_tables
 from attacks.matching import suppressed_rows
-from attacks.publication import _ancestors, _level_of, reproduced_cells, row_order_alignment
+from attacks.publication import (
+    _ancestors,
+    _level_of,
+    per_distinct,
+    reproduced_cells,
+    row_order_alignment,
+)
 from attacks.reconstruction import (
     MAX_CELLS,
     Marginal,
@@ -140,6 +146,7 @@ def _differencing(
     published: set[str],
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    canonical: dict[str, Any] = {}  # each key column of the truth canonicalised once
     for t in tables:
         table = releases[t].data
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
@@ -147,7 +154,10 @@ def _differencing(
         for d in counts:
             queries = dp_queries(releases[d])
             for query, keys, levels in queries:
-                truth = pd.DataFrame({k: canonical_column(raw[k]) for k in keys if k in raw})
+                for k in keys:
+                    if k in raw and k not in canonical:
+                        canonical[k] = canonical_column(raw[k])
+                truth = pd.DataFrame({k: canonical[k] for k in keys if k in raw})
                 if len(truth.columns) < len(keys):
                     continue  # a key the audit does not hold (not a QI or the SA)
                 found = reproduced_cells(
@@ -370,7 +380,8 @@ def reconstruction_entry(
     for c, (level, labels) in domain.items():
         h = hierarchies.get(c)
         values = pd.Series(canonical_column(raw[c]), dtype=object).astype(str)
-        mapped = values.map(_ancestors(h, level)) if h is not None else values
+        up = _ancestors(h, level) if h is not None else None
+        mapped = per_distinct(values, lambda v, up=up: v.map(up)) if up is not None else values
         truth_codes.append(pd.Index(labels, dtype=object).get_indexer(mapped.fillna("\x00")))
     ok = np.all(np.stack(truth_codes) >= 0, axis=0)
     flat = np.ravel_multi_index([t[ok] for t in truth_codes], sizes)

@@ -72,6 +72,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.hierarchy import SUPPRESSED, Hierarchy
+from attacks.matching import WEIGHT, frequency_table
 from reports.run import ANONYMISED_KINDS, LOCAL_DP_KINDS, Release
 from reports.workload import CountQuery, Marginal, Truth, canonical_column, canonical_frame
 
@@ -183,8 +184,12 @@ def _table_source(release: Release) -> Source:
         str(c) for c in (params.get("numeric") or transformation.get("numeric") or [])
     )
     data = release.data
+    # one source row per distinct published row, its count the rows it stands for: the
+    # same answers as one row per record, at the size of the classes, not of the rows
+    distinct = frequency_table(data, [str(c) for c in data.columns])
+    labels = canonical_frame(distinct, [str(c) for c in data.columns])
     return Source(
-        release.name, canonical_frame(data, list(data.columns)), np.ones(len(data)), levels, numeric
+        release.name, labels, distinct[WEIGHT].to_numpy(dtype=np.float64), levels, numeric
     )
 
 
