@@ -20,6 +20,7 @@ sentence), ``breach``.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,6 @@ from attacks.matching import suppressed_rows
 from attacks.publication import (
     _ancestors,
     _level_of,
-    per_distinct,
     reproduced_cells,
     row_order_alignment,
 )
@@ -358,6 +358,51 @@ def _marginal(
     return Marginal(a.name, tuple(maps), tuple(sizes), counts, kind, a.scale * math.sqrt(summed))  # type: ignore[arg-type]
 
 
+class _Memo:
+    """What the reconstructions of one publication share: each release's artefacts, the
+    raw table's distinct values of a column (with their rows' codes), and solved
+    programs (the same counts give the same table: the published set is in every set)."""
+
+    def __init__(self) -> None:
+        self.artefacts: dict[str, list[_Artefact]] = {}
+        self.values: dict[str, tuple[np.ndarray, pd.Series]] = {}
+        self.solved: dict[bytes, Any] = {}
+
+    def artefacts_of(
+        self,
+        names: Sequence[str],
+        releases: Mapping[str, Release],
+        columns: Sequence[str],
+        qis: Sequence[str],
+        hierarchies: Mapping[str, Hierarchy],
+    ) -> list[_Artefact]:
+        for n in names:
+            if n not in self.artefacts:
+                self.artefacts[n] = _artefacts([n], releases, columns, qis, hierarchies)
+        return [a for n in names for a in self.artefacts[n]]
+
+    def distinct(self, raw: pd.DataFrame, column: str) -> tuple[np.ndarray, pd.Series]:
+        """Per row: the code of its canonical value; and the distinct canonical values."""
+        if column not in self.values:
+            codes, uniques = pd.factorize(
+                pd.Series(canonical_column(raw[column]), dtype=object).astype(str)
+            )
+            self.values[column] = (codes, pd.Series(uniques, dtype=object))
+        return self.values[column]
+
+    def reconstruct(self, sizes: Sequence[int], marginals: Sequence[Marginal]) -> Any:
+        digest = hashlib.blake2b(repr(list(sizes)).encode(), digest_size=16)
+        for m in marginals:
+            digest.update(repr((m.sizes, m.kind, m.scale)).encode())
+            for part in (*m.maps, np.asarray(m.counts, dtype=np.float64)):
+                digest.update(np.ascontiguousarray(part).tobytes())
+                digest.update(b"|")
+        key = digest.digest()
+        if key not in self.solved:
+            self.solved[key] = reconstruct(sizes, marginals, time_limit=TIME_LIMIT)
+        return self.solved[key]
+
+
 def reconstruction_entry(
     names: Sequence[str],
     releases: Mapping[str, Release],
@@ -366,9 +411,12 @@ def reconstruction_entry(
     qis: Sequence[str],
     columns: Sequence[str],
     published: set[str],
+    memo: _Memo | None = None,
 ) -> dict[str, Any] | None:
-    """Reconstruct microdata from the counts of ``names`` and score it against ``raw``."""
-    artefacts = _artefacts(names, releases, columns, qis, hierarchies)
+    """Reconstruct microdata from the counts of ``names`` and score it against ``raw``
+    (``memo``: shared by the sets of one publication)."""
+    memo = memo or _Memo()
+    artefacts = memo.artefacts_of(names, releases, columns, qis, hierarchies)
     domain = reconstruction_domain(artefacts, columns, hierarchies)
     if not domain:
         return None
@@ -379,15 +427,15 @@ def reconstruction_entry(
     truth_codes = []
     for c, (level, labels) in domain.items():
         h = hierarchies.get(c)
-        values = pd.Series(canonical_column(raw[c]), dtype=object).astype(str)
-        up = _ancestors(h, level) if h is not None else None
-        mapped = per_distinct(values, lambda v, up=up: v.map(up)) if up is not None else values
-        truth_codes.append(pd.Index(labels, dtype=object).get_indexer(mapped.fillna("\x00")))
+        codes, values = memo.distinct(raw, c)  # mapped once per distinct value
+        mapped = values.map(_ancestors(h, level)) if h is not None else values
+        found_at = pd.Index(labels, dtype=object).get_indexer(mapped.fillna("\x00"))
+        truth_codes.append(np.asarray(found_at, dtype=np.int64)[codes])
     ok = np.all(np.stack(truth_codes) >= 0, axis=0)
     flat = np.ravel_multi_index([t[ok] for t in truth_codes], sizes)
     truth = np.bincount(flat, minlength=int(np.prod(sizes))).astype(np.int64)
     try:
-        found = reconstruct(sizes, marginals, time_limit=TIME_LIMIT)
+        found = memo.reconstruct(sizes, marginals)
     except ValueError as e:  # inconsistent exact counts: nothing fits them, nothing to score
         names_used = sorted({m.name.split("/")[0] for m in marginals})
         return _entry(
@@ -401,7 +449,7 @@ def reconstruction_entry(
     exact = [m for m in marginals if m.kind != "noisy"]
     tables_only = 0.0
     if exact and len(exact) < len(marginals):  # what the tables alone give, for comparison
-        tables_only = match_share(reconstruct(sizes, exact, time_limit=TIME_LIMIT).counts, truth)
+        tables_only = match_share(memo.reconstruct(sizes, exact).counts, truth)
     elif exact:
         tables_only = matched
     baseline = max(chance, uniform, tables_only)
@@ -455,8 +503,11 @@ def publication_attacks(
     if any(n not in published for n in releases):
         # hypothetically: each candidate added to the published set
         sets += [[*sets[0], n] for n in releases if n not in published]
+    memo = _Memo()
     for names in sets:
-        entry = reconstruction_entry(names, releases, raw, hierarchies, qis, columns, published)
+        entry = reconstruction_entry(
+            names, releases, raw, hierarchies, qis, columns, published, memo
+        )
         if entry is not None and entry not in out["reconstruction"]:
             out["reconstruction"].append(
                 entry | {"hypothetical": any(n not in published for n in names)}
