@@ -629,7 +629,7 @@ def write_audit(
             )
     # the publication as a whole: what the published set gives together (and, marked
     # hypothetical, what publishing a candidate beside it would give)
-    audit["publication_attacks"] = publication_attacks(plan, releases, raw, hierarchies)
+    audit["publication_attacks"] = publication_attacks(plan, releases, raw, hierarchies, pub)
     audit.setdefault("findings", []).extend(breach_findings(audit["publication_attacks"]))
     forget_summaries()
     return write_reports(into or staging, audit)

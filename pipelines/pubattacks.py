@@ -35,6 +35,7 @@ from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
 from attacks.composition import compose_tables
 from attacks.matching import suppressed_rows
 from attacks.publication import (
+    Alignment,
     _ancestors,
     _level_of,
     reproduced_cells,
@@ -100,6 +101,7 @@ def _tables_pairwise(
     hierarchies: Mapping[str, Hierarchy],
     published: set[str],
     known: Sequence[str] | None,
+    checked: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from pipelines.audit import summary_of
 
@@ -109,7 +111,16 @@ def _tables_pairwise(
     composition: list[dict[str, Any]] = []
     for a, b in itertools.combinations(tables, 2):
         ta, tb = releases[a].data, releases[b].data
-        found = row_order_alignment(ta, tb, hierarchies, names=(a, b))
+        # the run's publication check aligned the published pairs already (same test)
+        done = next((c for c in checked if list(c.get("tables") or []) == [a, b]), None)
+        found = (
+            row_order_alignment(ta, tb, hierarchies, names=(a, b))
+            if done is None
+            else Alignment(
+                a, b, int(done["rows"]), tuple(done["columns"]), float(done["agreement"]),
+                float(done["chance"]), float(done["threshold"]),
+            )
+        )  # fmt: skip
         linking.append(
             _entry(
                 (a, b), published,
@@ -478,10 +489,13 @@ def publication_attacks(
     releases: Mapping[str, Release],
     raw: pd.DataFrame,
     hierarchies: Mapping[str, Hierarchy],
+    checked: Mapping[str, Any] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Every publication attack on the published set and, hypothetically, on sets that
     involve candidates. Reads the public artefacts of ``releases``; ``raw`` (accepted
-    rows: QIs and SA) gives the targets' QIs and scores."""
+    rows: QIs and SA) gives the targets' QIs and scores. ``checked``: the run's
+    publication check (``manifest["publication"]``), whose row-order alignments of the
+    published tables are reused, not recomputed."""
     from pipelines.audit import knowledge_of
 
     s = plan.config.schema_
@@ -496,8 +510,9 @@ def publication_attacks(
     counts = [n for n, r in releases.items() if r.kind in COUNT_KINDS]
     out: dict[str, list[dict[str, Any]]] = {a: [] for a in ATTACKS}
     out["row_linking"], out["composition"] = _tables_pairwise(
-        plan, releases, tables, targets, hierarchies, published, known
-    )
+        plan, releases, tables, targets, hierarchies, published, known,
+        list((checked or {}).get("row_order") or []),
+    )  # fmt: skip
     out["differencing"] = _differencing(releases, tables, counts, raw, hierarchies, qis, published)
     sets = [[n for n in releases if n in published]]
     if any(n not in published for n in releases):
