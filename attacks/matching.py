@@ -91,7 +91,7 @@ def unique_rows(matrix: npt.NDArray[np.integer[Any]]) -> tuple[IntArray, IntArra
     codes = np.asarray(matrix, dtype=np.int64)
     n, q = codes.shape
     if n == 0 or q == 0:
-        return np.unique(codes, axis=0, return_inverse=True)  # type: ignore[no-any-return]
+        return np.unique(codes, axis=0, return_inverse=True)
     columns = [codes[:, j] for j in range(q)]
     inverse, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
     return codes[first], inverse
@@ -103,7 +103,13 @@ def suppressed_rows(published: pd.DataFrame, qis: Sequence[str]) -> BoolArray:
         return np.zeros(len(published), dtype=bool)
     mask = np.ones(len(published), dtype=bool)
     for qi in qis:
-        mask &= published[qi].astype(object).to_numpy() == SUPPRESSED
+        column = published[qi]
+        if pd.api.types.is_string_dtype(column.dtype) and not pd.api.types.is_object_dtype(
+            column.dtype
+        ):  # pandas' string arrays compare without a Python string per row
+            mask &= (column == SUPPRESSED).to_numpy(dtype=bool, na_value=False)
+        else:
+            mask &= column.astype(object).to_numpy() == SUPPRESSED
     return mask
 
 

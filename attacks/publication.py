@@ -75,7 +75,8 @@ def per_distinct(values: pd.Series, fn: Callable[[pd.Series], pd.Series]) -> pd.
     if len(uniques) == len(values):
         return fn(values)
     mapped = fn(pd.Series(uniques))
-    return pd.Series(mapped.to_numpy()[codes], index=values.index, dtype=mapped.dtype)
+    # a take on the array keeps its dtype without a round trip through Python strings
+    return pd.Series(mapped.array.take(codes), index=values.index, name=mapped.name)
 
 
 def to_level(

@@ -240,8 +240,24 @@ def _ldp_sources(release: Release) -> list[Source]:
     return [Source(release.name, labels, np.clip(_numbers(data["estimate"]), 0.0, None))]
 
 
+_SOURCES: dict[int, tuple[Release, tuple[list[Source], str]]] = {}
+_SOURCES_KEPT: Final = 32
+
+
 def release_sources(release: Release) -> tuple[list[Source], str]:
-    """The sources a release answers from, and the method's name for the audit."""
+    """The sources a release answers from, and the method's name for the audit; built
+    once per release object (the utility and the distributions both read them)."""
+    hit = _SOURCES.get(id(release))
+    if hit is not None and hit[0] is release:  # the release itself is kept: its id is unique
+        return list(hit[1][0]), hit[1][1]
+    found = _release_sources(release)
+    if len(_SOURCES) >= _SOURCES_KEPT:
+        _SOURCES.pop(next(iter(_SOURCES)))
+    _SOURCES[id(release)] = (release, found)
+    return list(found[0]), found[1]
+
+
+def _release_sources(release: Release) -> tuple[list[Source], str]:
     if release.kind == "raw":
         return [_table_source(release)], "exact"
     if release.kind in ANONYMISED_KINDS:
