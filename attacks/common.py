@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeAlias, cast
 
 import numpy as np
@@ -163,8 +163,20 @@ class RawRowsModel:
     sa: str
     method: str = "exact rows"
     membership_method: str = "rows with the record's exact known QIs and sensitive value"
+    # per batch of records (kept with it): its counts, read by weights and by scores
+    _seen: dict[int, tuple[pd.DataFrame, tuple[FloatArray, ObjArray]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def _counts(self, records: pd.DataFrame) -> tuple[FloatArray, ObjArray]:
+        hit = self._seen.get(id(records))
+        if hit is None or hit[0] is not records:
+            hit = (records, self._count(records))
+            self._seen[id(records)] = hit
+        table, labels = hit[1]
+        return table.copy(), labels  # a copy: a caller may rule values out in place
+
+    def _count(self, records: pd.DataFrame) -> tuple[FloatArray, ObjArray]:
         r_ids, t_ids, n_ids = _tuple_ids(self.raw, records, self.known)
         targets, local = np.unique(t_ids, return_inverse=True)
         slot = np.full(n_ids, -1, dtype=np.int64)
