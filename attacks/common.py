@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeAlias, cast
 
 import numpy as np
@@ -46,7 +46,7 @@ import pandas as pd
 
 from anonymity.hierarchy import Hierarchy, canonical_column
 from attacks.knowledge import AttackerKnowledge
-from attacks.matching import TargetView, match_targets
+from attacks.matching import WEIGHT, TargetView, match_targets, unique_rows
 from attacks.stats import wilson_interval
 from attacks.table import random_elimination, worst_elimination
 
@@ -125,7 +125,7 @@ def _tuple_ids(
              canonical_column(right[c].to_numpy(dtype=object))]
         )  # fmt: skip
         cols.append(pd.factorize(pd.Series(values, dtype=object))[0].astype(np.int64))
-    uniq, ids = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+    uniq, ids = unique_rows(np.stack(cols, axis=1))
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     return ids[:n_left], ids[n_left:], int(uniq.shape[0])
 
@@ -153,27 +153,46 @@ class PriorModel:
 
 @dataclass(frozen=True)
 class RawRowsModel:
-    """The raw table (no protection): the rows with the record's exact known QIs."""
+    """The raw table (no protection): the rows with the record's exact known QIs.
+
+    ``raw`` may be a frequency table (column ``attacks.matching.WEIGHT``: how many rows
+    each distinct row stands for); the counts are those of the rows."""
 
     raw: pd.DataFrame
     known: tuple[str, ...]
     sa: str
     method: str = "exact rows"
     membership_method: str = "rows with the record's exact known QIs and sensitive value"
+    # per batch of records (kept with it): its counts, read by weights and by scores
+    _seen: dict[int, tuple[pd.DataFrame, tuple[FloatArray, ObjArray]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def _counts(self, records: pd.DataFrame) -> tuple[FloatArray, ObjArray]:
+        hit = self._seen.get(id(records))
+        if hit is None or hit[0] is not records:
+            hit = (records, self._count(records))
+            self._seen[id(records)] = hit
+        table, labels = hit[1]
+        return table.copy(), labels  # a copy: a caller may rule values out in place
+
+    def _count(self, records: pd.DataFrame) -> tuple[FloatArray, ObjArray]:
         r_ids, t_ids, n_ids = _tuple_ids(self.raw, records, self.known)
         targets, local = np.unique(t_ids, return_inverse=True)
         slot = np.full(n_ids, -1, dtype=np.int64)
         slot[targets] = np.arange(targets.shape[0])
-        labels = np.unique(canonical_column(self.raw[self.sa].to_numpy(dtype=object)))
-        sa = _codes(canonical_column(self.raw[self.sa].to_numpy(dtype=object)), labels)
+        values = canonical_column(self.raw[self.sa].to_numpy(dtype=object))
+        labels = np.unique(values)
+        sa = _codes(values, labels)
         row_slot = slot[r_ids]
         keep = row_slot >= 0
         m = labels.shape[0]
-        flat = np.bincount(row_slot[keep] * m + sa[keep], minlength=targets.shape[0] * m).astype(
-            np.float64
-        )
+        weights = None  # a frequency table (attacks.matching.frequency_table): its counts
+        if WEIGHT in self.raw.columns:
+            weights = self.raw[WEIGHT].to_numpy(dtype=np.float64)[keep]
+        flat = np.bincount(
+            row_slot[keep] * m + sa[keep], weights=weights, minlength=targets.shape[0] * m
+        ).astype(np.float64)
         table = flat.reshape(targets.shape[0], m)
         return table[np.asarray(local, np.int64).reshape(-1)], labels.astype(object)
 

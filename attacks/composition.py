@@ -29,7 +29,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.hierarchy import Hierarchy
-from attacks.matching import TargetView, match_targets
+from attacks.matching import TargetView, match_targets, unique_rows
 
 __all__ = ["Composition", "claimed_values", "compose", "compose_tables"]
 
@@ -135,9 +135,7 @@ def compose(
         known = v.true_codes >= 0
         truth[known] = codes[v.true_codes[known]]
     # distinct combinations of the views' tuples: one intersection each
-    combo, target_combo = np.unique(
-        np.stack([t for _, t in per_view], axis=1), axis=0, return_inverse=True
-    )
+    combo, target_combo = unique_rows(np.stack([t for _, t in per_view], axis=1))
     target_combo = np.asarray(target_combo, dtype=np.int64).reshape(-1)
     both = np.ones((combo.shape[0], len(domain)), dtype=bool)
     alone_sizes: list[IntArray] = []

@@ -33,7 +33,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from attacks.knowledge import AttackerKnowledge
-from attacks.matching import canonical_strings
+from attacks.matching import canonical_strings, unique_rows
 from attacks.result import AttackResult
 from attacks.stats import wilson_interval
 from dp.noise import NoiseSampler, rho_to_epsilon
@@ -309,7 +309,7 @@ def _joint_ids(*tables: Sequence[npt.NDArray[Any]]) -> tuple[list[IntArray], int
     for j in range(len(tables[0])):
         codes, _ = canonical_strings(np.concatenate([t[j].astype(object) for t in tables]))
         cols.append(codes)
-    uniq, ids = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+    uniq, ids = unique_rows(np.stack(cols, axis=1))
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     return [ids[bounds[i] : bounds[i + 1]] for i in range(len(tables))], int(uniq.shape[0])
 

@@ -39,17 +39,22 @@ import pandas as pd
 from scipy import sparse
 
 from anonymity.hierarchy import Hierarchy, canonical_factorize
+from anonymity.summary import group_rows
 
 __all__ = [
     "SUPPRESSED",
+    "WEIGHT",
     "TargetView",
     "canonical_strings",
     "coverage",
+    "frequency_table",
     "match_targets",
     "suppressed_rows",
+    "unique_rows",
 ]
 
 SUPPRESSED: Final = "*"
+WEIGHT: Final = "__rows__"  # a frequency table's column: how many rows each distinct row stands for
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -79,14 +84,52 @@ def canonical_strings(values: Any) -> tuple[IntArray, ObjArray]:
     return np.asarray(merged, dtype=np.int64)[codes], out
 
 
+def unique_rows(matrix: npt.NDArray[np.integer[Any]]) -> tuple[IntArray, IntArray]:
+    """``np.unique(matrix, axis=0, return_inverse=True)`` for a matrix of non-negative
+    integer codes (same rows, same lexicographic order), by one packed int64 key per row
+    (``anonymity.summary.group_rows``) instead of a sort of rows: far faster."""
+    codes = np.asarray(matrix, dtype=np.int64)
+    n, q = codes.shape
+    if n == 0 or q == 0:
+        return np.unique(codes, axis=0, return_inverse=True)
+    columns = [codes[:, j] for j in range(q)]
+    inverse, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
+    return codes[first], inverse
+
+
 def suppressed_rows(published: pd.DataFrame, qis: Sequence[str]) -> BoolArray:
     """Rows published as suppressed: every QI is ``*``."""
     if not qis:
         return np.zeros(len(published), dtype=bool)
     mask = np.ones(len(published), dtype=bool)
     for qi in qis:
-        mask &= published[qi].astype(object).to_numpy() == SUPPRESSED
+        column = published[qi]
+        if pd.api.types.is_string_dtype(column.dtype) and not pd.api.types.is_object_dtype(
+            column.dtype
+        ):  # pandas' string arrays compare without a Python string per row
+            mask &= (column == SUPPRESSED).to_numpy(dtype=bool, na_value=False)
+        else:
+            mask &= column.astype(object).to_numpy() == SUPPRESSED
     return mask
+
+
+def frequency_table(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """The distinct rows of ``frame[columns]`` with their multiplicity in column ``WEIGHT``.
+
+    Its size is bounded by the combinations of values, not by the rows: matching a
+    frequency table (``match_targets(..., weight=WEIGHT)``) gives the same view as
+    matching the rows. Values are kept as they are (no canonicalisation: two spellings of
+    one value stay two rows, which matching merges as it does for rows); missing cells
+    form their own group.
+    """
+    cols = list(columns)
+    if WEIGHT in frame.columns:  # already one: merge equal rows, adding their weights
+        grouped = frame.groupby(cols, sort=False, dropna=False, observed=True)[WEIGHT].sum()
+        return grouped.reset_index()
+    if not cols:
+        return pd.DataFrame({WEIGHT: np.asarray([len(frame)] if len(frame) else [], np.int64)})
+    sizes = frame.groupby(cols, sort=False, dropna=False, observed=True).size()
+    return sizes.rename(WEIGHT).reset_index()
 
 
 # --------------------------------------------------------------------------- coverage
@@ -279,6 +322,7 @@ def match_targets(
     suppressed: BoolArray | None = None,
     target_rows: IntArray | None = None,
     levels: Mapping[str, int] | None = None,
+    weight: str | None = None,
 ) -> TargetView:
     """Map each target (raw QI values, and its true SA if ``targets`` has the column) to
     the published classes covering it, and pool their SA counts.
@@ -289,7 +333,12 @@ def match_targets(
     (which does not apply when every row is all ``*``: that is one generalised class);
     ``levels`` are the hierarchy levels the release published each QI at (full-domain
     releases; None or a missing QI: each label at its lowest level, see ``coverage``).
+    ``weight`` names a column of ``published`` holding how many rows each of its rows
+    stands for (a :func:`frequency_table`; default: ``WEIGHT`` when ``published`` has
+    it); the view is the one the rows would give.
     """
+    if weight is None and WEIGHT in published.columns:
+        weight = WEIGHT
     qis = tuple(qis)
     known_qis = tuple(q for q in qis if known is None or q in known)
     hierarchies = hierarchies or {}
@@ -306,6 +355,12 @@ def match_targets(
     else:
         hidden = np.asarray(suppressed, dtype=bool)
     kept = published.loc[~hidden]
+    if weight is None:
+        w_kept = np.ones(len(kept), dtype=np.int64)
+        w_hidden = np.ones(int(hidden.sum()), dtype=np.int64)
+    else:
+        w_all = published[weight].to_numpy(dtype=np.int64)
+        w_kept, w_hidden = w_all[~hidden], w_all[hidden]
 
     # SA domain: published values (kept and suppressed rows), then true values of
     # targets absent from the release
@@ -341,10 +396,8 @@ def match_targets(
         label_cols.append(lab_codes)
         raw_cols.append(raw_codes)
     if known_qis:
-        class_tuples, class_of_row = np.unique(
-            np.stack(label_cols, axis=1), axis=0, return_inverse=True
-        )
-        tuples, tuple_of_target = np.unique(np.stack(raw_cols, axis=1), axis=0, return_inverse=True)
+        class_tuples, class_of_row = unique_rows(np.stack(label_cols, axis=1))
+        tuples, tuple_of_target = unique_rows(np.stack(raw_cols, axis=1))
     else:
         class_tuples = np.zeros((1 if n_rows else 0, 0), dtype=np.int64)
         class_of_row = np.zeros(n_rows, dtype=np.int64)
@@ -353,7 +406,9 @@ def match_targets(
     class_of_row = np.asarray(class_of_row, dtype=np.int64).reshape(-1)
     n_c, n_u = class_tuples.shape[0], tuples.shape[0]
     class_counts = (
-        np.bincount(class_of_row * m + sa_codes, minlength=n_c * m).reshape(n_c, m).astype(np.int64)
+        np.bincount(class_of_row * m + sa_codes, weights=w_kept, minlength=n_c * m)
+        .reshape(n_c, m)
+        .astype(np.int64)
     )
     pair_t, pair_c = _join(
         np.asarray(tuples, dtype=np.int64), np.asarray(class_tuples, dtype=np.int64), relations
@@ -366,9 +421,9 @@ def match_targets(
     orphans = np.zeros(n_u, dtype=bool)
     if b_codes.size:  # no kept class covers it: the target is in the suppressed block
         orphans = n_classes == 0
-        counts[orphans] = np.bincount(b_codes, minlength=m).astype(np.int64)
+        counts[orphans] = np.bincount(b_codes, weights=w_hidden, minlength=m).astype(np.int64)
         n_classes[orphans] = 1
-    totals = np.bincount(sa_codes, minlength=m).astype(np.float64)
+    totals = np.bincount(sa_codes, weights=w_kept, minlength=m).astype(np.float64)
     overall = totals / totals.sum() if n_rows else np.zeros(m, dtype=np.float64)
     rows = np.arange(n_t, dtype=np.int64) if target_rows is None else np.asarray(target_rows)
     return TargetView(
@@ -381,8 +436,8 @@ def match_targets(
         true_codes=truth if truth is not None else np.full(n_t, -1, dtype=np.int64),
         target_rows=rows.astype(np.int64),
         overall=overall,
-        published_rows=int(n_rows),
-        suppressed_rows=int(hidden.sum()),
+        published_rows=int(w_kept.sum()),
+        suppressed_rows=int(w_hidden.sum()),
         class_counts=class_counts,
         block_targets=int(orphans[np.asarray(tuple_of_target, dtype=np.int64)].sum()),
     )

@@ -18,7 +18,7 @@ Pure core: numpy/pandas and ``anonymity.hierarchy`` only, no Beam.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ __all__ = [
     "Alignment",
     "Reproduction",
     "common_level",
+    "per_distinct",
     "published_levels",
     "reproduced_cells",
     "row_order_alignment",
@@ -66,7 +67,30 @@ def published_levels(document: Mapping[str, Any]) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in transformation["levels"].items()}
 
 
+def per_distinct(values: pd.Series, fn: Callable[[pd.Series], pd.Series]) -> pd.Series:
+    """``fn(values)`` for an element-wise ``fn``, applied to the distinct values only and
+    spread back (same values, same index): the mappings below cost the number of labels,
+    not of rows."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)
+    if len(uniques) == len(values):
+        return fn(values)
+    mapped = fn(pd.Series(uniques))
+    # a take on the array keeps its dtype without a round trip through Python strings
+    return pd.Series(mapped.array.take(codes), index=values.index, name=mapped.name)
+
+
 def to_level(
+    values: pd.Series,
+    hierarchy: Hierarchy | None,
+    level: int,
+    source_level: int | None = None,
+) -> pd.Series:
+    """Each published value mapped to its label at ``level`` (see ``_to_level``),
+    computed once per distinct value."""
+    return per_distinct(values, lambda v: _to_level(v, hierarchy, level, source_level))
+
+
+def _to_level(
     values: pd.Series,
     hierarchy: Hierarchy | None,
     level: int,
@@ -226,7 +250,7 @@ def common_level(
     used = [level[v] for v in pd.unique(pd.concat([sa, sb])) if v in level and v != SUPPRESSED]
     top = max(used, default=0)
     up = _ancestors(hierarchy, top)
-    ma, mb = sa.map(up), sb.map(up)
+    ma, mb = per_distinct(sa, lambda v: v.map(up)), per_distinct(sb, lambda v: v.map(up))
     return ma.where(ma != SUPPRESSED), mb.where(mb != SUPPRESSED)
 
 

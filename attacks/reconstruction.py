@@ -27,6 +27,7 @@ Pure core: numpy and scipy only (no Beam).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -121,7 +122,9 @@ def reconstruct(
     time_limit: float = 20.0,
 ) -> Reconstruction:
     """Integer records per cell of ``domain`` (sizes per column) meeting the exact and
-    lower-bound counts and closest (weighted L1) to the noisy ones."""
+    lower-bound counts and closest (weighted L1) to the noisy ones. ``time_limit``:
+    seconds for the whole reconstruction (the program and its tie-breaks together)."""
+    deadline = time.monotonic() + time_limit
     n = int(np.prod(domain)) if domain else 1
     if n > MAX_CELLS:
         raise ValueError(f"the domain has {n} cells; at most {MAX_CELLS} fit the program")
@@ -167,7 +170,7 @@ def reconstruct(
     if result.x is not None:
         x = np.maximum(np.rint(result.x[:n]), 0).astype(np.int64)
         fun = float(result.fun or 0.0)
-        x = _tie_break(a_all, lo_all, hi_all, c, fun, x, domain, time_limit)
+        x = _tie_break(a_all, lo_all, hi_all, c, fun, x, domain, deadline)
         return Reconstruction(x, "integer program", fun, names)
     # no integer solution in time (or none exists): the relaxation, rounded
     a_eq = a_all[np.isfinite(hi_all) & (lo_all == hi_all)]
@@ -187,7 +190,7 @@ def reconstruct(
         raise ValueError(f"the published counts admit no table: {relaxed.message}")
     x = np.asarray(relaxed.x[:n], dtype=np.float64)
     fun = float(relaxed.fun or 0.0)
-    x = _tie_break(a_all, lo_all, hi_all, c, fun, x, domain, time_limit).astype(np.float64)
+    x = _tie_break(a_all, lo_all, hi_all, c, fun, x, domain, deadline).astype(np.float64)
     return Reconstruction(
         round_to(x, round(x.sum())),
         "linear relaxation, rounded",
@@ -204,25 +207,29 @@ def _tie_break(
     fun: float,
     x: npt.ArrayLike,
     domain: Sequence[int],
-    time_limit: float,
+    deadline: float,
 ) -> IntArray:
     """The optimal table nearest a uniform spread, then nearest the product of that one's
     margins (linear programs, rounded to records by largest remainder; the last one in
     integers for domains of at most INTEGER_CELLS cells when the solver finds them
-    within 2 s)."""
+    within 2 s); each within what is left before ``deadline`` (time.monotonic)."""
     first = np.asarray(x, dtype=np.float64)
     best = round_to(first, round(float(first.sum())))
     prior = np.full(first.shape[0], first.sum() / max(first.shape[0], 1))
     for _ in range(2):
-        found = _closest(a_all, lo_all, hi_all, c, fun, prior, time_limit, False)
+        left = deadline - time.monotonic()
+        if left <= 0:  # out of time: the best table so far
+            return best
+        found = _closest(a_all, lo_all, hi_all, c, fun, prior, left, False)
         if found is None:
             break
         best = round_to(found.astype(np.float64), round(float(found.sum())))
         prior = _product(best, domain)
     # in integers if the program manages it quickly (rounding may cut a bound by a record)
-    if len(prior) > INTEGER_CELLS:
+    left = deadline - time.monotonic()
+    if len(prior) > INTEGER_CELLS or left <= 0:
         return best
-    exact = _closest(a_all, lo_all, hi_all, c, fun, prior, min(time_limit, 2.0), True)
+    exact = _closest(a_all, lo_all, hi_all, c, fun, prior, min(left, 2.0), True)
     return best if exact is None else np.asarray(exact, dtype=np.int64)
 
 

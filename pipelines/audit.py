@@ -33,7 +33,6 @@ from attacks import (
     AttackerKnowledge,
     AttackResult,
     background_knowledge,
-    baseline_table,
     differencing_attack,
     histogram_attribute_inference,
     homogeneity,
@@ -55,6 +54,7 @@ from attacks.common import (
     matched_view,
     public_prior,
 )
+from attacks.matching import frequency_table
 from attacks.publication import published_levels
 from dp.noise import SeededTestSampler, planned_guarantee
 from pipelines.config import (
@@ -74,6 +74,30 @@ if TYPE_CHECKING:  # reports (matplotlib) is imported only when a report is writ
 
 RAW_TABLE = "attack_targets"
 BASELINE = "raw"
+
+_SUMMARIES: dict[tuple[int, tuple[str, ...]], tuple[pd.DataFrame, pd.DataFrame]] = {}
+_SUMMARIES_KEPT = 32
+
+
+def summary_of(data: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``data[columns]`` as a frequency table of distinct rows (attacks.matching
+    ``frequency_table``), computed once per frame and columns: every attack on a table
+    matches its classes, not its rows (the same view; the size is the number of
+    distinct rows)."""
+    key = (id(data), tuple(columns))
+    hit = _SUMMARIES.get(key)
+    if hit is not None and hit[0] is data:  # the frame itself is kept: its id is unique
+        return hit[1]
+    summary = frequency_table(data, columns)
+    if len(_SUMMARIES) >= _SUMMARIES_KEPT:
+        _SUMMARIES.pop(next(iter(_SUMMARIES)))
+    _SUMMARIES[key] = (data, summary)
+    return summary
+
+
+def forget_summaries() -> None:
+    """Drop the remembered frequency tables (end of a run's audit)."""
+    _SUMMARIES.clear()
 
 
 def knowledge_of(cfg: AttacksConfig) -> AttackerKnowledge:
@@ -303,7 +327,7 @@ def run_attacks(
     reference = _reference(raw, sa)
     results: dict[str, dict[str, AttackResult]] = {
         BASELINE: _table_attacks(
-            baseline_table(raw, qis, sa),
+            summary_of(raw, [*qis, sa]),  # the raw table's distinct rows: the baseline
             raw,
             plan,
             hierarchies,
@@ -316,7 +340,7 @@ def run_attacks(
     for name, release in releases.items():
         if release.kind in ANONYMITY_KINDS:
             results[name] = _table_attacks(
-                release.data[[*qis, sa]], raw, plan, hierarchies,
+                summary_of(release.data, [*qis, sa]), raw, plan, hierarchies,
                 planned_guarantee(release.document), reference,
                 published_levels(release.document),
             )  # fmt: skip
@@ -378,7 +402,7 @@ def common_model(
     known = knowledge_of(cfg).known_qis(qis)
     doc = release.document
     if release.kind in ANONYMITY_KINDS:
-        published = release.data[[*qis, sa]]
+        published = summary_of(release.data, [*qis, sa])
         model = TableModel(
             published, qis, sa, {q: hierarchies[q] for q in qis if q in hierarchies}, known,
             levels=published_levels(doc),
@@ -459,7 +483,7 @@ def run_common(
     population = public_prior(raw_sa, members[sa], None if controls is None else controls[sa])
     out = {
         BASELINE: common_attack(
-            RawRowsModel(raw, known, sa),
+            RawRowsModel(summary_of(raw, [*known, sa]), known, sa),
             members,
             raw_sa,
             sa,
@@ -608,8 +632,9 @@ def write_audit(
     # the publication as a whole: what the published set gives together (and, marked
     # hypothetical, what publishing a candidate beside it would give)
     with stage("publication_attacks"):
-        audit["publication_attacks"] = publication_attacks(plan, releases, raw, hierarchies)
+        audit["publication_attacks"] = publication_attacks(plan, releases, raw, hierarchies, pub)
     audit.setdefault("findings", []).extend(breach_findings(audit["publication_attacks"]))
+    forget_summaries()
     with stage("report"):
         return write_reports(into or staging, audit)
 

@@ -20,6 +20,7 @@ sentence), ``breach``.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,13 @@ import pandas as pd
 from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
 from attacks.composition import compose_tables
 from attacks.matching import suppressed_rows
-from attacks.publication import _ancestors, _level_of, reproduced_cells, row_order_alignment
+from attacks.publication import (
+    Alignment,
+    _ancestors,
+    _level_of,
+    reproduced_cells,
+    row_order_alignment,
+)
 from attacks.reconstruction import (
     MAX_CELLS,
     Marginal,
@@ -94,14 +101,26 @@ def _tables_pairwise(
     hierarchies: Mapping[str, Hierarchy],
     published: set[str],
     known: Sequence[str] | None,
+    checked: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from pipelines.audit import summary_of
+
     s = plan.config.schema_
     qis, sa = list(s.quasi_identifiers), str(s.sensitive or "")
     linking: list[dict[str, Any]] = []
     composition: list[dict[str, Any]] = []
     for a, b in itertools.combinations(tables, 2):
         ta, tb = releases[a].data, releases[b].data
-        found = row_order_alignment(ta, tb, hierarchies, names=(a, b))
+        # the run's publication check aligned the published pairs already (same test)
+        done = next((c for c in checked if list(c.get("tables") or []) == [a, b]), None)
+        found = (
+            row_order_alignment(ta, tb, hierarchies, names=(a, b))
+            if done is None
+            else Alignment(
+                a, b, int(done["rows"]), tuple(done["columns"]), float(done["agreement"]),
+                float(done["chance"]), float(done["threshold"]),
+            )
+        )  # fmt: skip
         linking.append(
             _entry(
                 (a, b), published,
@@ -115,7 +134,9 @@ def _tables_pairwise(
         )  # fmt: skip
         if sa and sa in ta.columns and sa in tb.columns:
             comp = compose_tables(
-                {a: ta, b: tb}, targets, qis, sa, hierarchies,
+                {n: summary_of(t, [*(q for q in qis if q in t.columns), sa])
+                 for n, t in ((a, ta), (b, tb))},
+                targets, qis, sa, hierarchies,
                 guarantees={n: public_document(releases[n]).get("guarantee") for n in (a, b)},
                 known=known,
             )  # fmt: skip
@@ -136,6 +157,7 @@ def _differencing(
     published: set[str],
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    canonical: dict[str, Any] = {}  # each key column of the truth canonicalised once
     for t in tables:
         table = releases[t].data
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
@@ -143,7 +165,10 @@ def _differencing(
         for d in counts:
             queries = dp_queries(releases[d])
             for query, keys, levels in queries:
-                truth = pd.DataFrame({k: canonical_column(raw[k]) for k in keys if k in raw})
+                for k in keys:
+                    if k in raw and k not in canonical:
+                        canonical[k] = canonical_column(raw[k])
+                truth = pd.DataFrame({k: canonical[k] for k in keys if k in raw})
                 if len(truth.columns) < len(keys):
                     continue  # a key the audit does not hold (not a QI or the SA)
                 found = reproduced_cells(
@@ -344,6 +369,51 @@ def _marginal(
     return Marginal(a.name, tuple(maps), tuple(sizes), counts, kind, a.scale * math.sqrt(summed))  # type: ignore[arg-type]
 
 
+class _Memo:
+    """What the reconstructions of one publication share: each release's artefacts, the
+    raw table's distinct values of a column (with their rows' codes), and solved
+    programs (the same counts give the same table: the published set is in every set)."""
+
+    def __init__(self) -> None:
+        self.artefacts: dict[str, list[_Artefact]] = {}
+        self.values: dict[str, tuple[np.ndarray, pd.Series]] = {}
+        self.solved: dict[bytes, Any] = {}
+
+    def artefacts_of(
+        self,
+        names: Sequence[str],
+        releases: Mapping[str, Release],
+        columns: Sequence[str],
+        qis: Sequence[str],
+        hierarchies: Mapping[str, Hierarchy],
+    ) -> list[_Artefact]:
+        for n in names:
+            if n not in self.artefacts:
+                self.artefacts[n] = _artefacts([n], releases, columns, qis, hierarchies)
+        return [a for n in names for a in self.artefacts[n]]
+
+    def distinct(self, raw: pd.DataFrame, column: str) -> tuple[np.ndarray, pd.Series]:
+        """Per row: the code of its canonical value; and the distinct canonical values."""
+        if column not in self.values:
+            codes, uniques = pd.factorize(
+                pd.Series(canonical_column(raw[column]), dtype=object).astype(str)
+            )
+            self.values[column] = (codes, pd.Series(uniques, dtype=object))
+        return self.values[column]
+
+    def reconstruct(self, sizes: Sequence[int], marginals: Sequence[Marginal]) -> Any:
+        digest = hashlib.blake2b(repr(list(sizes)).encode(), digest_size=16)
+        for m in marginals:
+            digest.update(repr((m.sizes, m.kind, m.scale)).encode())
+            for part in (*m.maps, np.asarray(m.counts, dtype=np.float64)):
+                digest.update(np.ascontiguousarray(part).tobytes())
+                digest.update(b"|")
+        key = digest.digest()
+        if key not in self.solved:
+            self.solved[key] = reconstruct(sizes, marginals, time_limit=TIME_LIMIT)
+        return self.solved[key]
+
+
 def reconstruction_entry(
     names: Sequence[str],
     releases: Mapping[str, Release],
@@ -352,9 +422,12 @@ def reconstruction_entry(
     qis: Sequence[str],
     columns: Sequence[str],
     published: set[str],
+    memo: _Memo | None = None,
 ) -> dict[str, Any] | None:
-    """Reconstruct microdata from the counts of ``names`` and score it against ``raw``."""
-    artefacts = _artefacts(names, releases, columns, qis, hierarchies)
+    """Reconstruct microdata from the counts of ``names`` and score it against ``raw``
+    (``memo``: shared by the sets of one publication)."""
+    memo = memo or _Memo()
+    artefacts = memo.artefacts_of(names, releases, columns, qis, hierarchies)
     domain = reconstruction_domain(artefacts, columns, hierarchies)
     if not domain:
         return None
@@ -365,14 +438,15 @@ def reconstruction_entry(
     truth_codes = []
     for c, (level, labels) in domain.items():
         h = hierarchies.get(c)
-        values = pd.Series(canonical_column(raw[c]), dtype=object).astype(str)
+        codes, values = memo.distinct(raw, c)  # mapped once per distinct value
         mapped = values.map(_ancestors(h, level)) if h is not None else values
-        truth_codes.append(pd.Index(labels, dtype=object).get_indexer(mapped.fillna("\x00")))
+        found_at = pd.Index(labels, dtype=object).get_indexer(mapped.fillna("\x00"))
+        truth_codes.append(np.asarray(found_at, dtype=np.int64)[codes])
     ok = np.all(np.stack(truth_codes) >= 0, axis=0)
     flat = np.ravel_multi_index([t[ok] for t in truth_codes], sizes)
     truth = np.bincount(flat, minlength=int(np.prod(sizes))).astype(np.int64)
     try:
-        found = reconstruct(sizes, marginals, time_limit=TIME_LIMIT)
+        found = memo.reconstruct(sizes, marginals)
     except ValueError as e:  # inconsistent exact counts: nothing fits them, nothing to score
         names_used = sorted({m.name.split("/")[0] for m in marginals})
         return _entry(
@@ -386,7 +460,7 @@ def reconstruction_entry(
     exact = [m for m in marginals if m.kind != "noisy"]
     tables_only = 0.0
     if exact and len(exact) < len(marginals):  # what the tables alone give, for comparison
-        tables_only = match_share(reconstruct(sizes, exact, time_limit=TIME_LIMIT).counts, truth)
+        tables_only = match_share(memo.reconstruct(sizes, exact).counts, truth)
     elif exact:
         tables_only = matched
     baseline = max(chance, uniform, tables_only)
@@ -415,10 +489,13 @@ def publication_attacks(
     releases: Mapping[str, Release],
     raw: pd.DataFrame,
     hierarchies: Mapping[str, Hierarchy],
+    checked: Mapping[str, Any] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Every publication attack on the published set and, hypothetically, on sets that
     involve candidates. Reads the public artefacts of ``releases``; ``raw`` (accepted
-    rows: QIs and SA) gives the targets' QIs and scores."""
+    rows: QIs and SA) gives the targets' QIs and scores. ``checked``: the run's
+    publication check (``manifest["publication"]``), whose row-order alignments of the
+    published tables are reused, not recomputed."""
     from pipelines.audit import knowledge_of
 
     s = plan.config.schema_
@@ -433,15 +510,19 @@ def publication_attacks(
     counts = [n for n, r in releases.items() if r.kind in COUNT_KINDS]
     out: dict[str, list[dict[str, Any]]] = {a: [] for a in ATTACKS}
     out["row_linking"], out["composition"] = _tables_pairwise(
-        plan, releases, tables, targets, hierarchies, published, known
-    )
+        plan, releases, tables, targets, hierarchies, published, known,
+        list((checked or {}).get("row_order") or []),
+    )  # fmt: skip
     out["differencing"] = _differencing(releases, tables, counts, raw, hierarchies, qis, published)
     sets = [[n for n in releases if n in published]]
     if any(n not in published for n in releases):
         # hypothetically: each candidate added to the published set
         sets += [[*sets[0], n] for n in releases if n not in published]
+    memo = _Memo()
     for names in sets:
-        entry = reconstruction_entry(names, releases, raw, hierarchies, qis, columns, published)
+        entry = reconstruction_entry(
+            names, releases, raw, hierarchies, qis, columns, published, memo
+        )
         if entry is not None and entry not in out["reconstruction"]:
             out["reconstruction"].append(
                 entry | {"hypothetical": any(n not in published for n in names)}

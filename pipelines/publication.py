@@ -31,7 +31,7 @@ import pandas as pd
 
 from anonymity.hierarchy import Hierarchy, canonical_column
 from attacks.composition import compose_tables
-from attacks.matching import suppressed_rows
+from attacks.matching import frequency_table, suppressed_rows
 from attacks.publication import (
     published_levels,
     reproduced_cells,
@@ -276,8 +276,12 @@ def _composition(
         return None
     if sa not in first.data.columns or sa not in second.data.columns:
         return None
+    tables = {  # each table's distinct rows with their counts: the same view, fewer rows
+        r.name: frequency_table(r.data, [*(q for q in qis if q in r.data.columns), sa])
+        for r in (first, second)
+    }
     return compose_tables(
-        {first.name: first.data, second.name: second.data}, raw, qis, sa, hierarchies,
+        tables, raw, qis, sa, hierarchies,
         guarantees={r.name: (r.document or {}).get("guarantee") for r in (first, second)},
     )  # fmt: skip
 

@@ -72,6 +72,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.hierarchy import SUPPRESSED, Hierarchy
+from attacks.matching import WEIGHT, frequency_table
 from reports.run import ANONYMISED_KINDS, LOCAL_DP_KINDS, Release
 from reports.workload import CountQuery, Marginal, Truth, canonical_column, canonical_frame
 
@@ -183,8 +184,12 @@ def _table_source(release: Release) -> Source:
         str(c) for c in (params.get("numeric") or transformation.get("numeric") or [])
     )
     data = release.data
+    # one source row per distinct published row, its count the rows it stands for: the
+    # same answers as one row per record, at the size of the classes, not of the rows
+    distinct = frequency_table(data, [str(c) for c in data.columns])
+    labels = canonical_frame(distinct, [str(c) for c in data.columns])
     return Source(
-        release.name, canonical_frame(data, list(data.columns)), np.ones(len(data)), levels, numeric
+        release.name, labels, distinct[WEIGHT].to_numpy(dtype=np.float64), levels, numeric
     )
 
 
@@ -235,8 +240,24 @@ def _ldp_sources(release: Release) -> list[Source]:
     return [Source(release.name, labels, np.clip(_numbers(data["estimate"]), 0.0, None))]
 
 
+_SOURCES: dict[int, tuple[Release, tuple[list[Source], str]]] = {}
+_SOURCES_KEPT: Final = 32
+
+
 def release_sources(release: Release) -> tuple[list[Source], str]:
-    """The sources a release answers from, and the method's name for the audit."""
+    """The sources a release answers from, and the method's name for the audit; built
+    once per release object (the utility and the distributions both read them)."""
+    hit = _SOURCES.get(id(release))
+    if hit is not None and hit[0] is release:  # the release itself is kept: its id is unique
+        return list(hit[1][0]), hit[1][1]
+    found = _release_sources(release)
+    if len(_SOURCES) >= _SOURCES_KEPT:
+        _SOURCES.pop(next(iter(_SOURCES)))
+    _SOURCES[id(release)] = (release, found)
+    return list(found[0]), found[1]
+
+
+def _release_sources(release: Release) -> tuple[list[Source], str]:
     if release.kind == "raw":
         return [_table_source(release)], "exact"
     if release.kind in ANONYMISED_KINDS:

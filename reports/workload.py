@@ -26,6 +26,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.hierarchy import canonical_column, canonical_factorize
+from attacks.matching import WEIGHT, frequency_table
 
 __all__ = [
     "CountQuery",
@@ -162,15 +163,23 @@ def true_answers(raw: pd.DataFrame, workload: Workload) -> Truth:
     needed = list(
         dict.fromkeys([*workload.columns, *(c for q in workload.queries for c in q.columns)])
     )
-    frame = canonical_frame(raw, needed)
-    marginals = {m: frame.groupby(list(m), sort=True).size() for m in workload.marginals}
+    # counted on the distinct rows with their multiplicities (first-appearance order kept,
+    # so the domains' order is the rows'): the size of the combinations, not of the rows
+    distinct = frequency_table(raw, needed)
+    frame = canonical_frame(distinct, needed)
+    weight = distinct[WEIGHT].to_numpy(dtype=np.int64)
+    counted = frame.assign(**{WEIGHT: weight})
+    marginals = {
+        m: counted.groupby(list(m), sort=True)[WEIGHT].sum().rename(None)
+        for m in workload.marginals
+    }
     answers: dict[str, int] = {}
     for q in workload.queries:
         mask = np.ones(len(frame), dtype=bool)
         for col, vals in q.where:
             mask &= frame[col].isin(list(vals)).to_numpy(dtype=bool)
-        answers[q.name] = int(mask.sum())
+        answers[q.name] = int(weight[mask].sum())
     domains = {
         c: np.asarray(pd.unique(frame[c].to_numpy(dtype=object)), dtype=object) for c in needed
     }
-    return Truth(workload, len(frame), marginals, answers, domains)
+    return Truth(workload, int(weight.sum()), marginals, answers, domains)

@@ -36,6 +36,7 @@ from attacks import (
     match_targets,
     skewness,
 )
+from attacks.matching import WEIGHT, frequency_table
 from attacks.table import posterior_after_elimination, worst_elimination
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 
@@ -361,3 +362,16 @@ def test_matching_equals_a_brute_force_oracle(seed: int) -> None:
             zip(view.sa_values.tolist(), view.counts[view.target_tuple[i]].tolist(), strict=True)
         )
         assert got == expected
+    # the table's distinct rows with their multiplicities give the same view as its rows
+    summary = frequency_table(published, ["age", "color", "sa"])
+    assert summary[WEIGHT].sum() == n_rows and len(summary) <= n_rows
+    same = match_targets(summary.sample(frac=1.0, random_state=seed % 97), tg, ["age", "color"],
+                         "sa", hierarchies)  # fmt: skip
+    assert same.sa_values.tolist() == view.sa_values.tolist()
+    assert np.array_equal(same.counts[same.target_tuple], view.counts[view.target_tuple])
+    assert np.array_equal(same.classes[same.target_tuple], view.classes[view.target_tuple])
+    assert np.array_equal(np.sort(same.class_counts, axis=0), np.sort(view.class_counts, axis=0))
+    assert (same.published_rows, same.suppressed_rows, same.block_targets) == (
+        view.published_rows, view.suppressed_rows, view.block_targets,
+    )  # fmt: skip
+    assert np.allclose(same.overall, view.overall)

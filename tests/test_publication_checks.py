@@ -168,3 +168,27 @@ def test_a_dp_mean_is_checked_like_a_count() -> None:
         for n, k in (("m", "dp_mean"), ("s", "dp_sum"))
     ]
     assert dp_count_keys(jobs) == {"m": [("mean_salary", ["dx"], {"dx": 1})]}
+
+
+def test_publication_attacks_reuse_the_runs_row_order_check() -> None:
+    """The audit's row linking of a published pair is the run's publication check
+    (manifest["publication"]["row_order"]), not recomputed: the same entry when the check
+    is given, and the check's figures (not a new alignment) when they differ."""
+    from types import SimpleNamespace
+
+    from pipelines.pubattacks import _tables_pairwise
+
+    raw = _records()
+    fine = raw.assign(age=_decade(raw["age"]), sex="*")
+    coarse = raw.assign(age="*")
+    schema = SimpleNamespace(quasi_identifiers=["age", "sex"], sensitive=None)
+    plan = SimpleNamespace(config=SimpleNamespace(schema_=schema))
+    releases = {"a": SimpleNamespace(data=fine), "b": SimpleNamespace(data=coarse)}
+    args = (plan, releases, ["a", "b"], raw, HIER, {"a", "b"}, None)
+    fresh, _ = _tables_pairwise(*args)  # type: ignore[arg-type]
+    check = row_order_alignment(fine, coarse, HIER, names=("a", "b")).as_dict()
+    reused, _ = _tables_pairwise(*args, [check])  # type: ignore[arg-type]
+    assert reused == fresh and fresh[0]["breach"]
+    other = check | {"agreement": 0.0, "aligned": False}
+    read, _ = _tables_pairwise(*args, [other])  # type: ignore[arg-type]
+    assert read[0]["agreement"] == 0.0 and not read[0]["breach"]

@@ -441,3 +441,34 @@ def test_dp_mean_is_scored_against_true_means_and_counts_split_bias_from_noise()
     assert "bounding, not noise" in split["split"]
     nobounds = release_utility(counts, truth, raw=raw, options=UtilityOptions(min_queries=1))
     assert nobounds["bias"] is None and nobounds["noise"] is None
+
+
+def test_true_answers_on_distinct_rows_equal_the_row_counts() -> None:
+    """The truth is counted on distinct rows with their multiplicities: the same cells,
+    counts, query answers and domains (first-appearance order) as counting every row."""
+    from reports.workload import canonical_frame
+
+    rng = np.random.default_rng(7)
+    n = 3000
+    raw = pd.DataFrame(
+        {
+            "age": pd.array(rng.choice([20, 30, 40, None], n), dtype="Int64"),
+            "sex": rng.choice(["M", "F", "X"], n),
+            "dx": rng.choice(["flu", "cold", "", "covid"], n),
+        }
+    )
+    raw.loc[rng.random(n) < 0.1, "age"] = pd.NA
+    workload = build_workload(
+        ["age", "sex", "dx"],
+        queries=parse_queries([{"name": "q", "where": {"sex": "M", "dx": ["flu", "cold"]}}]),
+    )
+    truth = true_answers(raw, workload)
+    rows = canonical_frame(raw, ["age", "sex", "dx"])
+    assert truth.rows == n
+    for m in workload.marginals:
+        expected = rows.groupby(list(m), sort=True).size()
+        pd.testing.assert_series_equal(truth.marginals[m], expected, check_dtype=False)
+    mask = rows["sex"].eq("M") & rows["dx"].isin(["flu", "cold"])
+    assert truth.queries["q"] == int(mask.sum())
+    for c in ("age", "sex", "dx"):
+        assert truth.domains[c].tolist() == pd.unique(rows[c].to_numpy(dtype=object)).tolist()
