@@ -385,6 +385,12 @@ class Accountant:
                     return Guarantee(
                         "pld", None, None, f"discrete Gaussian sigma above {_PLD_MAX_SIGMA:g}"
                     )
+                if 2 * math.ceil(11.6 * float(m.sigma)) < int(m.sensitivity):
+                    # dp_accounting truncates the noise at ceil(11.6·σ) and cannot model a
+                    # sensitivity beyond twice that (a huge epsilon): the other methods can
+                    return Guarantee(
+                        "pld", None, None, "discrete Gaussian sigma below sensitivity / 23.2"
+                    )
                 pld = pld_lib.from_discrete_gaussian_mechanism(
                     float(m.sigma), sensitivity=int(m.sensitivity)
                 )

@@ -163,6 +163,20 @@ def test_planning_any_epsilon_is_a_plan_or_a_config_error(eps: float) -> None:
         assert all(0 <= v["delta"] <= 1 and math.isfinite(v["epsilon"]) for v in g.values())
 
 
+def test_planning_a_huge_epsilon_gaussian_mean_is_a_plan() -> None:
+    """epsilon=1000 for a discrete Gaussian mean of bounds (0, 1e6): sigma is tiny against
+    the sensitivity; dp_accounting's PLD raised (hypothesis found it); now PLD is marked
+    not applicable and the other methods give the guarantee."""
+    spec = from_config_values(
+        name="r", epsilon=1000.0, domains={}, kind="dp_mean", queries=[Query("m")], value="v",
+        bounds=(0.0, 1e6), delta=1e-9, mechanism="discrete_gaussian", max_units=10**7,
+    )  # fmt: skip
+    report = guarantee(spec, plan_queries(spec))["accounting"]
+    assert report["methods"]["pld"]["epsilon"] is None
+    assert "sensitivity / 23.2" in report["methods"]["pld"]["note"]
+    assert math.isfinite(report["chosen"]["epsilon"])
+
+
 def test_rho_for_tiny_epsilon_is_positive() -> None:
     assert rho_for(1e-12, 1e-6) > 0  # was 0 by cancellation (√(L+ε) − √L)
     assert rho_for(1.0, 1e-6) + 2 * math.sqrt(rho_for(1.0, 1e-6) * math.log(1e6)) <= 1.0
