@@ -337,6 +337,17 @@ class Accountant:
         )
 
     def pld(self) -> Guarantee:
+        """The PLD accountant's guarantee; where dp_accounting fails on extreme parameters
+        (a huge epsilon empties its truncated pmf), PLD is not applicable: the chosen
+        guarantee then comes from the other methods, never from a guess."""
+        try:
+            return self._pld()
+        except (ValueError, IndexError, FloatingPointError, OverflowError) as e:
+            return Guarantee(
+                "pld", None, None, f"the PLD accountant fails at these parameters ({e})"
+            )
+
+    def _pld(self) -> Guarantee:
         if self._too_large():
             return Guarantee("pld", None, None, "epsilon too large for PLD discretisation")
         if self.delta == 0:

@@ -177,6 +177,22 @@ def test_planning_a_huge_epsilon_gaussian_mean_is_a_plan() -> None:
     assert math.isfinite(report["chosen"]["epsilon"])
 
 
+@pytest.mark.parametrize("eps", [300.0, 700.0, 1000.0, 1e4, 1e6])
+def test_planning_huge_epsilons_of_every_kind_is_a_plan(eps: float) -> None:
+    """dp_accounting's PLD raised IndexError at epsilon 700 (an emptied pmf in compose) and
+    ValueError at 1000 (hypothesis found both in CI): every method's failure is a
+    'not applicable', and a finite guarantee is chosen."""
+    for kw in (
+        dict(kind="dp_count", queries=[Query("n", ("dx",))], delta=1e-9, partitions="private",
+             max_units=10**7),
+        dict(kind="dp_mean", queries=[Query("m")], value="v", bounds=(0.0, 1e6), delta=1e-9,
+             mechanism="discrete_gaussian", max_units=10**7),
+    ):  # fmt: skip
+        spec = from_config_values(name="r", epsilon=eps, domains={}, **{"delta": 0.0, **kw})
+        report = guarantee(spec, plan_queries(spec))["accounting"]
+        assert math.isfinite(report["chosen"]["epsilon"])
+
+
 def test_rho_for_tiny_epsilon_is_positive() -> None:
     assert rho_for(1e-12, 1e-6) > 0  # was 0 by cancellation (√(L+ε) − √L)
     assert rho_for(1.0, 1e-6) + 2 * math.sqrt(rho_for(1.0, 1e-6) * math.log(1e6)) <= 1.0
