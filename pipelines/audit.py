@@ -774,8 +774,10 @@ def members_columns(plan: Plan, run_dir: Path, columns: list[str]) -> pd.DataFra
     import tempfile
 
     import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipelines.control import holdout_share, read_key
+    from pipelines.runner import runner_for
     from transforms.holdout import MEMBERS, HoldOut
     from transforms.io import ReadMicrodata
     from transforms.sink import WriteTable
@@ -789,7 +791,7 @@ def members_columns(plan: Plan, run_dir: Path, columns: list[str]) -> pd.DataFra
         )
     unit = plan.config.schema_.privacy_unit
     with tempfile.TemporaryDirectory(prefix="privpipe-report-") as work:
-        with beam.Pipeline(runner="DirectRunner") as p:
+        with beam.Pipeline(runner=runner_for(PipelineOptions())) as p:
             read = p | "Read" >> ReadMicrodata(plan.input_spec())
             _ = (
                 (read["batches"] | "HoldOut" >> HoldOut(share, key, unit))[MEMBERS]

@@ -66,6 +66,7 @@ from pipelines.publication import (
     split_document,
     uncharged_ledger,
 )
+from pipelines.runner import runner_for
 from privpipe import errors, timing
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from privpipe.timing import stage
@@ -392,7 +393,7 @@ def _run(
             holdout_key = new_holdout_key()
             write_key(out.internal, holdout_key)
         try:
-            p = beam.Pipeline(options=options)
+            p = beam.Pipeline(runner=runner_for(options), options=options)
             # the whole graph first: every check made while building it (specs, hierarchies,
             # levels) runs before the local DP charge below
             with stage("graph"):

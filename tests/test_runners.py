@@ -200,3 +200,29 @@ def test_pipeline_options_make_each_view_once_and_share_values() -> None:
     assert pipeline_options([], "PortableRunner").view_as(StandardOptions).runner == (
         "PortableRunner"
     )
+
+
+def test_direct_runner_makes_no_prism_download_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DirectRunner runs on Beam's FnApiRunner directly: Beam's own DirectRunner would first
+    try to download the Prism runner, leaving an empty /tmp/beam-temp* folder per run."""
+    import tempfile
+
+    import apache_beam as beam
+
+    from pipelines.run import pipeline_options
+    from pipelines.runner import runner_for
+
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def spy(*args: Any, **kwargs: Any) -> str:
+        folder = real(*args, **kwargs)
+        made.append(folder)
+        return folder
+
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    options = pipeline_options([], None)
+    with beam.Pipeline(runner=runner_for(options), options=options) as p:
+        _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x + 1)
+    assert not [f for f in made if "beam-temp" in f]
+    assert runner_for(pipeline_options([], "PortableRunner")) is None

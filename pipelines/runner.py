@@ -1,0 +1,27 @@
+"""Which Beam runner object a privpipe pipeline is built with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+LOCAL_NAMES = ("directrunner", "direct")
+
+
+def runner_for(options: PipelineOptions) -> Any:
+    """The runner for ``beam.Pipeline(runner=...)``: Beam's FnApiRunner for DirectRunner, else
+    None (Beam resolves the runner named in the options).
+
+    Beam 2.77's DirectRunner first tries the Prism runner, a binary it downloads; without
+    network (CI, an air-gapped operator) the download fails, leaving an empty
+    ``/tmp/beam-temp*`` folder behind on every run, and it falls back to the FnApiRunner,
+    which runs batch pipelines like privpipe's. Choosing that runner directly does the same
+    work with no download attempt and nothing left behind; its options
+    (``--direct_num_workers``, ``--direct_running_mode``) apply as before."""
+    name = str(options.view_as(StandardOptions).runner or "DirectRunner")
+    if name.lower() in LOCAL_NAMES:
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        return FnApiRunner()
+    return None
