@@ -769,6 +769,23 @@ class Evaluator:
         )
         return classes, row_class
 
+    def _relabelled(self, classes: EquivalenceClasses, node: Node) -> EquivalenceClasses:
+        """``classes`` under ``node``'s levels where every step is an identity: same cells."""
+        same = EquivalenceClasses(
+            self,
+            node,
+            classes.sizes,
+            classes.cell_class,
+            classes.cell_sa,
+            classes.cell_count,
+            cell_keys=classes._cell_keys,
+            class_keys=classes._class_keys,
+        )
+        same.cell_single = classes.cell_single
+        same.cell_first = classes.cell_first
+        same.multi_pairs = classes.multi_pairs
+        return same
+
     def rollup(self, classes: EquivalenceClasses, qi: int) -> EquivalenceClasses:
         """Classes of the successor that raises QI ``qi`` by one level, from ``classes``."""
         if classes.evaluator is not self:
@@ -781,20 +798,7 @@ class Evaluator:
             return self.classes(node)
         info = self._qi[qi]
         if info.identity[level]:
-            same = EquivalenceClasses(
-                self,
-                node,
-                classes.sizes,
-                classes.cell_class,
-                classes.cell_sa,
-                classes.cell_count,
-                cell_keys=classes._cell_keys,
-                class_keys=classes._class_keys,
-            )
-            same.cell_single = classes.cell_single
-            same.cell_first = classes.cell_first
-            same.multi_pairs = classes.multi_pairs
-            return same
+            return self._relabelled(classes, node)
         keys = classes._cell_keys
         stride = self.strides[qi]
         digit = (keys // stride) % self.radices[qi]
@@ -837,20 +841,7 @@ class Evaluator:
             keys += (mapping[digit] - digit) * stride
             moved = True
         if not moved:  # every step was an identity: same cells under the new levels
-            same = EquivalenceClasses(
-                self,
-                node,
-                classes.sizes,
-                classes.cell_class,
-                classes.cell_sa,
-                classes.cell_count,
-                cell_keys=classes._cell_keys,
-                class_keys=classes._class_keys,
-            )
-            same.cell_single = classes.cell_single
-            same.cell_first = classes.cell_first
-            same.multi_pairs = classes.multi_pairs
-            return same
+            return self._relabelled(classes, node)
         order = np.argsort(keys)
         return self._merge_cells(node, classes, keys[order], order)
 

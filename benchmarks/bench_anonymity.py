@@ -128,24 +128,8 @@ def adult_run(tmp: Path) -> dict:
 
 
 def demo_run(tmp: Path, rows: int) -> dict:
-    from pipelines.cli import DEMO_CONFIG
-
-    text = DEMO_CONFIG.read_text()
-    cfg = yaml.safe_load(text)
-    cfg["input"]["path"] = str(data_file(rows))
-    cfg["hierarchies"] = {
-        c: ({"file": str(DEMO_CONFIG.parent / h["file"])} if "file" in h else h)
-        for c, h in cfg["hierarchies"].items()
-    }
-    cfg["releases"] = [{"name": "k5", "kind": "k_anonymity", "k": 5, "suppression_limit": 0.05}]
-    # the anonymisation pipeline alone: no attacks, DP budget or audit report (measured
-    # separately); the demo's other releases are dropped above
-    for key in ("attacks", "budget", "sweep", "publish"):
-        cfg.pop(key, None)
-    cfg["report"] = {"enabled": False}
-    cfg["output"] = {"dir": str(tmp / f"demo-{rows}")}
-    path = tmp / f"demo-{rows}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    k5 = {"name": "k5", "kind": "k_anonymity", "k": 5, "suppression_limit": 0.05}
+    path = _one_release_config(tmp, rows, k5, f"demo-{rows}")
     res = run_config(path)
     out = tmp / f"demo-{rows}"
     manifest = json.loads((out / "internal" / "manifest.json").read_text())
@@ -165,9 +149,10 @@ DEMO_SEARCHES = ("k5_0", "k5", "l3", "t03")
 """The demo's three optimal-search releases, and k5 without suppression."""
 
 
-def _demo_config(tmp: Path, rows: int, release: str) -> Path:
-    """A copy of the demo config on the cached demo data with one anonymised release
-    (``k5_0``: k5 at 0% suppression) and nothing else: no DP, attacks or report."""
+def _one_release_config(tmp: Path, rows: int, release: dict, stem: str) -> Path:
+    """A copy of the demo config on the cached demo data with ``release`` as its only
+    release: the anonymisation pipeline alone, no attacks, DP budget or audit report
+    (measured separately); output in ``tmp/stem``."""
     from pipelines.cli import DEMO_CONFIG
 
     cfg = yaml.safe_load(DEMO_CONFIG.read_text())
@@ -176,18 +161,26 @@ def _demo_config(tmp: Path, rows: int, release: str) -> Path:
         c: ({"file": str(DEMO_CONFIG.parent / h["file"])} if "file" in h else h)
         for c, h in cfg["hierarchies"].items()
     }
-    by_name = {r["name"]: r for r in cfg["releases"]}
-    chosen = dict(by_name["k5" if release == "k5_0" else release])
-    if release == "k5_0":
-        chosen.update(name="k5_0", suppression_limit=0.0)
-    cfg["releases"] = [chosen]
+    cfg["releases"] = [release]
     for key in ("attacks", "budget", "sweep", "publish"):
         cfg.pop(key, None)
     cfg["report"] = {"enabled": False}
-    cfg["output"] = {"dir": str(tmp / f"demo-{rows}-{release}")}
-    path = tmp / f"demo-{rows}-{release}.yaml"
+    cfg["output"] = {"dir": str(tmp / stem)}
+    path = tmp / f"{stem}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def _demo_config(tmp: Path, rows: int, release: str) -> Path:
+    """The demo config with one of its anonymised releases (``k5_0``: k5 at 0%
+    suppression) and nothing else."""
+    from pipelines.cli import DEMO_CONFIG
+
+    by_name = {r["name"]: r for r in yaml.safe_load(DEMO_CONFIG.read_text())["releases"]}
+    chosen = dict(by_name["k5" if release == "k5_0" else release])
+    if release == "k5_0":
+        chosen.update(name="k5_0", suppression_limit=0.0)
+    return _one_release_config(tmp, rows, chosen, f"demo-{rows}-{release}")
 
 
 def demo_searches(rows: int, runs: bool = True) -> list[dict]:

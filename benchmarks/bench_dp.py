@@ -144,48 +144,32 @@ PIPELINE_DP_SCRIPT = """
 import json, sys, time
 import apache_beam as beam
 import pipeline_dp
-from pipeline_dp.private_beam import MakePrivate, Count
-from pipeline_dp.aggregate_params import CountParams
-path, = sys.argv[1:]
+from pipeline_dp.private_beam import MakePrivate, Count, Sum
+from pipeline_dp.aggregate_params import CountParams, SumParams
+path, wide = sys.argv[1], sys.argv[2] == "wide"
+bounds = dict(noise_kind=pipeline_dp.NoiseKind.LAPLACE, max_partitions_contributed=4,
+              max_contributions_per_partition=2, partition_extractor=lambda r: r[1])
 t0 = time.perf_counter()
 with beam.Pipeline(runner="DirectRunner") as p:
     rows = p | beam.io.ReadFromText(path, skip_header_lines=1) | beam.Map(lambda l: l.split(","))
     budget = pipeline_dp.NaiveBudgetAccountant(total_epsilon=1.0, total_delta=1e-8)
     private = rows | MakePrivate(budget_accountant=budget, privacy_id_extractor=lambda r: r[0])
-    counts = private | Count(CountParams(
-        noise_kind=pipeline_dp.NoiseKind.LAPLACE, max_partitions_contributed=4,
-        max_contributions_per_partition=2, partition_extractor=lambda r: r[1]))
+    if wide:
+        cells = private | Sum(SumParams(**bounds, min_value=0.0, max_value=100.0,
+                                        value_extractor=lambda r: float(r[2])))
+    else:
+        cells = private | Count(CountParams(**bounds))
     budget.compute_budgets()
-    _ = counts | beam.combiners.Count.Globally() | beam.Map(lambda n: print("cells", n))
-print(json.dumps({"run_s": round(time.perf_counter() - t0, 3)}))
-"""
-
-PIPELINE_DP_WIDE_SCRIPT = """
-import json, sys, time
-import apache_beam as beam
-import pipeline_dp
-from pipeline_dp.private_beam import MakePrivate, Sum
-from pipeline_dp.aggregate_params import SumParams
-path, = sys.argv[1:]
-t0 = time.perf_counter()
-with beam.Pipeline(runner="DirectRunner") as p:
-    rows = p | beam.io.ReadFromText(path, skip_header_lines=1) | beam.Map(lambda l: l.split(","))
-    budget = pipeline_dp.NaiveBudgetAccountant(total_epsilon=1.0, total_delta=1e-8)
-    private = rows | MakePrivate(budget_accountant=budget, privacy_id_extractor=lambda r: r[0])
-    sums = private | Sum(SumParams(
-        noise_kind=pipeline_dp.NoiseKind.LAPLACE, max_partitions_contributed=4,
-        max_contributions_per_partition=2, min_value=0.0, max_value=100.0,
-        partition_extractor=lambda r: r[1], value_extractor=lambda r: float(r[2])))
-    budget.compute_budgets()
-    _ = sums | beam.combiners.Count.Globally() | beam.Map(lambda n: print("cells", n))
+    _ = cells | beam.combiners.Count.Globally() | beam.Map(lambda n: print("cells", n))
 print(json.dumps({"run_s": round(time.perf_counter() - t0, 3)}))
 """
 
 
 def pipeline_dp_run(python: str, tmp: Path, rows: int, wide: bool = False) -> dict[str, object]:
     script = tmp / "pdp.py"
-    script.write_text(PIPELINE_DP_WIDE_SCRIPT if wide else PIPELINE_DP_SCRIPT)
-    res = measured([python, str(script), str(data_file(rows, wide))], timeout=3600)
+    script.write_text(PIPELINE_DP_SCRIPT)
+    workload = "wide" if wide else "count"
+    res = measured([python, str(script), str(data_file(rows, wide)), workload], timeout=3600)
     return {
         "tool": "pipeline_dp",
         "workload": "wide" if wide else "count",
