@@ -30,6 +30,7 @@ from pipelines.audit import (
     RAW_TABLE,
     audit_columns,
     common_releases,
+    forget_summaries,
     headline,
     load_releases,
     run_attacks,
@@ -548,6 +549,8 @@ def _run(
     except BaseException:
         out.abort()
         raise
+    finally:  # the audit's frequency tables hold the run's tables: not past the run
+        forget_summaries()
     return RunResult(run_id=run_id, output_dir=plan.output_dir, manifest=manifest)
 
 

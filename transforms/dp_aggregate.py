@@ -1,4 +1,4 @@
-"""Beam: batches → bounded per-cell aggregates of one central-DP release (no noise here).
+"""Beam: batches → bounded per-cell aggregates of the central-DP releases (no noise here).
 
     batches ─► Contributions (hashed arrays per release and query, per batch)
             ─► [privacy unit] shard by person hash ─► GroupByKey ─► bound each shard
