@@ -11,6 +11,7 @@ import pytest
 from pipelines.dp_release import dp_jobs
 from pipelines.hierarchies import HierarchyLabeler
 from pipelines.plan import load_plan
+from tests.beamtest import local_pipeline
 from tests.test_dp_pipeline import DPProject
 from transforms.dp_aggregate import AggregateDPCells, DPCellsJob, load_cells
 
@@ -24,7 +25,7 @@ def _aggregate(project: DPProject, names: list[str], folder: Path, seed: int) ->
     ]
     frame = project.frame.astype({"salary": "Int64"})
     batches = [frame.iloc[i : i + 200].reset_index(drop=True) for i in range(0, len(frame), 200)]
-    with beam.Pipeline(runner="DirectRunner") as p:
+    with local_pipeline() as p:
         _ = p | beam.Create(batches) | AggregateDPCells(cells, labeler, seed, shards=4)
     return {n: load_cells(folder / f"{n}.pickle") for n in names}
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from privpipe.errors import ConfigError, InputDataError
+from tests.beamtest import local_pipeline
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
 
 # --------------------------------------------------------------------------- helpers
@@ -54,7 +55,7 @@ def read(tmp_path: Path, spec: InputSpec) -> Result:
     out = tmp_path / f"out-{uuid.uuid4().hex[:6]}"
     (out / "b").mkdir(parents=True)
     (out / "r").mkdir()
-    with beam.Pipeline(runner="DirectRunner") as p:
+    with local_pipeline() as p:
         result = p | "Read" >> ReadMicrodata(spec)
         result["batches"] | "DumpBatches" >> beam.ParDo(_Dump(str(out / "b")))
         result["rejected"] | "DumpRejected" >> beam.ParDo(_Dump(str(out / "r")))

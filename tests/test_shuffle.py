@@ -33,6 +33,7 @@ from anonymity.hierarchy import build_intervals
 from anonymity.spec import AnonymizationSpec
 from dp.secure_random import SecureRandom, SeededRandom
 from pipelines.cli import main
+from tests.beamtest import local_pipeline
 from tests.layout import release_dir
 
 N = 3000
@@ -179,7 +180,7 @@ def test_beam_releases_in_independent_random_orders(tmp_path: Path) -> None:
 def _write_shuffled(
     tmp: Path, batches: list[pd.DataFrame], rows: int, fmt: str = "csv"
 ) -> pd.DataFrame:
-    with beam.Pipeline() as p:
+    with local_pipeline() as p:
         frames = p | beam.Create(batches, reshuffle=False)
         count = p | "Rows" >> beam.Create([rows])
         _ = frames | sink.WriteTable(str(tmp), "data", ["i"], format=fmt, shuffle_rows=count)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
+from tests.beamtest import local_pipeline
 from transforms.io import InputSpec, ReadMicrodata
 from transforms.sink import WriteTable, write_json
 
@@ -62,7 +63,7 @@ def run_write(
     delimiter: str = ",",
 ) -> None:
     final = str(directory / f"table.{fmt}")
-    with beam.Pipeline(runner="DirectRunner") as p:
+    with local_pipeline() as p:
         paths = (
             p
             | beam.Create(frames, reshuffle=False)
@@ -128,7 +129,7 @@ def test_read_then_write_end_to_end(tmp_path: Path) -> None:
         paths=(str(source),), split_bytes=64, batch_rows=8, column_types={"v": "integer"}
     )
     out = tmp_path / "out"
-    with beam.Pipeline(runner="DirectRunner") as p:
+    with local_pipeline() as p:
         read = p | ReadMicrodata(spec)
         read["batches"] | "Rows" >> WriteTable(str(out), "rows", ("k", "v"))
         read["rejected"] | "Rejected" >> WriteTable(

@@ -10,6 +10,7 @@ import pytest
 
 from privpipe import timing
 from privpipe.timing import StageClock, merge_stages, slowest
+from tests.beamtest import local_pipeline
 from transforms.timing import TimedCombineFn, TimedDoFn, stage_counters, stage_ms, timed
 
 
@@ -76,7 +77,7 @@ def _frame(n: int) -> pd.DataFrame:
 
 @pytest.mark.slow
 def test_pipeline_counters_reach_the_driver() -> None:
-    p = beam.Pipeline()
+    p = local_pipeline()
     nums = p | beam.Create([1, 2, 3]) | beam.ParDo(TimedDoFn("plus", _Slow()), 10)
     total = nums | beam.CombineGlobally(TimedCombineFn("sum", _Sum()))
     _ = total | beam.Map(timed("frame_of", _frame))
