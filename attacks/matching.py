@@ -36,7 +36,6 @@ from typing import Any, Final, TypeAlias, cast
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-from scipy import sparse
 
 from anonymity.hierarchy import Hierarchy, canonical_factorize
 from anonymity.summary import group_rows
@@ -413,6 +412,8 @@ def match_targets(
     pair_t, pair_c = _join(
         np.asarray(tuples, dtype=np.int64), np.asarray(class_tuples, dtype=np.int64), relations
     )
+    from scipy import sparse  # here: a run without attacks does not import scipy
+
     link = sparse.csr_matrix(
         (np.ones(pair_t.shape[0], dtype=np.int64), (pair_t, pair_c)), shape=(n_u, n_c)
     )

@@ -30,12 +30,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from scipy import sparse
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+
+if TYPE_CHECKING:  # scipy is imported where used: a run without attacks skips it
+    from scipy import sparse
 
 __all__ = [
     "MAX_CELLS",
@@ -76,6 +77,8 @@ class Marginal:
 
     def matrix(self, domain: Sequence[int]) -> sparse.csr_matrix:
         """(marginal cells x domain cells) 0/1 matrix: which domain cells each cell sums."""
+        from scipy import sparse
+
         grids = np.meshgrid(*[np.arange(d) for d in domain], indexing="ij")
         labels = [self.maps[j][g.ravel()] for j, g in enumerate(grids)]
         ok = np.all(np.stack(labels) >= 0, axis=0) if labels else np.ones(1, dtype=bool)
@@ -124,6 +127,9 @@ def reconstruct(
     """Integer records per cell of ``domain`` (sizes per column) meeting the exact and
     lower-bound counts and closest (weighted L1) to the noisy ones. ``time_limit``:
     seconds for the whole reconstruction (the program and its tie-breaks together)."""
+    from scipy import sparse
+    from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+
     deadline = time.monotonic() + time_limit
     n = int(np.prod(domain)) if domain else 1
     if n > MAX_CELLS:
@@ -248,6 +254,9 @@ def _closest(
     split the counts leave open is best guessed from the margins' product (the attacker
     of the census reconstruction likewise chose the most likely of the consistent tables).
     None if the program finds nothing in time."""
+    from scipy import sparse
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
     n, rows = prior.shape[0], a_all.shape[0]
     k2 = c.shape[0] - n
     eye = sparse.identity(n, format="csr")

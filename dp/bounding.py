@@ -51,9 +51,16 @@ def _check_bound(name: str, value: int) -> int:
 def _rank_within(
     groups: npt.NDArray[np.int64], keys: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int64]:
-    """0-based rank of each element by ``keys`` inside its group (ranks aligned to input)."""
+    """0-based rank of each element by ``keys`` inside its group (ranks aligned to input).
+
+    ``groups`` and ``keys`` are ids in ``0..n-1`` (keys distinct: a permutation), so one
+    int64 key ``group·n + key`` sorts as the pair does (lexsort of two keys was the slowest
+    step of contribution bounding: about 3× one argsort)."""
     n = groups.size
-    order = np.lexsort((keys, groups))
+    if n and (int(groups.min()) < 0 or int(groups.max()) >= n or int(keys.max()) >= n):
+        order = np.lexsort((keys, groups))  # not ids below n: the general sort
+    else:
+        order = np.argsort(groups * np.int64(n) + keys)
     sorted_groups = groups[order]
     positions = np.arange(n, dtype=np.int64)
     is_start = np.ones(n, dtype=bool)

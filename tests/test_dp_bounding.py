@@ -146,3 +146,30 @@ def test_sensitivities() -> None:
         sensitivities(1, 1, clamp=(3.0, 1.0))
     with pytest.raises(ConfigError):
         sensitivities(1, 1, clamp=(0.0, 0.0))
+
+
+def test_rank_within_one_key_sort_equals_the_pair_sort() -> None:
+    """The single int64 key ``group·n + key`` ranks exactly as lexsort of (group, key) did:
+    the same kept rows for the same random keys (so the sampling stays uniform), also for
+    ids outside 0..n-1, which take the general sort."""
+    from dp.bounding import _rank_within
+
+    def reference(groups: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        order = np.lexsort((keys, groups))
+        ranks = np.empty(groups.size, dtype=np.int64)
+        sorted_groups = groups[order]
+        for pos, i in enumerate(order):  # plain loop: rank = position - start of its group
+            start = pos
+            while start > 0 and sorted_groups[start - 1] == sorted_groups[pos]:
+                start -= 1
+            ranks[i] = pos - start
+        return ranks
+
+    gen = np.random.default_rng(7)
+    for n, n_groups in [(0, 1), (1, 1), (9, 1), (200, 3), (500, 500)]:
+        groups = gen.integers(0, n_groups, n).astype(np.int64)
+        keys = gen.permutation(n).astype(np.int64)
+        assert np.array_equal(_rank_within(groups, keys), reference(groups, keys))
+    groups = np.array([5, 10**12, 5, 10**12], dtype=np.int64)  # ids beyond n
+    keys = np.array([3, 1, 2, 0], dtype=np.int64)
+    assert np.array_equal(_rank_within(groups, keys), reference(groups, keys))

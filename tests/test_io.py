@@ -591,3 +591,30 @@ def test_pieces_cut_at_line_ends_with_their_line_numbers() -> None:
     assert _pieces(b"a\nb", 0, 1, 1) == [(b"a\n", 0, 1), (b"b", 2, 2)]
     with pytest.raises(ConfigError, match="parse_threads"):
         InputSpec(paths=("x.csv",), parse_threads=-1)
+
+
+def _leaf_labels(spec: InputSpec) -> list[str]:
+    from apache_beam.pipeline import PipelineVisitor
+
+    p = beam.Pipeline()
+    _ = p | "Read" >> ReadMicrodata(spec)
+    labels: list[str] = []
+
+    class Leaves(PipelineVisitor):  # type: ignore[misc]
+        def visit_transform(self, node: Any) -> None:
+            labels.append(node.full_label)
+
+    p.visit(Leaves())
+    return labels
+
+
+def test_a_single_split_read_has_no_shuffle_or_newline_count(tmp_path: Path) -> None:
+    """One split: no Reshuffle and no newline-count side input (a fixed cost of every small
+    run); several splits keep both (rows spread over workers, global line numbers)."""
+    text = "id,score\n" + "".join(f"{i},{i / 2}\n" for i in range(40))
+    path = write(tmp_path / "a.csv", text)
+    one = _leaf_labels(InputSpec(paths=(path,)))
+    assert not [x for x in one if "Distribute" in x or "CountNewlines" in x]
+    many = _leaf_labels(InputSpec(paths=(path,), split_bytes=64))
+    assert [x for x in many if "Distribute" in x] and [x for x in many if "CountNewlines" in x]
+    assert len(one) < len(many) - 5

@@ -4,7 +4,8 @@
 
 1. every batch is written by whichever worker holds it, as a shard with a unique name under
    ``<directory>/.shards-<name>/`` (CSV shards have no header);
-2. one merge step receives the list of shard paths (``CombineGlobally(ToList)``), writes
+2. one merge step receives the list of shard paths (a list side input of one impulse: the
+   merge runs once, after every shard, also when there is none), writes
    ``<directory>/.<name>.<ext>.tmp-<uuid>`` (the header, then every shard in turn) and renames
    it to ``<directory>/<name>.<ext>``, then removes the shards folder.
 
@@ -50,8 +51,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.pvalue import AsSingleton, PCollection
-from apache_beam.transforms.combiners import ToList
+from apache_beam.pvalue import AsList, AsSingleton, PCollection
 
 from dp.secure_random import SecureRandom
 from privpipe.errors import ConfigError
@@ -272,7 +272,8 @@ class _MergeShardsFn(beam.DoFn):
         self.fmt = fmt
         self.delimiter = delimiter
 
-    def process(self, shard_paths: list[str]) -> Iterator[str]:
+    def process(self, start: bytes, shard_paths: Sequence[str]) -> Iterator[str]:
+        """``start``: the impulse that runs the merge once; ``shard_paths``: every shard."""
         final = FileSystems.join(self.directory, f"{self.name}.{self.fmt}")
         temp = FileSystems.join(
             self.directory, f".{self.name}.{self.fmt}.tmp-{uuid.uuid4().hex[:12]}"
@@ -374,10 +375,13 @@ class WriteTable(beam.PTransform[PCollection[pd.DataFrame], PCollection[str]]):
                 | "GroupBuckets" >> beam.GroupByKey()  # type: ignore[no-untyped-call]
                 | "PermuteBuckets" >> beam.ParDo(permute)  # type: ignore[no-untyped-call]
             )
+        # one impulse with the shard paths as a list side input: the merge runs once, after
+        # every shard (two transforms; CombineGlobally(ToList) expanded to eight, a fixed
+        # cost of every table of every run)
         paths: PCollection[str] = (
-            shards
-            | "CollectShards" >> ToList()  # type: ignore[no-untyped-call]
-            | "Merge" >> beam.ParDo(merge)  # type: ignore[no-untyped-call]
+            batches.pipeline
+            | "StartMerge" >> beam.Impulse()  # type: ignore[no-untyped-call]
+            | "Merge" >> beam.ParDo(merge, AsList(shards))  # type: ignore[no-untyped-call]
         )
         return paths
 
