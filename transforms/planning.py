@@ -3,18 +3,19 @@
 Releases counting the same columns start from one frequency table (``Summarise``); each
 one's plan (``make_context``: hierarchies, summary, search, metrics; pure core) depends
 on nothing else, so with several releases and several cores they run side by side:
-``min(cores, releases) - 1`` worker processes plus the calling thread, the longest
+up to ``min(cores, releases) - 1`` worker processes plus the calling thread, the longest
 expected search first (t-closeness, then l-diversity, Mondrian, k-anonymity; config
 order among equals). With one core or one release everything runs in the calling
 thread, in config order, as before. The hierarchies are resolved once (the same for
-every release of one summary) before the planning; only the summary and hierarchies
-(once per worker, at its start) and each release's spec travel to the workers; each
-plan comes back pickled.
+every release of one summary) before the planning.
 
-Workers are started with ``spawn`` (the Beam worker calling this has threads, so no
-plain fork). They ignore SIGINT (the caller handles Ctrl-C and SIGTERM and stops them)
-and exit if the caller dies. The pool is shut down before returning, and terminated on
-any error or interrupt: no worker outlives the call.
+A worker is a fresh ``python`` running ``serve()`` (no fork of the threaded Beam worker,
+no re-import of the caller's ``__main__``, no Beam import): it reads the pickled summary,
+hierarchies and spec from its stdin (a pipe: the summary never touches the disk) and
+writes the pickled plan, or the exception, to its stdout. The summary is pickled once
+per call. Workers are killed on any error or interrupt of the caller (Ctrl-C reaches
+them too, through the terminal's process group) and exit by themselves if the caller
+dies: no worker outlives the call.
 
 Errors are those of the sequential order: the first release in config order whose plan
 fails raises its own exception (type and message unchanged, so a refusal still exits 4);
@@ -23,14 +24,15 @@ plans after it in config order are abandoned, plans before it are still awaited.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import signal
+import pickle
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import pandas as pd
@@ -89,27 +91,21 @@ def plan_releases(
     if len(specs) > 1:  # the same answer for every release: resolved once, shipped as data
         resolver = Resolved(resolver(column_counts(freq)))
     if processes <= 0:
-        return {s.name: plan_one(freq, s, resolver) for s in specs}
+        return {str(s.name): plan_one(freq, s, resolver) for s in specs}
     order = sorted(range(len(specs)), key=lambda i: (-expected_effort(specs[i]), i))
-    pool = ProcessPoolExecutor(
-        processes,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_start_worker,
-        initargs=(freq, resolver, os.getpid()),
-    )
-    finished = False
+    workers = _Workers(pickle.dumps((freq, resolver), protocol=pickle.HIGHEST_PROTOCOL))
+    pool = ThreadPoolExecutor(processes, thread_name_prefix="privpipe-plan")
     try:
-        results = _schedule(pool, processes, order, freq, specs, resolver)
-        finished = True
-        return {s.name: results[i] for i, s in enumerate(specs)}
+        results = _schedule(pool, workers, processes, order, freq, specs, resolver)
+        return {str(s.name): results[i] for i, s in enumerate(specs)}
     finally:
-        if not finished:  # an error or an interrupt: the running searches are not needed
-            _terminate(pool)
+        workers.kill()  # none left on success; on an error or interrupt, the unneeded ones
         pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _schedule(
-    pool: ProcessPoolExecutor,
+    pool: ThreadPoolExecutor,
+    workers: _Workers,
     processes: int,
     order: Sequence[int],
     freq: pd.DataFrame,
@@ -129,7 +125,7 @@ def _schedule(
         pending = deque(i for i in pending if needed(i))
         while pending and len(running) < processes:
             i = pending.popleft()
-            running[pool.submit(_plan_in_worker, specs[i])] = i
+            running[pool.submit(workers.plan, specs[i])] = i
         waiting = [f for f, i in running.items() if needed(i)]
         if pending:  # this thread is a worker too
             i = pending.popleft()
@@ -153,36 +149,80 @@ def _schedule(
     return results
 
 
-def _terminate(pool: ProcessPoolExecutor) -> None:
-    """Stop the pool's workers now (Python 3.14 has ``terminate_workers``)."""
-    stop = getattr(pool, "terminate_workers", None)
-    if stop is not None:
-        stop()
-        return
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
-        if process.is_alive():
-            process.terminate()
+class WorkerFailed(RuntimeError):
+    """A worker process died without an answer (killed, out of memory)."""
 
 
-# in a worker process: the shared summary and resolver, set once at its start
-_FREQ: pd.DataFrame | None = None
-_RESOLVER: Resolver | None = None
+class _Workers:
+    """Worker processes, one per release planned away from the calling thread."""
+
+    def __init__(self, shared: bytes) -> None:
+        self.shared = shared  # the pickled summary and hierarchies
+        self.lock = threading.Lock()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.killed = False
+
+    def plan(self, spec: AnonymizationSpec) -> Planned:
+        """Plan ``spec`` in a new worker process (called from a pool thread)."""
+        code = f"import sys; sys.path[:] = {sys.path!r}; import {__name__} as m; m.serve()"
+        with self.lock:
+            if self.killed:
+                raise WorkerFailed(f"release {spec.name!r}: planning abandoned")
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code, str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+            self.procs.append(proc)
+        task = self.shared + pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            out, _ = proc.communicate(task)
+        except BrokenPipeError:  # it died while reading
+            out = b""
+            proc.wait()
+        if proc.returncode != 0 or not out:
+            raise WorkerFailed(
+                f"release {spec.name!r}: the worker planning it exited with code "
+                f"{proc.returncode} (killed or out of memory?); run with fewer releases"
+            )
+        ok, value = pickle.loads(out)
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def kill(self) -> None:
+        """Kill every worker still running and reap it."""
+        with self.lock:
+            self.killed = True
+            procs = list(self.procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
-def _start_worker(freq: pd.DataFrame, resolver: Resolver, caller: int) -> None:
-    global _FREQ, _RESOLVER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C and stops us
-    _FREQ, _RESOLVER = freq, resolver
+def serve() -> None:
+    """A worker's main: summary, hierarchies and spec from stdin; (ok, plan | error) out."""
+    caller = int(sys.argv[1])
     threading.Thread(target=_exit_with, args=(caller,), daemon=True).start()
+    stdin = sys.stdin.buffer
+    freq, resolver = pickle.load(stdin)
+    spec = pickle.load(stdin)
+    answer: tuple[bool, object]
+    try:
+        answer = (True, plan_one(freq, spec, resolver))
+    except Exception as e:  # the caller raises it as its own
+        answer = (False, e)
+    try:
+        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # an exception that does not pickle: its type and message
+        data = pickle.dumps((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
 
 
 def _exit_with(caller: int) -> None:
-    """Exit as soon as the caller is gone (killed with no chance to stop the pool)."""
+    """Exit as soon as the caller is gone (killed with no chance to stop its workers)."""
     while os.getppid() == caller:
         time.sleep(WATCH_S)
     os._exit(1)
-
-
-def _plan_in_worker(spec: AnonymizationSpec) -> Planned:
-    assert _FREQ is not None and _RESOLVER is not None
-    return plan_one(_FREQ, spec, _RESOLVER)
