@@ -71,7 +71,13 @@ from pipelines.runner import runner_for
 from privpipe import errors, timing
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from privpipe.timing import stage
-from transforms.anonymize import AnonymizeRelease, SearchReleases, Summarise, counted_columns
+from transforms.anonymize import (
+    AnonymizeRelease,
+    SearchReleases,
+    Summarise,
+    counted_columns,
+    hash_units,
+)
 from transforms.dp_aggregate import AggregateDPCells, DPCellsJob
 from transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
@@ -184,6 +190,10 @@ def build_graph(
     for r in anonymised:
         aspec = anonymization_spec(r, plan)
         sharing.setdefault(tuple(counted_columns(aspec)), []).append(aspec)
+    unit = s.privacy_unit
+    if again is not None and unit and any(a.unit_by for g in sharing.values() for a in g):
+        # every verifier counts persons by the same 64-bit hash of the id: hashed once here
+        again = again | "HashUnits" >> beam.Map(hash_units, unit)
     for group in sharing.values():
         summary = batches | f"Summarise[{group[0].name}]" >> Summarise(group[0])
         contexts: dict[str, beam.PCollection] = {}

@@ -256,6 +256,16 @@ def dropped_columns(spec: AnonymizationSpec) -> list[str]:
     return rest or [NO_COLUMN]
 
 
+def hash_units(batch: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """The batch with its person ids replaced by their 64-bit hashes (``unit_hashes``, as a
+    ``uint64`` column, which every ``FrequencyTable(hashed=...)`` takes as is): on the rows
+    read for recoding, hashed once for all releases instead of once per release's verifier.
+    The person id is never published; the verifier still counts persons on these rows."""
+    out = batch.copy(deep=False)  # the batch itself may feed other steps: not modified
+    out[unit] = unit_hashes(batch[unit], unit).view(np.uint64)
+    return out
+
+
 def hashed_columns(spec: AnonymizationSpec) -> list[str]:
     """The columns the frequency tables carry as 64-bit hashes: the person id."""
     return [spec.unit_by] if spec.unit_by is not None else []
