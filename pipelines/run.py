@@ -200,15 +200,16 @@ def build_graph(
         if len(group) > 1:
             contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(group, resolver)
         for aspec in group:
-            _ = batches | f"Release[{aspec.name}]" >> AnonymizeRelease(
+            name = str(aspec.name)
+            _ = batches | f"Release[{name}]" >> AnonymizeRelease(
                 aspec,
                 spec,
                 resolver,
-                str(out.releases / aspec.name),
+                str(out.releases / name),
                 plan.config.output.format,
                 again,
                 summary,
-                contexts.get(aspec.name),
+                contexts.get(name),
             )
     several = len(plan.config.published()) > 1
     if (plan.config.attacks is not None or wants_audit(plan) or several) and audit_columns(plan):

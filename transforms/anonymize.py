@@ -1,6 +1,7 @@
 """One anonymised release as a Beam composite: summarise → search → recode → verify → write.
 
-    batches ─► FrequencyTable ─► Plan (one worker: hierarchies, summary, search)
+    batches ─► FrequencyTable ─► Plan (hierarchies, summary, search; the releases sharing
+                                   │ one table: SearchReleases, side by side on the cores)
                                    │ side input
     input ─► ReadMicrodata (again) ─► Recode ─► WriteTable(data.csv|parquet, shuffled)
                                         └────► FrequencyTable ─► Verify ─► release.json
@@ -346,9 +347,10 @@ class SearchReleases(beam.PTransform):  # type: ignore[misc]
         self.resolver = resolver
 
     def expand(self, freq: beam.PCollection) -> dict[str, beam.PCollection]:
-        names = [s.name for s in self.specs]
+        names = [str(s.name) for s in self.specs]
         planned = freq | "Search" >> beam.FlatMap(_search_releases, self.specs, self.resolver)
-        parts = planned | "ByRelease" >> beam.Partition(_by_name, len(names), names)
+        by_name = beam.Partition(_by_name, len(names), names)  # type: ignore[arg-type]
+        parts = planned | "ByRelease" >> by_name
         return {
             name: parts[i] | f"Context[{name}]" >> beam.MapTuple(_context)
             for i, name in enumerate(names)
