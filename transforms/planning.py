@@ -13,9 +13,8 @@ A worker is a fresh ``python`` running ``serve()`` (no fork of the threaded Beam
 no re-import of the caller's ``__main__``, no Beam import): it reads the pickled summary,
 hierarchies and spec from its stdin (a pipe: the summary never touches the disk) and
 writes the pickled plan, or the exception, to its stdout. The summary is pickled once
-per call. Workers are killed on any error or interrupt of the caller (Ctrl-C reaches
-them too, through the terminal's process group) and exit by themselves if the caller
-dies: no worker outlives the call.
+per call. Workers ignore Ctrl-C; the caller kills them on any error or interrupt, and
+they exit by themselves if the caller dies: no worker outlives the call.
 
 Errors are those of the sequential order: the first release in config order whose plan
 fails raises its own exception (type and message unchanged, so a refusal still exits 4);
@@ -26,6 +25,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -204,6 +204,7 @@ class _Workers:
 def serve() -> None:
     """A worker's main: summary, hierarchies and spec from stdin; (ok, plan | error) out."""
     caller = int(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the caller stops us (no traceback)
     threading.Thread(target=_exit_with, args=(caller,), daemon=True).start()
     stdin = sys.stdin.buffer
     freq, resolver = pickle.load(stdin)
