@@ -724,6 +724,8 @@ def unwrap_pipeline_error(exc: BaseException) -> BaseException:
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, PrivpipeError):
             return strip_step(cur)
+        if isinstance(cur, KeyboardInterrupt):  # Ctrl-C inside a step: an interrupt (130)
+            return cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     match = _WRAPPED.search(str(exc))

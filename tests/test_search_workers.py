@@ -85,3 +85,19 @@ def test_a_refusal_in_a_worker_exits_4_with_its_message(
     assert "release 'l5': l=5 but disease has only 3 distinct values" in err
     assert not internal_file(tmp_path / "out", "manifest.json").exists()
     assert psutil.Process().children(recursive=True) == []
+
+
+def test_ctrl_c_inside_a_step_stays_an_interrupt() -> None:
+    """Beam wraps a step's KeyboardInterrupt in a RuntimeError; the run unwraps it, so the
+    CLI exits 130 ("interrupted") as for Ctrl-C anywhere else, not 1 ("unexpected")."""
+    from pipelines.run import unwrap_pipeline_error
+
+    interrupt = KeyboardInterrupt()
+    try:
+        try:
+            raise interrupt
+        except KeyboardInterrupt as e:
+            raise RuntimeError("KeyboardInterrupt [while running 'Search[k2]/Search']") from e
+    except RuntimeError as wrapped:
+        assert unwrap_pipeline_error(wrapped) is interrupt
+    assert isinstance(unwrap_pipeline_error(RuntimeError("x")), RuntimeError)
