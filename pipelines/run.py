@@ -71,7 +71,13 @@ from pipelines.runner import runner_for
 from privpipe import errors, timing
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from privpipe.timing import stage
-from transforms.anonymize import AnonymizeRelease, Summarise, counted_columns
+from transforms.anonymize import (
+    AnonymizeRelease,
+    SearchReleases,
+    Summarise,
+    counted_columns,
+    hash_units,
+)
 from transforms.dp_aggregate import AggregateDPCells, DPCellsJob
 from transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
@@ -178,21 +184,33 @@ def build_graph(
     share = holdout_share(plan)
     if again is not None and share is not None and holdout_key is not None:  # same split
         again = (again | "HoldOutAgain" >> HoldOut(share, holdout_key, s.privacy_unit))[MEMBERS]
-    summaries: dict[tuple[str, ...], beam.PCollection] = {}  # one per counted columns
+    # one summary per counted columns; the searches of the releases sharing one run side
+    # by side on the cores (SearchReleases), each release recodes with its own plan
+    sharing: dict[tuple[str, ...], list[AnonymizationSpec]] = {}
     for r in anonymised:
         aspec = anonymization_spec(r, plan)
-        counted_key = tuple(counted_columns(aspec))
-        if counted_key not in summaries:
-            summaries[counted_key] = batches | f"Summarise[{r.name}]" >> Summarise(aspec)
-        _ = batches | f"Release[{r.name}]" >> AnonymizeRelease(
-            aspec,
-            spec,
-            resolver,
-            str(out.releases / r.name),
-            plan.config.output.format,
-            again,
-            summaries[counted_key],
-        )
+        sharing.setdefault(tuple(counted_columns(aspec)), []).append(aspec)
+    unit = s.privacy_unit
+    if again is not None and unit and any(a.unit_by for g in sharing.values() for a in g):
+        # every verifier counts persons by the same 64-bit hash of the id: hashed once here
+        again = again | "HashUnits" >> beam.Map(hash_units, unit)
+    for group in sharing.values():
+        summary = batches | f"Summarise[{group[0].name}]" >> Summarise(group[0])
+        contexts: dict[str, beam.PCollection] = {}
+        if len(group) > 1:
+            contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(group, resolver)
+        for aspec in group:
+            name = str(aspec.name)
+            _ = batches | f"Release[{name}]" >> AnonymizeRelease(
+                aspec,
+                spec,
+                resolver,
+                str(out.releases / name),
+                plan.config.output.format,
+                again,
+                summary,
+                contexts.get(name),
+            )
     several = len(plan.config.published()) > 1
     if (plan.config.attacks is not None or wants_audit(plan) or several) and audit_columns(plan):
         # the truth for the audit, the attacker's targets and the publication check:
@@ -706,6 +724,8 @@ def unwrap_pipeline_error(exc: BaseException) -> BaseException:
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, PrivpipeError):
             return strip_step(cur)
+        if isinstance(cur, KeyboardInterrupt):  # Ctrl-C inside a step: an interrupt (130)
+            return cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     match = _WRAPPED.search(str(exc))

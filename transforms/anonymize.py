@@ -1,6 +1,7 @@
 """One anonymised release as a Beam composite: summarise → search → recode → verify → write.
 
-    batches ─► FrequencyTable ─► Plan (one worker: hierarchies, summary, search)
+    batches ─► FrequencyTable ─► Plan (hierarchies, summary, search; the releases sharing
+                                   │ one table: SearchReleases, side by side on the cores)
                                    │ side input
     input ─► ReadMicrodata (again) ─► Recode ─► WriteTable(data.csv|parquet, shuffled)
                                         └────► FrequencyTable ─► Verify ─► release.json
@@ -22,8 +23,8 @@ per release and per run: row positions link nothing across releases or to the in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,22 +32,28 @@ import apache_beam as beam
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsSingleton
 
-from anonymity.api import RecodingPlan, plan_recoding, release_document
-from anonymity.hierarchy import Hierarchy
-from anonymity.recoding import BatchRecoder, Recoding
+from anonymity.api import release_document
 from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary, group_rows, unit_hashes
+from anonymity.summary import group_rows, unit_hashes
 from anonymity.verify import verify_counts, verify_grid_labels
 from privpipe.errors import PrivacyRefusal
+from privpipe.timing import NAMESPACE
+from transforms.context import (  # noqa: F401 (re-exported: the composites' contexts)
+    COUNT,
+    RecodeContext,
+    ReleaseContext,
+    Resolver,
+    _value_counts,
+    make_context,
+)
 from transforms.io import InputSpec, ReadMicrodata
 from transforms.memory import release_free_memory
+from transforms.planning import plan_releases
 from transforms.sink import WriteTable, write_json_step
-from transforms.timing import TimedCombineFn, TimedDoFn, timed
-
-COUNT = "count"
-Resolver = Callable[[Mapping[str, pd.Series]], dict[str, Hierarchy]]
+from transforms.timing import TimedCombineFn, TimedDoFn, stage_ms, timed
 
 
 @dataclass
@@ -202,81 +209,6 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
         return pd.DataFrame({**out, COUNT: counts})
 
 
-@dataclass(frozen=True)
-class ReleaseContext:
-    """What the recoding and verifying workers need: travels as one side input."""
-
-    spec: AnonymizationSpec
-    plan: RecodingPlan
-    hierarchies: Mapping[str, Hierarchy]
-    sa_hierarchy: Hierarchy | None
-    input_records: int
-
-    def for_recoding(self) -> RecodeContext:
-        """What the recoding workers need: the spec, hierarchies and a compact recoder."""
-        return RecodeContext(self.spec, self.plan.recoding.recoder(), self.hierarchies)
-
-    def without_tuples(self) -> ReleaseContext:
-        """The context without the recoding's per-tuple arrays: all that verifying and
-        documenting the release need (a much smaller side input)."""
-        recoding = self.plan.recoding
-        q = len(recoding.qi_names)
-        empty = Recoding(
-            recoding.qi_names,
-            np.zeros((0, q), dtype=np.int64),
-            np.empty((0, q), dtype=object),
-            np.zeros(0, dtype=bool),
-            recoding.description,
-        )
-        return replace(self, plan=replace(self.plan, recoding=empty))
-
-
-@dataclass(frozen=True)
-class RecodeContext:
-    """The recode step's side input: no raw codes or per-tuple label objects."""
-
-    spec: AnonymizationSpec
-    recoder: BatchRecoder
-    hierarchies: Mapping[str, Hierarchy]
-
-
-def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver) -> ReleaseContext:
-    """On one worker: complete the hierarchies, build the summary, search the recoding."""
-    release_free_memory()  # the search peaks on top of whatever the reads left behind
-    value_counts = {c: _value_counts(freq[c], freq[COUNT]) for c in freq.columns if c != COUNT}
-    hierarchies = resolver(value_counts)
-    sa = spec.sensitive
-    sa_hierarchy = hierarchies.get(sa) if sa and spec.distance == "hierarchical" else None
-    records = int(freq[COUNT].sum())
-    sa_counts = value_counts[sa] if sa else None
-    unit = spec.unit_by
-    persons = records if unit is None else int(value_counts[unit].shape[0])
-    spec.check_feasible(persons, None if sa_counts is None else int((sa_counts > 0).sum()))
-    qi_h = {q: hierarchies[q] for q in spec.qis}
-    summary = Summary.from_frame(freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit)
-    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy)
-    return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
-
-
-def _value_counts(column: pd.Series, counts: pd.Series) -> pd.Series:
-    """Records per value of one column of the frequency table, exactly as
-    ``groupby(column, dropna=False)[count].sum()`` of a ``str`` column gives (values sorted,
-    missing last). A categorical column (``FrequencyTable(categorical=True)``) is summed
-    per code first, so only its distinct values are grouped as strings."""
-    name = str(column.name)
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        codes = column.cat.codes.to_numpy()
-        categories = column.cat.categories.to_numpy(dtype=object)
-        sums = np.bincount(codes + 1, weights=counts.to_numpy(), minlength=len(categories) + 1)
-        seen = np.flatnonzero(sums > 0)  # position 0: the missing value
-        values = np.concatenate([np.array([np.nan], dtype=object), categories])[seen]
-        column = pd.Series(pd.array(values, dtype="str"), name=name)
-        counts = pd.Series(np.rint(sums[seen]).astype(np.int64), name=COUNT)
-    frame = pd.DataFrame({name: column.to_numpy(), COUNT: counts.to_numpy()})
-    frame[name] = frame[name].astype(column.dtype)
-    return frame.groupby(name, dropna=False)[COUNT].sum()
-
-
 class RecodeFn(beam.DoFn):  # type: ignore[misc]
     """A batch with its QIs replaced by their published labels; only QIs and the sensitive
     attribute are published (person ids and other columns never are)."""
@@ -323,6 +255,16 @@ def dropped_columns(spec: AnonymizationSpec) -> list[str]:
     """What is counted of the rows ``suppressed: drop`` leaves out: SA and person id."""
     rest = [c for c in counted_columns(spec) if c not in spec.qis]
     return rest or [NO_COLUMN]
+
+
+def hash_units(batch: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """The batch with its person ids replaced by their 64-bit hashes (``unit_hashes``, as a
+    ``uint64`` column, which every ``FrequencyTable(hashed=...)`` takes as is): on the rows
+    read for recoding, hashed once for all releases instead of once per release's verifier.
+    The person id is never published; the verifier still counts persons on these rows."""
+    out = batch.copy(deep=False)  # the batch itself may feed other steps: not modified
+    out[unit] = unit_hashes(batch[unit], unit).view(np.uint64)
+    return out
 
 
 def hashed_columns(spec: AnonymizationSpec) -> list[str]:
@@ -392,6 +334,47 @@ def verify_and_document(
     return release_document(spec, ctx.plan, verification)
 
 
+class SearchReleases(beam.PTransform):  # type: ignore[misc]
+    """The summary several releases share → ``{release name: its one context}``, their
+    searches side by side on the machine's cores (``planning.plan_releases``).
+
+    Stage timings: ``search`` is the step's wall time, ``search:<release>`` the seconds
+    each release's planning took where it ran (a worker process or this one)."""
+
+    def __init__(self, specs: Sequence[AnonymizationSpec], resolver: Resolver) -> None:
+        super().__init__()
+        self.specs = list(specs)
+        self.resolver = resolver
+
+    def expand(self, freq: beam.PCollection) -> dict[str, beam.PCollection]:
+        names = [str(s.name) for s in self.specs]
+        planned = freq | "Search" >> beam.FlatMap(_search_releases, self.specs, self.resolver)
+        by_name = beam.Partition(_by_name, len(names), names)  # type: ignore[arg-type]
+        parts = planned | "ByRelease" >> by_name
+        return {
+            name: parts[i] | f"Context[{name}]" >> beam.MapTuple(_context)
+            for i, name in enumerate(names)
+        }
+
+
+def _search_releases(
+    freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
+) -> Iterator[tuple[str, ReleaseContext]]:
+    with stage_ms("search"):
+        planned = plan_releases(freq, specs, resolver)
+    for name, p in planned.items():
+        Metrics.counter(NAMESPACE, f"search:{name}").inc(round(p.seconds * 1000))
+        yield name, p.context
+
+
+def _by_name(named: tuple[str, ReleaseContext], n: int, names: Sequence[str]) -> int:
+    return names.index(named[0])
+
+
+def _context(name: str, context: ReleaseContext) -> ReleaseContext:
+    return context
+
+
 class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
     """batches (for the summary) → releases/<name>/{data.<fmt>, release.json} in `directory`."""
 
@@ -404,9 +387,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         output_format: str = "csv",
         reread: beam.PCollection | None = None,
         summary: beam.PCollection | None = None,
+        context: beam.PCollection | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
+        self.context = context  # this release's plan from a ``SearchReleases`` of several
         self.summary = summary  # a ``Summarise`` of these columns shared by several releases
         self.reread = reread  # the second read of the rows, shared by several releases
         self.input_spec = input_spec
@@ -421,9 +406,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         freq = self.summary
         if freq is None:
             freq = batches | "Summarise" >> Summarise(spec)
-        ctx = freq | "Search" >> beam.Map(
-            timed(f"search:{spec.name}", make_context), spec, self.resolver
-        )
+        ctx = self.context
+        if ctx is None:
+            ctx = freq | "Search" >> beam.Map(
+                timed(f"search:{spec.name}", make_context), spec, self.resolver
+            )
         # the side inputs are slim views of the context (the full one is never shipped)
         recoder = ctx | "Recoder" >> beam.Map(ReleaseContext.for_recoding)
         figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)

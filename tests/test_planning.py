@@ -1,0 +1,147 @@
+"""The releases' searches side by side in worker processes (``transforms.planning``).
+
+On Adult: the plans made in a worker are those made in-process; a refusal surfaces as
+the sequential run raises it (type, message, config order); no worker outlives a call,
+also when the caller is interrupted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+
+from anonymity.hierarchy import Hierarchy, load_arx_csv
+from anonymity.spec import AnonymizationSpec
+from privpipe.errors import PrivacyRefusal
+from tests.conftest import ADULT_QIS, ADULT_SA, ARX
+from transforms import planning
+from transforms.anonymize import FrequencyTable
+from transforms.context import ReleaseContext
+from transforms.planning import Planned, expected_effort, plan_releases
+
+pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs ../shared/data/arx")
+
+QIS = ADULT_QIS[:5]
+
+
+@pytest.fixture(scope="module")
+def freq() -> pd.DataFrame:
+    adult = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
+    fn = FrequencyTable([*QIS, ADULT_SA], categorical=True)
+    return fn.extract_output(fn.add_input(fn.create_accumulator(), adult))
+
+
+class Loaded:
+    """A resolver over Adult's ARX hierarchies (a module-level class: picklable)."""
+
+    def __init__(self, qis: tuple[str, ...] = QIS) -> None:
+        self.h = {c: load_arx_csv(ARX / f"adult_hierarchy_{c}.csv", c) for c in [*qis, ADULT_SA]}
+
+    def __call__(self, value_counts: Any) -> dict[str, Hierarchy]:
+        return dict(self.h)
+
+
+def spec(name: str, **kwargs: Any) -> AnonymizationSpec:
+    base: dict[str, Any] = {"kind": "k_anonymity", "qis": QIS, "sensitive": ADULT_SA, "k": 5}
+    return AnonymizationSpec(name=name, **{**base, **kwargs})  # type: ignore[arg-type]
+
+
+SPECS = [
+    spec("k5", suppression_limit=0.05),
+    spec("l3", kind="l_diversity", l=3, variant="recursive", c=4, suppression_limit=0.05),
+    spec("mondrian5", algorithm="mondrian"),
+]
+
+
+def figures(ctx: ReleaseContext) -> dict[str, Any]:
+    """Everything a plan decides (not how long it took)."""
+    plan = ctx.plan
+    search = {k: v for k, v in plan.search.items() if "seconds" not in k}
+    return {
+        "search": search,
+        "metrics": (plan.metrics_input, plan.metrics_output),
+        "risk": (plan.risk_input, plan.risk_output),
+        "records": (plan.input_records, ctx.input_records, plan.suppressed_records),
+        "sa": plan.input_sa_distribution,
+        "labels": plan.recoding.labels.tolist(),
+        "suppressed": plan.recoding.suppressed.tolist(),
+    }
+
+
+def workers() -> list[psutil.Process]:
+    """This process's children (every worker is one)."""
+    return list(psutil.Process().children(recursive=True))
+
+
+def test_longest_search_goes_first() -> None:
+    ranks = [expected_effort(s) for s in SPECS]
+    t = expected_effort(spec("t", kind="t_closeness", t=0.3, distance="hierarchical"))
+    assert t > ranks[1] > ranks[0] and ranks[2] > ranks[0]
+
+
+@pytest.mark.slow  # worker processes start (a few seconds)
+def test_plans_in_workers_equal_plans_in_process(freq: pd.DataFrame) -> None:
+    here = plan_releases(freq, SPECS, Loaded(), cores=1)
+    assert workers() == []
+    pooled = plan_releases(freq, SPECS, Loaded(), cores=3)  # two workers and this thread
+    assert list(pooled) == list(here) == [s.name for s in SPECS]
+    for name in here:
+        assert isinstance(pooled[name], Planned) and pooled[name].seconds > 0
+        assert figures(pooled[name].context) == figures(here[name].context)
+        assert np.array_equal(
+            pooled[name].context.plan.recoding.codes, here[name].context.plan.recoding.codes
+        )
+    assert workers() == []
+
+
+@pytest.mark.slow
+def test_worker_refusal_surfaces_as_in_process(freq: pd.DataFrame) -> None:
+    """l=30 is refused in the worker (it takes the longest-ranked l-diversity release):
+    same type and message as in-process; the earlier release in config order still ran."""
+    refused = [SPECS[0], spec("l30", kind="l_diversity", l=30)]
+    with pytest.raises(PrivacyRefusal) as here:
+        plan_releases(freq, refused, Loaded(), cores=1)
+    with pytest.raises(PrivacyRefusal) as pooled:
+        plan_releases(freq, refused, Loaded(), cores=2)
+    assert str(pooled.value) == str(here.value)
+    assert str(pooled.value).startswith("release 'l30': l=30 but occupation has only")
+    assert pooled.value.exit_code == 4
+    assert workers() == []
+
+
+@pytest.mark.slow
+def test_first_refusal_in_config_order_wins(freq: pd.DataFrame) -> None:
+    """Two refusals: the one of the release listed first is raised, as sequentially."""
+    refused = [spec("k_huge", k=10**6), spec("l30", kind="l_diversity", l=30)]
+    with pytest.raises(PrivacyRefusal, match=r"^release 'k_huge': k=1000000"):
+        plan_releases(freq, refused, Loaded(), cores=2)
+    assert workers() == []
+
+
+@pytest.mark.slow
+def test_an_interrupt_stops_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while this thread plans: the worker's search (t=0.1 on all 8 QIs, ~10 s) is
+    abandoned, not awaited, and its process is gone."""
+    adult = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
+    fn = FrequencyTable([*ADULT_QIS, ADULT_SA], categorical=True)
+    wide = fn.extract_output(fn.add_input(fn.create_accumulator(), adult))
+    slow = spec(
+        "t", qis=ADULT_QIS, kind="t_closeness", t=0.1, distance="hierarchical",
+        suppression_limit=0.05,
+    )  # fmt: skip
+
+    def interrupted(*args: Any) -> Planned:
+        time.sleep(1.0)  # the worker has started its search
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(planning, "plan_one", interrupted)  # this process only
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        plan_releases(wide, [slow, spec("k5", qis=ADULT_QIS)], Loaded(ADULT_QIS), cores=2)
+    assert time.perf_counter() - t0 < 8
+    assert workers() == []

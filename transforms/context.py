@@ -1,0 +1,115 @@
+"""A release's plan (``make_context``): hierarchies, summary, search, metrics. No Beam.
+
+Kept apart from the Beam composites in ``transforms/anonymize.py`` so that a worker
+process planning a release (``transforms/planning.py``) imports only the pure core,
+pandas and numpy, not Beam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from anonymity.api import RecodingPlan, plan_recoding
+from anonymity.hierarchy import Hierarchy
+from anonymity.recoding import BatchRecoder, Recoding
+from anonymity.spec import AnonymizationSpec
+from anonymity.summary import Summary
+from transforms.memory import release_free_memory
+
+COUNT = "count"
+Resolver = Callable[[Mapping[str, pd.Series]], dict[str, Hierarchy]]
+
+
+@dataclass(frozen=True)
+class ReleaseContext:
+    """What the recoding and verifying workers need: travels as one side input."""
+
+    spec: AnonymizationSpec
+    plan: RecodingPlan
+    hierarchies: Mapping[str, Hierarchy]
+    sa_hierarchy: Hierarchy | None
+    input_records: int
+
+    def for_recoding(self) -> RecodeContext:
+        """What the recoding workers need: the spec, hierarchies and a compact recoder."""
+        return RecodeContext(self.spec, self.plan.recoding.recoder(), self.hierarchies)
+
+    def without_tuples(self) -> ReleaseContext:
+        """The context without the recoding's per-tuple arrays: all that verifying and
+        documenting the release need (a much smaller side input)."""
+        recoding = self.plan.recoding
+        q = len(recoding.qi_names)
+        empty = Recoding(
+            recoding.qi_names,
+            np.zeros((0, q), dtype=np.int64),
+            np.empty((0, q), dtype=object),
+            np.zeros(0, dtype=bool),
+            recoding.description,
+        )
+        return replace(self, plan=replace(self.plan, recoding=empty))
+
+
+@dataclass(frozen=True)
+class RecodeContext:
+    """The recode step's side input: no raw codes or per-tuple label objects."""
+
+    spec: AnonymizationSpec
+    recoder: BatchRecoder
+    hierarchies: Mapping[str, Hierarchy]
+
+
+def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver) -> ReleaseContext:
+    """On one worker: complete the hierarchies, build the summary, search the recoding."""
+    release_free_memory()  # the search peaks on top of whatever the reads left behind
+    value_counts = column_counts(freq)
+    hierarchies = resolver(value_counts)
+    sa = spec.sensitive
+    sa_hierarchy = hierarchies.get(sa) if sa and spec.distance == "hierarchical" else None
+    records = int(freq[COUNT].sum())
+    sa_counts = value_counts[sa] if sa else None
+    unit = spec.unit_by
+    persons = records if unit is None else int(value_counts[unit].shape[0])
+    spec.check_feasible(persons, None if sa_counts is None else int((sa_counts > 0).sum()))
+    qi_h = {q: hierarchies[q] for q in spec.qis}
+    summary = Summary.from_frame(freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit)
+    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy)
+    return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
+
+
+def column_counts(freq: pd.DataFrame) -> dict[str, pd.Series]:
+    """Records per value of every column of the frequency table (what resolvers take)."""
+    return {c: _value_counts(freq[c], freq[COUNT]) for c in freq.columns if c != COUNT}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A resolver whose answer is known: the hierarchies resolved once for the value counts
+    of the one frequency table several releases share (plain data, picklable for workers)."""
+
+    hierarchies: Mapping[str, Hierarchy]
+
+    def __call__(self, value_counts: Mapping[str, pd.Series]) -> dict[str, Hierarchy]:
+        return dict(self.hierarchies)
+
+
+def _value_counts(column: pd.Series, counts: pd.Series) -> pd.Series:
+    """Records per value of one column of the frequency table, exactly as
+    ``groupby(column, dropna=False)[count].sum()`` of a ``str`` column gives (values sorted,
+    missing last). A categorical column (``FrequencyTable(categorical=True)``) is summed
+    per code first, so only its distinct values are grouped as strings."""
+    name = str(column.name)
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes = column.cat.codes.to_numpy()
+        categories = column.cat.categories.to_numpy(dtype=object)
+        sums = np.bincount(codes + 1, weights=counts.to_numpy(), minlength=len(categories) + 1)
+        seen = np.flatnonzero(sums > 0)  # position 0: the missing value
+        values = np.concatenate([np.array([np.nan], dtype=object), categories])[seen]
+        column = pd.Series(pd.array(values, dtype="str"), name=name)
+        counts = pd.Series(np.rint(sums[seen]).astype(np.int64), name=COUNT)
+    frame = pd.DataFrame({name: column.to_numpy(), COUNT: counts.to_numpy()})
+    frame[name] = frame[name].astype(column.dtype)
+    return frame.groupby(name, dropna=False)[COUNT].sum()

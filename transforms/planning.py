@@ -1,0 +1,229 @@
+"""The searches of the anonymised releases that share one summary, on the machine's cores.
+
+Releases counting the same columns start from one frequency table (``Summarise``); each
+one's plan (``make_context``: hierarchies, summary, search, metrics; pure core) depends
+on nothing else, so with several releases and several cores they run side by side:
+up to ``min(cores, releases) - 1`` worker processes plus the calling thread, the longest
+expected search first (t-closeness, then l-diversity, Mondrian, k-anonymity; config
+order among equals). With one core or one release everything runs in the calling
+thread, in config order, as before. The hierarchies are resolved once (the same for
+every release of one summary) before the planning.
+
+A worker is a fresh ``python`` running ``serve()`` (no fork of the threaded Beam worker,
+no re-import of the caller's ``__main__``, no Beam import): it reads the pickled summary,
+hierarchies and spec from its stdin (a pipe: the summary never touches the disk) and
+writes the pickled plan, or the exception, to its stdout. The summary is pickled once
+per call. Workers ignore Ctrl-C; the caller kills them on any error or interrupt, and
+they exit by themselves if the caller dies: no worker outlives the call.
+
+Errors are those of the sequential order: the first release in config order whose plan
+fails raises its own exception (type and message unchanged, so a refusal still exits 4);
+plans after it in config order are abandoned, plans before it are still awaited.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import pandas as pd
+
+from anonymity.spec import AnonymizationSpec
+from transforms.context import ReleaseContext, Resolved, Resolver, column_counts, make_context
+
+# expected search effort by kind (measured on the demo at 1M: t=0.3 115 s, recursive l
+# 18 s, Mondrian 10 s, k=5 8 s); only the order matters
+_EFFORT = {"t_closeness": 3, "l_diversity": 2}
+WATCH_S = 1.0  # how often a worker checks that its caller is alive
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One release's plan and the seconds its planning took (where it ran)."""
+
+    context: ReleaseContext
+    seconds: float
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS reports one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def expected_effort(spec: AnonymizationSpec) -> int:
+    """A rank of how long a release's search takes, longest highest (scheduling only)."""
+    if spec.algorithm == "mondrian":
+        return 1
+    return _EFFORT.get(spec.kind, 0)
+
+
+def plan_one(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver) -> Planned:
+    """``make_context`` and its wall seconds."""
+    t0 = time.perf_counter()
+    context = make_context(freq, spec, resolver)
+    return Planned(context, time.perf_counter() - t0)
+
+
+def plan_releases(
+    freq: pd.DataFrame,
+    specs: Sequence[AnonymizationSpec],
+    resolver: Resolver,
+    cores: int | None = None,
+) -> dict[str, Planned]:
+    """Every release's plan from the shared frequency table, by release name.
+
+    ``cores``: how many to use (default: ``available_cores()``); 1 plans in this thread.
+    """
+    cores = available_cores() if cores is None else max(1, cores)
+    processes = min(cores, len(specs)) - 1
+    if len(specs) > 1:  # the same answer for every release: resolved once, shipped as data
+        resolver = Resolved(resolver(column_counts(freq)))
+    if processes <= 0:
+        return {str(s.name): plan_one(freq, s, resolver) for s in specs}
+    order = sorted(range(len(specs)), key=lambda i: (-expected_effort(specs[i]), i))
+    workers = _Workers(pickle.dumps((freq, resolver), protocol=pickle.HIGHEST_PROTOCOL))
+    pool = ThreadPoolExecutor(processes, thread_name_prefix="privpipe-plan")
+    try:
+        results = _schedule(pool, workers, processes, order, freq, specs, resolver)
+        return {str(s.name): results[i] for i, s in enumerate(specs)}
+    finally:
+        workers.kill()  # none left on success; on an error or interrupt, the unneeded ones
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _schedule(
+    pool: ThreadPoolExecutor,
+    workers: _Workers,
+    processes: int,
+    order: Sequence[int],
+    freq: pd.DataFrame,
+    specs: Sequence[AnonymizationSpec],
+    resolver: Resolver,
+) -> dict[int, Planned]:
+    """Fill the workers (longest first), plan the next release here meanwhile, collect."""
+    results: dict[int, Planned] = {}
+    errors: dict[int, Exception] = {}
+
+    def needed(i: int) -> bool:  # not after a release (in config order) that failed
+        return not errors or i < min(errors)
+
+    pending = deque(order)
+    running: dict[Future[Planned], int] = {}
+    while True:
+        pending = deque(i for i in pending if needed(i))
+        while pending and len(running) < processes:
+            i = pending.popleft()
+            running[pool.submit(workers.plan, specs[i])] = i
+        waiting = [f for f, i in running.items() if needed(i)]
+        if pending:  # this thread is a worker too
+            i = pending.popleft()
+            try:
+                results[i] = plan_one(freq, specs[i], resolver)
+            except Exception as e:  # raised below, in config order
+                errors[i] = e
+            done = {f for f in running if f.done()}
+        elif waiting:
+            done, _ = wait(waiting, return_when=FIRST_COMPLETED)
+        else:
+            break
+        for f in done:
+            i = running.pop(f)
+            try:
+                results[i] = f.result()
+            except Exception as e:
+                errors[i] = e
+    if errors:
+        raise errors[min(errors)]
+    return results
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process died without an answer (killed, out of memory)."""
+
+
+class _Workers:
+    """Worker processes, one per release planned away from the calling thread."""
+
+    def __init__(self, shared: bytes) -> None:
+        self.shared = shared  # the pickled summary and hierarchies
+        self.lock = threading.Lock()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.killed = False
+
+    def plan(self, spec: AnonymizationSpec) -> Planned:
+        """Plan ``spec`` in a new worker process (called from a pool thread)."""
+        code = f"import sys; sys.path[:] = {sys.path!r}; import {__name__} as m; m.serve()"
+        with self.lock:
+            if self.killed:
+                raise WorkerFailed(f"release {spec.name!r}: planning abandoned")
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code, str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+            self.procs.append(proc)
+        task = self.shared + pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            out, _ = proc.communicate(task)
+        except BrokenPipeError:  # it died while reading
+            out = b""
+            proc.wait()
+        if proc.returncode != 0 or not out:
+            raise WorkerFailed(
+                f"release {spec.name!r}: the worker planning it exited with code "
+                f"{proc.returncode} (killed or out of memory?); run with fewer releases"
+            )
+        ok, value = pickle.loads(out)
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def kill(self) -> None:
+        """Kill every worker still running and reap it."""
+        with self.lock:
+            self.killed = True
+            procs = list(self.procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def serve() -> None:
+    """A worker's main: summary, hierarchies and spec from stdin; (ok, plan | error) out."""
+    caller = int(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the caller stops us (no traceback)
+    threading.Thread(target=_exit_with, args=(caller,), daemon=True).start()
+    stdin = sys.stdin.buffer
+    freq, resolver = pickle.load(stdin)
+    spec = pickle.load(stdin)
+    answer: tuple[bool, object]
+    try:
+        answer = (True, plan_one(freq, spec, resolver))
+    except Exception as e:  # the caller raises it as its own
+        answer = (False, e)
+    try:
+        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # an exception that does not pickle: its type and message
+        data = pickle.dumps((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def _exit_with(caller: int) -> None:
+    """Exit as soon as the caller is gone (killed with no chance to stop its workers)."""
+    while os.getppid() == caller:
+        time.sleep(WATCH_S)
+    os._exit(1)
