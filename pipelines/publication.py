@@ -31,7 +31,7 @@ import pandas as pd
 
 from anonymity.hierarchy import Hierarchy, canonical_column
 from attacks.composition import compose_tables
-from attacks.matching import frequency_table, suppressed_rows
+from attacks.matching import WEIGHT, frequency_table, suppressed_rows
 from attacks.publication import (
     published_levels,
     reproduced_cells,
@@ -176,8 +176,8 @@ def check_combination(
     combination unless the config accepts it. Returns the findings for manifest/audit.
 
     ``folder``: where the releases are staged (``<name>/``); ``loaded``: those already
-    read (reports.Release by name); ``raw``: the accepted rows (QIs and SA) for the
-    numerical check; ``dp_keys``: per DP count release, its queries as (query name, key
+    read (reports.Release by name); ``raw``: the accepted rows (QIs and SA), or their
+    frequency table (column ``attacks.matching.WEIGHT``), for the numerical check; ``dp_keys``: per DP count release, its queries as (query name, key
     columns, levels). A count not staged yet (a continual count, published last) is
     checked against every key combination of the data.
     """
@@ -205,6 +205,8 @@ def check_combination(
                 )
                 if raw is None or len(truth.columns) < len(keys):
                     truth = pd.DataFrame(columns=list(keys))
+                elif WEIGHT in raw.columns:  # the truth as a frequency table: its weights
+                    truth[WEIGHT] = raw[WEIGHT].to_numpy()
                 if d in releases:
                     cells = releases[d].data
                     mine = cells[cells["query"] == query] if "query" in cells.columns else cells
