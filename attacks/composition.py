@@ -169,10 +169,10 @@ def compose(
     below = 0
     if claim is not None:
         alone_ok = np.all(np.stack(alone_sizes, axis=1) >= claim, axis=1)
-        below = int(round(float(np.dot(((size < claim) & alone_ok)[target_combo], w))))
+        below = round(float(np.dot(((size < claim) & alone_ok)[target_combo], w)))
     return Composition(
         releases=tuple(names),
-        targets=int(round(total)),
+        targets=round(total),
         disclosed=share(hit),
         disclosed_alone=tuple(alone_disclosed),
         candidates=share(per_target),

@@ -177,9 +177,10 @@ def check_combination(
 
     ``folder``: where the releases are staged (``<name>/``); ``loaded``: those already
     read (reports.Release by name); ``raw``: the accepted rows (QIs and SA), or their
-    frequency table (column ``attacks.matching.WEIGHT``), for the numerical check; ``dp_keys``: per DP count release, its queries as (query name, key
-    columns, levels). A count not staged yet (a continual count, published last) is
-    checked against every key combination of the data.
+    frequency table (column ``attacks.matching.WEIGHT``), for the numerical check;
+    ``dp_keys``: per DP count release, its queries as (query name, key columns, levels).
+    A count not staged yet (a continual count, published last) is checked against every
+    key combination of the data.
     """
     from reports import load_release
 

@@ -13,8 +13,8 @@ from attacks.composition import compose_tables
 from attacks.control import keyed_hashes, new_holdout_key
 from attacks.matching import WEIGHT, expand_rows, frequency_table, records_of
 from attacks.publication import reproduced_cells
-from reports.utility import own_utility
 from reports.run import Release
+from reports.utility import own_utility
 from transforms.audit_truth import RECORDS, SmallestHashRows
 
 KEY = "0123456789abcdef"
