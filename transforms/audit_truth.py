@@ -25,7 +25,6 @@ from attacks.control import keyed_hashes
 from attacks.matching import WEIGHT
 from transforms.anonymize import COUNT, FrequencyTable
 from transforms.sink import WriteTable
-from transforms.timing import TimedCombineFn
 
 RECORDS = "__records__"  # the sample's column: how many rows the whole input had
 _FIRST, _SECOND = "__h1__", "__h2__"
@@ -104,9 +103,7 @@ class StageAuditTruth(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, batches: PCollection) -> PCollection:
         cols = self.columns
-        table = batches | "Counts" >> beam.CombineGlobally(
-            TimedCombineFn("audit_truth", FrequencyTable(cols))
-        )
+        table = batches | "Counts" >> beam.CombineGlobally(FrequencyTable(cols))
         written = (
             table
             | "Weights" >> beam.Map(lambda t: t.rename(columns={COUNT: WEIGHT}))
@@ -117,7 +114,7 @@ class StageAuditTruth(beam.PTransform):  # type: ignore[misc]
             return written
         unit = self.unit if self.unit else None
         sample = batches | "Targets" >> beam.CombineGlobally(
-            TimedCombineFn("audit_truth", SmallestHashRows(cols, self.targets, self.key, unit))
+            SmallestHashRows(cols, self.targets, self.key, unit)
         )
         return sample | "WriteTargets" >> WriteTable(
             self.directory, self.name, [*cols, RECORDS], "parquet"
