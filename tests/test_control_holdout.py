@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from attacks.control import holdout_mask, key_from_hex, new_holdout_key
+from attacks.matching import WEIGHT, expand_rows
 from pipelines.cli import main
 from privpipe.errors import ConfigError
 from tests.layout import internal_file, release_dir
@@ -214,8 +215,10 @@ def test_attacks_get_members_as_raw_and_the_others_as_control(
     controls = data[data["person_id"].isin(held)]
     raw, control = seen["raw"], seen["control"]
     assert control is not None
-    assert list(control.columns) == list(raw.columns) == ["zip", "age", "sex", "diagnosis"]
-    assert sorted(raw["diagnosis"].astype(str)) == sorted(members["diagnosis"])
+    # the members as a frequency table (never every row staged), the controls' records
+    assert list(control.columns) == ["zip", "age", "sex", "diagnosis"]
+    assert list(raw.columns) == ["zip", "age", "sex", "diagnosis", WEIGHT]
+    assert sorted(expand_rows(raw)["diagnosis"].astype(str)) == sorted(members["diagnosis"])
     assert sorted(control["diagnosis"].astype(str)) == sorted(controls["diagnosis"])
     audit = json.loads(internal_file(out, "audit.json").read_text())
     assert audit["attacker"]["control"] == {
