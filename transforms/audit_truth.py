@@ -61,8 +61,14 @@ class SmallestHashRows(beam.CombineFn):  # type: ignore[misc]
         if not len(batch):
             return acc
         rows = batch[self.columns].reset_index(drop=True)
-        second = keyed_hashes(rows, self.key)
-        first = keyed_hashes(batch[self.unit], self.key) if self.unit else second
+        if self.unit:  # persons first; the row's hash orders the rows of one person
+            first = keyed_hashes(batch[self.unit], self.key)
+            if acc.rows is not None and len(acc.rows) >= self.n:  # only rows that can enter
+                fits = first <= acc.rows[_FIRST].to_numpy().max()
+                rows, first = rows[fits].reset_index(drop=True), first[fits]
+            second = keyed_hashes(rows, self.key)
+        else:
+            first = second = keyed_hashes(rows, self.key)
         mine = rows.assign(**{_FIRST: first, _SECOND: second})
         if len(mine) > self.n:  # the batch's own n smallest first
             order = np.lexsort((second, first))[: self.n]
