@@ -168,7 +168,8 @@ def _differencing(
                 for k in keys:
                     if k in raw and k not in canonical:
                         canonical[k] = canonical_column(raw[k])
-                truth = pd.DataFrame({k: canonical[k] for k in keys if k in raw})
+                # indexed like raw: a total (no keys) still counts raw's records
+                truth = pd.DataFrame({k: canonical[k] for k in keys if k in raw}, index=raw.index)
                 if len(truth.columns) < len(keys):
                     continue  # a key the audit does not hold (not a QI or the SA)
                 if WEIGHT in raw.columns:  # a frequency table: its weights are the counts

@@ -201,8 +201,9 @@ def check_combination(
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
         for d in counts:
             for query, keys, levels in dp_keys[d]:
-                truth = pd.DataFrame(
-                    {k: canonical_column(raw[k]) for k in keys if raw is not None and k in raw}
+                truth = pd.DataFrame(  # indexed like raw: a total (no keys) counts its records
+                    {k: canonical_column(raw[k]) for k in keys if raw is not None and k in raw},
+                    index=None if raw is None else raw.index,
                 )
                 if raw is None or len(truth.columns) < len(keys):
                     truth = pd.DataFrame(columns=list(keys))
