@@ -1,10 +1,11 @@
 """Attacks against every release of a run, and audit.json (DESIGN.md "Outputs").
 
 After the releases are staged, the driver reads what was published (data.csv and
-release.json of each release) plus the accepted input rows' QI and sensitive columns,
-which the pipeline wrote to the run's internal folder. The raw rows serve only as the
-attacker's targets (their QI values, which the attacker is assumed to know) and to score
-whether a guess was right; attacks read nothing else. The raw table itself is attacked
+release.json of each release) plus what the pipeline staged of the accepted input rows
+in the run's private work folder (never every row: ``load_truth``): the frequency table
+of their QI and sensitive columns and a keyed sample of target records. The targets'
+QI values are what the attacker is assumed to know; the table scores and counts; attacks
+read nothing else. The raw table itself is attacked
 as the no-protection baseline.
 
 - anonymised tables: homogeneity, background knowledge (b = 0…3, worst case or random),
