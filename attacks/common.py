@@ -607,16 +607,20 @@ def _attack(
     return _Scored(hits, n, prior_hits, gone[:, : domain.shape[0]])
 
 
-def public_prior(raw_sa: Any, *others: Any) -> tuple[ObjArray, FloatArray]:
+def public_prior(raw_sa: Any, *others: Any, weights: Any = None) -> tuple[ObjArray, FloatArray]:
     """The sensitive domain (canonical values of the input and of ``others``, sorted) and
-    the public prior over it: the value shares of the input ``raw_sa``."""
+    the public prior over it: the value shares of the input ``raw_sa`` (``weights``: how
+    many records each value stands for, a frequency table's; default one each)."""
     base = canonical_column(np.asarray(raw_sa, dtype=object))
     parts = [
         base,
         *(canonical_column(np.asarray(o, dtype=object)) for o in others if o is not None),
     ]
     domain = np.unique(np.concatenate(parts)).astype(object)
-    counts = pd.Series(base).value_counts()
+    if weights is None:
+        counts = pd.Series(base).value_counts()
+    else:
+        counts = pd.Series(np.asarray(weights, dtype=np.float64)).groupby(base).sum()
     prior = counts.reindex(domain, fill_value=0).to_numpy(dtype=np.float64)
     prior = prior / prior.sum() if prior.sum() > 0 else prior
     return domain, prior

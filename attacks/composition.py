@@ -29,7 +29,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.hierarchy import Hierarchy
-from attacks.matching import TargetView, match_targets, unique_rows
+from attacks.matching import WEIGHT, TargetView, match_targets, unique_rows
 
 __all__ = ["Composition", "claimed_values", "compose", "compose_tables"]
 
@@ -119,9 +119,12 @@ def compose(
     views: Sequence[TargetView],
     names: Sequence[str],
     claims: Sequence[int | None] = (),
+    weights: npt.ArrayLike | None = None,
 ) -> Composition:
     """Intersect the candidate values of the same targets over ``views`` (one per table,
-    targets in the same order). ``claims``: values per class each table promises."""
+    targets in the same order). ``claims``: values per class each table promises.
+    ``weights``: how many records each target stands for (a frequency table's distinct
+    rows: the same figures as its rows, each counted that many times); default 1."""
     if len(views) < 2 or len(views) != len(names):
         raise ValueError("compose needs two or more views and one name per view")
     n = views[0].n_targets
@@ -140,7 +143,16 @@ def compose(
     both = np.ones((combo.shape[0], len(domain)), dtype=bool)
     alone_sizes: list[IntArray] = []
     alone_disclosed: list[float] = []
-    rows = np.arange(n)
+    w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    total = float(w.sum())
+
+    def share(values: npt.NDArray[Any]) -> float:  # the (weighted) mean over targets
+        if not n:
+            return 0.0
+        if weights is None:  # as the rows' mean, to the last bit
+            return float(values.mean())
+        return float(np.dot(values.astype(np.float64), w) / total) if total else 0.0
+
     for j, (cands, _) in enumerate(per_view):
         mine = cands[combo[:, j]]
         both &= mine
@@ -148,7 +160,7 @@ def compose(
         alone_sizes.append(size)
         per_target = size[target_combo]
         hit = (per_target == 1) & (truth >= 0) & mine[target_combo, np.maximum(truth, 0)]
-        alone_disclosed.append(float(hit[rows].mean()) if n else 0.0)
+        alone_disclosed.append(share(hit))
     size = both.sum(axis=1).astype(np.int64)
     per_target = size[target_combo]
     hit = (per_target == 1) & (truth >= 0) & both[target_combo, np.maximum(truth, 0)]
@@ -157,14 +169,14 @@ def compose(
     below = 0
     if claim is not None:
         alone_ok = np.all(np.stack(alone_sizes, axis=1) >= claim, axis=1)
-        below = int(((size < claim) & alone_ok)[target_combo].sum())
+        below = round(float(np.dot(((size < claim) & alone_ok)[target_combo], w)))
     return Composition(
         releases=tuple(names),
-        targets=int(n),
-        disclosed=float(hit.mean()) if n else 0.0,
+        targets=round(total),
+        disclosed=share(hit),
         disclosed_alone=tuple(alone_disclosed),
-        candidates=float(per_target.mean()) if n else 0.0,
-        candidates_alone=tuple(float(s[target_combo].mean()) if n else 0.0 for s in alone_sizes),
+        candidates=share(per_target),
+        candidates_alone=tuple(share(s[target_combo]) for s in alone_sizes),
         claim=claim,
         below_claim=below,
     )
@@ -181,7 +193,8 @@ def compose_tables(
     known: Sequence[str] | None = None,
 ) -> Composition:
     """Match ``targets`` (raw QIs, and their true SA to score) in each published table and
-    intersect. ``guarantees``: each table's release.json guarantee (its claim)."""
+    intersect. ``guarantees``: each table's release.json guarantee (its claim). Targets
+    may be a frequency table (column ``WEIGHT``): each distinct row counts its weight."""
     views = []
     for table in tables.values():
         present = [q for q in qis if q in table.columns]
@@ -192,4 +205,5 @@ def compose_tables(
             )
         )  # fmt: skip
     g = guarantees or {}
-    return compose(views, list(tables), [claimed_values(g.get(n)) for n in tables])
+    weights = targets[WEIGHT].to_numpy() if WEIGHT in targets.columns else None
+    return compose(views, list(tables), [claimed_values(g.get(n)) for n in tables], weights=weights)

@@ -52,13 +52,20 @@ def holdout_mask(
         raise ValueError(f"holdout share must be in (0, 0.5], got {share!r}")
     if len(key.encode("utf-8")) != KEY_BYTES:
         raise ValueError(f"holdout key must be {KEY_BYTES} bytes")
-    values = batch[unit] if unit is not None else batch
+    hashed = keyed_hashes(batch[unit] if unit is not None else batch, key)
+    threshold = np.uint64(int(share * 2.0**64))  # share ≤ 0.5: at most 2**63
+    return np.asarray(hashed < threshold, dtype=np.bool_)
+
+
+def keyed_hashes(values: pd.Series | pd.DataFrame, key: str) -> npt.NDArray[np.uint64]:
+    """Per value (Series) or row (DataFrame): its 64-bit SipHash under ``key``. The same
+    value gets the same hash in every batch; without the key nobody can tell the order."""
+    if len(key.encode("utf-8")) != KEY_BYTES:
+        raise ValueError(f"holdout key must be {KEY_BYTES} bytes")
     # pandas keys only its hash of strings (numbers are mixed without the key): take the
     # unkeyed 64-bit fingerprint of each value/row, then SipHash its 8 bytes with the key
     # (a fixed-width byte string with trailing NULs stripped is still one-to-one)
     fingerprint = pd.util.hash_pandas_object(values, index=False, categorize=False)
-    fingerprint = fingerprint.to_numpy(dtype="<u8")
-    as_bytes = fingerprint.view("S8").astype(object)
+    as_bytes = fingerprint.to_numpy(dtype="<u8").view("S8").astype(object)
     hashed = pd.util.hash_array(as_bytes, hash_key=key, categorize=False)
-    threshold = np.uint64(int(share * 2.0**64))  # share ≤ 0.5: at most 2**63
-    return np.asarray(np.asarray(hashed, dtype=np.uint64) < threshold, dtype=np.bool_)
+    return np.asarray(hashed, dtype=np.uint64)

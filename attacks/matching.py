@@ -131,6 +131,23 @@ def frequency_table(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame
     return sizes.rename(WEIGHT).reset_index()
 
 
+def records_of(frame: pd.DataFrame) -> int:
+    """How many records ``frame`` holds: its rows, or a frequency table's summed ``WEIGHT``."""
+    if WEIGHT in frame.columns:
+        return int(frame[WEIGHT].sum())
+    return len(frame)
+
+
+def expand_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frequency table's rows, each repeated ``WEIGHT`` times (the column dropped); a
+    frame without ``WEIGHT`` as it is."""
+    if WEIGHT not in frame.columns:
+        return frame
+    times = frame[WEIGHT].to_numpy(dtype=np.int64)
+    rows = frame.drop(columns=[WEIGHT])
+    return rows.iloc[np.repeat(np.arange(len(rows)), times)].reset_index(drop=True)
+
+
 # --------------------------------------------------------------------------- coverage
 
 

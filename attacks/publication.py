@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from anonymity.hierarchy import SUPPRESSED, Hierarchy
+from attacks.matching import WEIGHT, records_of
 
 __all__ = [
     "Alignment",
@@ -224,12 +225,23 @@ def reproduced_cells(
     keep = ~np.asarray(suppressed, dtype=bool)
     coarse = int(np.count_nonzero(mapped[keep].isna().any(axis=1).to_numpy()))
     if not keys:  # a total: the table's row count is the count
-        exact = int(n - n_sup == len(truth))
+        exact = int(n - n_sup == records_of(truth))
         return Reproduction(*names, (), n, n_sup, 0, max(len(cells), 1), exact)
     from_table = mapped[keep].dropna().value_counts()
-    true = pd.DataFrame(
+    true_keys = pd.DataFrame(
         {k: to_level(truth[k], hierarchies.get(k), levels.get(k, 0), 0) for k in keys}
-    ).value_counts()
+    )
+    if WEIGHT in truth.columns:  # a frequency table of the truth: its weights are the counts
+        summed = (
+            true_keys.assign(**{WEIGHT: truth[WEIGHT].to_numpy()})
+            .groupby(keys, observed=True, sort=False)[WEIGHT]
+            .sum()
+        )
+        true = pd.Series(
+            summed.to_numpy(), index=pd.MultiIndex.from_frame(summed.index.to_frame(index=False))
+        )
+    else:
+        true = true_keys.value_counts()
     published = cells[keys].astype(str)
     index = pd.MultiIndex.from_frame(published)  # value_counts of a frame: a MultiIndex
     got = from_table.reindex(index, fill_value=0).to_numpy()

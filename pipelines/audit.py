@@ -1,10 +1,11 @@
 """Attacks against every release of a run, and audit.json (DESIGN.md "Outputs").
 
 After the releases are staged, the driver reads what was published (data.csv and
-release.json of each release) plus the accepted input rows' QI and sensitive columns,
-which the pipeline wrote to the run's internal folder. The raw rows serve only as the
-attacker's targets (their QI values, which the attacker is assumed to know) and to score
-whether a guess was right; attacks read nothing else. The raw table itself is attacked
+release.json of each release) plus what the pipeline staged of the accepted input rows
+in the run's private work folder (never every row: ``load_truth``): the frequency table
+of their QI and sensitive columns and a keyed sample of target records. The targets'
+QI values are what the attacker is assumed to know; the table scores and counts; attacks
+read nothing else. The raw table itself is attacked
 as the no-protection baseline.
 
 - anonymised tables: homogeneity, background knowledge (b = 0…3, worst case or random),
@@ -54,7 +55,7 @@ from attacks.common import (
     matched_view,
     public_prior,
 )
-from attacks.matching import frequency_table
+from attacks.matching import WEIGHT, expand_rows, frequency_table, records_of
 from attacks.publication import published_levels
 from dp.noise import SeededTestSampler, planned_guarantee
 from pipelines.config import (
@@ -100,6 +101,18 @@ def forget_summaries() -> None:
     _SUMMARIES.clear()
 
 
+def attack_targets(
+    knowledge: AttackerKnowledge, raw: pd.DataFrame, targets: pd.DataFrame | None = None
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """(the target records, their positions: matched_view's key): ``targets`` when the
+    pipeline sampled them (``load_truth``), else the configured sample of ``raw``'s rows."""
+    if targets is not None:
+        return targets, np.arange(len(targets), dtype=np.int64)
+    rows = expand_rows(raw)
+    chosen = knowledge.target_rows(len(rows))
+    return rows.iloc[chosen], chosen
+
+
 def knowledge_of(cfg: AttacksConfig) -> AttackerKnowledge:
     """The attacker model of the config (background knowledge from its attack entry)."""
     bk = cfg.attacks().get("background_knowledge", {})
@@ -121,6 +134,7 @@ def _table_attacks(
     guarantee: Mapping[str, Any] | None,
     reference: Mapping[str, float],
     levels: Mapping[str, int] | None = None,
+    targets: pd.DataFrame | None = None,
 ) -> dict[str, AttackResult]:
     cfg = plan.config.attacks
     assert cfg is not None
@@ -130,10 +144,10 @@ def _table_attacks(
     wanted = {k: v for k, v in cfg.attacks().items() if k in TABLE_ATTACK_NAMES}
     if not wanted:
         return {}
-    rows = knowledge.target_rows(len(raw))
+    chosen, rows = attack_targets(knowledge, raw, targets)
     view = matched_view(  # remembered: the common attacker matches the same targets
         published,
-        raw.iloc[rows],
+        chosen,
         qis,
         sa,
         {q: hierarchies[q] for q in qis if q in hierarchies},
@@ -158,7 +172,9 @@ def _table_attacks(
     return out
 
 
-def _dp_attacks(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, AttackResult]:
+def _dp_attacks(
+    release: Release, raw: pd.DataFrame, plan: Plan, targets: pd.DataFrame | None = None
+) -> dict[str, AttackResult]:
     """Attacks on one DP release: attribute inference where the histogram allows it, and
     membership/differencing simulated with the noise of its (first) count query."""
     cfg = plan.config.attacks
@@ -188,7 +204,7 @@ def _dp_attacks(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, At
         histogram = release.data.assign(count=pd.to_numeric(release.data["count"]))
         knowledge = knowledge_of(cfg)
         out["attribute_inference"] = histogram_attribute_inference(
-            histogram, knowledge.select_targets(raw), qis_in, sa,
+            histogram, attack_targets(knowledge, raw, targets)[0], qis_in, sa,
             epsilon=eps, delta=delta, knowledge=knowledge,
         )  # fmt: skip
     noise = first.get("count_noise")
@@ -248,7 +264,9 @@ def ml_guess(reports: Any, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(weights.argmax(axis=1), dtype=np.int64)
 
 
-def _local_attack(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, AttackResult]:
+def _local_attack(
+    release: Release, raw: pd.DataFrame, plan: Plan, targets: pd.DataFrame | None = None
+) -> dict[str, AttackResult]:
     """The attacker reads a target's own local-DP report (simulated with the release's
     protocol and ε on the targets' true values) and guesses the value it supports; the
     bound and the MAP guess use the attribute's real distribution over the public domain
@@ -264,15 +282,20 @@ def _local_attack(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, 
     attribute, domain = params["attribute"], [str(v) for v in params["domain"]]
     if attribute not in raw.columns:
         return {}
-    targets = canonical_column(knowledge_of(cfg).select_targets(raw)[attribute])
-    codes = pd.Categorical(targets, categories=domain).codes.astype(np.int64)
+    chosen = attack_targets(knowledge_of(cfg), raw, targets)[0]
+    codes = pd.Categorical(canonical_column(chosen[attribute]), categories=domain).codes
+    codes = codes.astype(np.int64)
     codes = codes[codes >= 0]  # values outside the public domain are not reported
     oracle = params["oracle"]
     source = SeededRandom(cfg.seed)  # a simulation of the attacker's view, not a release
     reports = perturb(oracle["protocol"], codes, float(oracle["epsilon"]), len(domain), source)
     guess = ml_guess(reports, np.random.default_rng(cfg.seed))
     everyone = pd.Categorical(canonical_column(raw[attribute]), categories=domain).codes
-    prior = np.bincount(everyone[everyone >= 0], minlength=len(domain)).astype(np.float64)
+    weights = raw[WEIGHT].to_numpy(dtype=np.float64) if WEIGHT in raw.columns else None
+    present = everyone >= 0
+    prior = np.bincount(
+        everyone[present], None if weights is None else weights[present], minlength=len(domain)
+    ).astype(np.float64)
     eps = float(oracle["epsilon"])
     result = report_attack(
         codes, guess, epsilon=eps, domain_size=len(domain), prior=prior,
@@ -282,8 +305,14 @@ def _local_attack(release: Release, raw: pd.DataFrame, plan: Plan) -> dict[str, 
 
 
 def _reference(raw: pd.DataFrame, sa: str) -> dict[str, float]:
-    """The whole table's share of each sensitive value (canonical strings, as published)."""
-    shares = pd.Series(canonical_column(raw[sa])).value_counts(normalize=True)
+    """The whole table's share of each sensitive value (canonical strings, as published);
+    ``raw`` may be a frequency table (column ``WEIGHT``)."""
+    values = pd.Series(canonical_column(raw[sa]))
+    if WEIGHT in raw.columns:
+        summed = pd.Series(raw[WEIGHT].to_numpy(dtype=np.float64)).groupby(values).sum()
+        shares = (summed / summed.sum()).sort_values(ascending=False, kind="stable")
+    else:
+        shares = values.value_counts(normalize=True)
     return {str(k): float(v) for k, v in shares.items()}
 
 
@@ -314,6 +343,7 @@ def run_attacks(
     raw: pd.DataFrame,
     hierarchies: Mapping[str, Hierarchy],
     control: pd.DataFrame | None = None,
+    targets: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, AttackResult]]:
     """Every configured attack on the baseline (``raw``) and on the ``releases`` (continual
     counts are published after the attacks, their state advancing last; the attacks on
@@ -321,7 +351,9 @@ def run_attacks(
 
     ``raw`` holds the members (the published input's rows); ``control`` the control records
     of ``attacks.control`` (same columns, never in any release) or None without a control
-    set: the common attacker's baseline (pipelines/control.py)."""
+    set: the common attacker's baseline (pipelines/control.py). ``raw`` may be the rows'
+    frequency table (``load_truth``) and ``targets`` the pipeline's sample of target
+    records (None: the configured sample of ``raw``'s rows)."""
     s = plan.config.schema_
     qis, sa = list(s.quasi_identifiers), str(s.sensitive)
     reference = _reference(raw, sa)
@@ -334,6 +366,7 @@ def run_attacks(
             None,
             reference,
             {q: 0 for q in qis},
+            targets,
         )
     }
     wanted = plan.config.attacks.attacks() if plan.config.attacks else {}
@@ -342,12 +375,12 @@ def run_attacks(
             results[name] = _table_attacks(
                 summary_of(release.data, [*qis, sa]), raw, plan, hierarchies,
                 planned_guarantee(release.document), reference,
-                published_levels(release.document),
+                published_levels(release.document), targets,
             )  # fmt: skip
         elif release.kind in DP_KINDS:
-            results[name] = _dp_attacks(release, raw, plan)
+            results[name] = _dp_attacks(release, raw, plan, targets)
         elif release.kind == "local_dp" and "ldp_report" in wanted:
-            results[name] = _local_attack(release, raw, plan)
+            results[name] = _local_attack(release, raw, plan, targets)
     return results
 
 
@@ -464,6 +497,7 @@ def run_common(
     raw: pd.DataFrame,
     hierarchies: Mapping[str, Hierarchy],
     control: pd.DataFrame | None = None,
+    targets: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The common attacker (attacks.common) on the raw table (``BASELINE``) and every
     release: ``{name: {"attribute_inference": {...}, "membership": {...}}}``. ``raw``
@@ -476,11 +510,14 @@ def run_common(
     qis, sa = tuple(s.quasi_identifiers), str(s.sensitive)
     knowledge = knowledge_of(cfg)
     known = knowledge.known_qis(qis)
-    rows = knowledge.target_rows(len(raw))
-    members = raw.iloc[rows].set_axis(pd.Index(rows))  # positions: matched_view's key
+    chosen, rows = attack_targets(knowledge, raw, targets)
+    members = chosen.set_axis(pd.Index(rows))  # positions: matched_view's key
     controls = None if control is None else knowledge.select_targets(control).reset_index(drop=True)
     raw_sa = raw[sa].to_numpy(dtype=object)
-    population = public_prior(raw_sa, members[sa], None if controls is None else controls[sa])
+    weights = raw[WEIGHT].to_numpy() if WEIGHT in raw.columns else None
+    population = public_prior(
+        raw_sa, members[sa], None if controls is None else controls[sa], weights=weights
+    )
     out = {
         BASELINE: common_attack(
             RawRowsModel(summary_of(raw, [*known, sa]), known, sa),
@@ -538,6 +575,48 @@ def audit_columns(plan: Plan) -> list[str]:
     return [*s.quasi_identifiers, *([s.sensitive] if s.sensitive else [])]
 
 
+def staged_targets(plan: Plan) -> int | None:
+    """How many target records the pipeline samples for the attacks (``attacks.targets``),
+    or None: no attacks, or every record a target (taken from the frequency table)."""
+    cfg = plan.config.attacks
+    if cfg is None or cfg.targets == "all":
+        return None
+    return int(cfg.targets)
+
+
+def typed(table: pd.DataFrame, plan: Plan) -> pd.DataFrame:
+    """A staged frequency table's columns (strings) back in the types the reader gives
+    them (``Int64``, ``float64``), as the rows had them."""
+    types = plan.column_types()
+    out = {}
+    for c in table.columns:
+        if c != WEIGHT and types.get(c) == "integer":
+            out[c] = pd.to_numeric(table[c]).astype("Int64")
+        elif c != WEIGHT and types.get(c) == "float":
+            out[c] = pd.to_numeric(table[c]).astype("float64")
+    return table.assign(**out) if out else table
+
+
+def load_truth(plan: Plan, work: Path, name: str = RAW_TABLE) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What the pipeline staged for the audit (transforms.audit_truth): the accepted rows'
+    frequency table (audit columns and ``WEIGHT``) and the target records (the sampled
+    rows; every record, from the table, when ``attacks.targets`` is all or absent). The
+    targets frame's ``attrs["records"]`` holds how many rows the input had."""
+    from transforms.audit_truth import RECORDS
+
+    table = typed(pd.read_parquet(work / f"{name}_counts.parquet"), plan)
+    path = work / f"{name}.parquet"
+    if path.exists():
+        sample = pd.read_parquet(path)
+        records = int(sample[RECORDS].iloc[0]) if len(sample) else 0
+        targets = sample.drop(columns=[RECORDS])
+    else:
+        targets = expand_rows(table)
+        records = len(targets)
+    targets.attrs["records"] = records
+    return table, targets
+
+
 def wants_audit(plan: Plan) -> bool:
     """A report needs releases and quasi-identifiers (its workload), unless switched off."""
     rc = plan.config.report
@@ -557,6 +636,7 @@ def write_audit(
     common: Mapping[str, Mapping[str, Any]] | None = None,
     work: Path | None = None,
     control: pd.DataFrame | None = None,
+    targets: pd.DataFrame | None = None,
 ) -> dict[str, Path]:
     """audit.json, report.md and report.html of the staged run (into ``into``, default the
     staging folder); releases already read for the attacks are not read again. ``common``:
@@ -603,7 +683,7 @@ def write_audit(
             },
         )
     if attacks is not None:
-        audit["attacker"] = attacker_summary(plan, len(raw), control)
+        audit["attacker"] = attacker_summary(plan, records_of(raw), control)
     published = list(manifest.get("published") or [])
     candidates = list(manifest.get("candidates") or [])
     b = plan.config.budget
@@ -632,7 +712,9 @@ def write_audit(
     # the publication as a whole: what the published set gives together (and, marked
     # hypothetical, what publishing a candidate beside it would give)
     with stage("publication_attacks"):
-        audit["publication_attacks"] = publication_attacks(plan, releases, raw, hierarchies, pub)
+        audit["publication_attacks"] = publication_attacks(
+            plan, releases, raw, hierarchies, pub, targets
+        )
     audit.setdefault("findings", []).extend(breach_findings(audit["publication_attacks"]))
     forget_summaries()
     with stage("report"):

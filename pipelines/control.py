@@ -101,8 +101,19 @@ def load_controls(plan: Plan, work: Path) -> pd.DataFrame | None:
                 f"input's reader rejects ({where}); fix them (the control file is read and "
                 "validated like the input)"
             )
-    table = work / f"{CONTROL_TABLE}.parquet"
-    return pd.read_parquet(table) if table.exists() else None
+    if not (work / f"{CONTROL_TABLE}_counts.parquet").exists():
+        return None
+    from pipelines.audit import load_truth
+
+    # the control records' sample of targets (``attrs["records"]``: how many there were)
+    return load_truth(plan, work, CONTROL_TABLE)[1]
+
+
+def control_records(control: pd.DataFrame | None) -> int:
+    """How many control records the run held out or read (the staged sample says it)."""
+    if control is None:
+        return 0
+    return int(control.attrs.get("records", len(control)))
 
 
 def control_summary(plan: Plan, control: pd.DataFrame | None) -> dict[str, Any]:
@@ -113,5 +124,5 @@ def control_summary(plan: Plan, control: pd.DataFrame | None) -> dict[str, Any]:
     return {
         "source": "holdout" if c.holdout is not None else "file",
         "share": c.holdout,
-        "records": 0 if control is None else len(control),
+        "records": control_records(control),
     }

@@ -33,7 +33,7 @@ import pandas as pd
 
 from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
 from attacks.composition import compose_tables
-from attacks.matching import suppressed_rows
+from attacks.matching import WEIGHT, expand_rows, records_of, suppressed_rows
 from attacks.publication import (
     Alignment,
     _ancestors,
@@ -168,9 +168,12 @@ def _differencing(
                 for k in keys:
                     if k in raw and k not in canonical:
                         canonical[k] = canonical_column(raw[k])
-                truth = pd.DataFrame({k: canonical[k] for k in keys if k in raw})
+                # indexed like raw: a total (no keys) still counts raw's records
+                truth = pd.DataFrame({k: canonical[k] for k in keys if k in raw}, index=raw.index)
                 if len(truth.columns) < len(keys):
                     continue  # a key the audit does not hold (not a QI or the SA)
+                if WEIGHT in raw.columns:  # a frequency table: its weights are the counts
+                    truth[WEIGHT] = raw[WEIGHT].to_numpy()
                 found = reproduced_cells(
                     table, _cells(releases[d], query), truth, keys, levels, hierarchies,
                     suppressed, names=(t, d, query),
@@ -187,7 +190,7 @@ def _differencing(
             # an exact record total beside the DP cells: the table's length (suppressed
             # rows included unless dropped) is the input's exact size
             shown = records.get("suppressed_as") != "drop" or bool(records.get("dropped"))
-            exact = shown and len(table) + int(records.get("dropped") or 0) == len(raw)
+            exact = shown and len(table) + int(records.get("dropped") or 0) == records_of(raw)
             cells = sum(len(_cells(releases[d], q)) for q, _, _ in queries)
             single = exact and any(not keys for _, keys, _ in queries)
             out.append(
@@ -444,7 +447,8 @@ def reconstruction_entry(
         truth_codes.append(np.asarray(found_at, dtype=np.int64)[codes])
     ok = np.all(np.stack(truth_codes) >= 0, axis=0)
     flat = np.ravel_multi_index([t[ok] for t in truth_codes], sizes)
-    truth = np.bincount(flat, minlength=int(np.prod(sizes))).astype(np.int64)
+    weights = raw[WEIGHT].to_numpy(dtype=np.float64)[ok] if WEIGHT in raw.columns else None
+    truth = np.rint(np.bincount(flat, weights, minlength=int(np.prod(sizes)))).astype(np.int64)
     try:
         found = memo.reconstruct(sizes, marginals)
     except ValueError as e:  # inconsistent exact counts: nothing fits them, nothing to score
@@ -490,22 +494,28 @@ def publication_attacks(
     raw: pd.DataFrame,
     hierarchies: Mapping[str, Hierarchy],
     checked: Mapping[str, Any] | None = None,
+    targets: pd.DataFrame | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Every publication attack on the published set and, hypothetically, on sets that
     involve candidates. Reads the public artefacts of ``releases``; ``raw`` (accepted
     rows: QIs and SA) gives the targets' QIs and scores. ``checked``: the run's
     publication check (``manifest["publication"]``), whose row-order alignments of the
-    published tables are reused, not recomputed."""
+    published tables are reused, not recomputed. ``raw`` may be the frequency table of
+    the rows (column ``WEIGHT``); ``targets``: the attacker's sampled target rows (None:
+    the configured sample of ``raw``'s rows)."""
     from pipelines.audit import knowledge_of
 
     s = plan.config.schema_
     qis = list(s.quasi_identifiers)
     columns = [*qis, *([s.sensitive] if s.sensitive else [])]
     published = set(plan.config.published())
-    targets, known = raw, None
+    chosen, known = raw if targets is None else targets, None  # every record, or the sample
     if plan.config.attacks is not None:
         knowledge = knowledge_of(plan.config.attacks)
-        targets, known = knowledge.select_targets(raw), knowledge.known_qis(qis)
+        known = knowledge.known_qis(qis)
+        if targets is None:
+            chosen = knowledge.select_targets(expand_rows(raw))
+    targets = chosen
     tables = [n for n, r in releases.items() if r.kind in ANONYMITY_KINDS]
     counts = [n for n, r in releases.items() if r.kind in COUNT_KINDS]
     out: dict[str, list[dict[str, Any]]] = {a: [] for a in ATTACKS}

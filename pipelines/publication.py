@@ -31,7 +31,7 @@ import pandas as pd
 
 from anonymity.hierarchy import Hierarchy, canonical_column
 from attacks.composition import compose_tables
-from attacks.matching import frequency_table, suppressed_rows
+from attacks.matching import WEIGHT, frequency_table, suppressed_rows
 from attacks.publication import (
     published_levels,
     reproduced_cells,
@@ -176,10 +176,11 @@ def check_combination(
     combination unless the config accepts it. Returns the findings for manifest/audit.
 
     ``folder``: where the releases are staged (``<name>/``); ``loaded``: those already
-    read (reports.Release by name); ``raw``: the accepted rows (QIs and SA) for the
-    numerical check; ``dp_keys``: per DP count release, its queries as (query name, key
-    columns, levels). A count not staged yet (a continual count, published last) is
-    checked against every key combination of the data.
+    read (reports.Release by name); ``raw``: the accepted rows (QIs and SA), or their
+    frequency table (column ``attacks.matching.WEIGHT``), for the numerical check;
+    ``dp_keys``: per DP count release, its queries as (query name, key columns, levels).
+    A count not staged yet (a continual count, published last) is checked against every
+    key combination of the data.
     """
     from reports import load_release
 
@@ -200,11 +201,14 @@ def check_combination(
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
         for d in counts:
             for query, keys, levels in dp_keys[d]:
-                truth = pd.DataFrame(
-                    {k: canonical_column(raw[k]) for k in keys if raw is not None and k in raw}
+                truth = pd.DataFrame(  # indexed like raw: a total (no keys) counts its records
+                    {k: canonical_column(raw[k]) for k in keys if raw is not None and k in raw},
+                    index=None if raw is None else raw.index,
                 )
                 if raw is None or len(truth.columns) < len(keys):
                     truth = pd.DataFrame(columns=list(keys))
+                elif WEIGHT in raw.columns:  # the truth as a frequency table: its weights
+                    truth[WEIGHT] = raw[WEIGHT].to_numpy()
                 if d in releases:
                     cells = releases[d].data
                     mine = cells[cells["query"] == query] if "query" in cells.columns else cells

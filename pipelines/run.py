@@ -33,8 +33,10 @@ from pipelines.audit import (
     forget_summaries,
     headline,
     load_releases,
+    load_truth,
     run_attacks,
     run_common,
+    staged_targets,
     wants_audit,
     write_audit,
 )
@@ -49,6 +51,7 @@ from pipelines.control import (
     CONTROL_REJECTED,
     CONTROL_TABLE,
     control_config,
+    control_records,
     control_spec,
     control_summary,
     holdout_share,
@@ -78,6 +81,7 @@ from transforms.anonymize import (
     counted_columns,
     hash_units,
 )
+from transforms.audit_truth import StageAuditTruth
 from transforms.dp_aggregate import AggregateDPCells, DPCellsJob
 from transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from transforms.io import InputSpec, ReadMicrodata, inspect_input
@@ -213,19 +217,16 @@ def build_graph(
             )
     several = len(plan.config.published()) > 1
     if (plan.config.attacks is not None or wants_audit(plan) or several) and audit_columns(plan):
-        # the truth for the audit, the attacker's targets and the publication check:
-        # accepted rows, QIs + SA (in the private scratch folder, outside DIR)
-        cols = audit_columns(plan)
-        _ = (
-            batches
-            | "AuditColumns" >> beam.Map(lambda df, c: df[c], cols)
-            | "WriteAuditRows" >> WriteTable(str(out.work), RAW_TABLE, cols, "parquet")
+        # the truth for the audit, the attacker's targets and the publication check: the
+        # accepted rows' frequency table (QIs + SA) and a keyed sample of target records
+        # (in the private scratch folder, outside DIR), never every row
+        cols, n, key = audit_columns(plan), staged_targets(plan), new_holdout_key()
+        _ = batches | "AuditColumns" >> StageAuditTruth(
+            str(out.work), RAW_TABLE, cols, n, key, s.privacy_unit
         )
         if controls is not None:  # the control rows: the attacks' baseline, never published
-            _ = (
-                controls
-                | "ControlColumns" >> beam.Map(lambda df, c: df[c], cols)
-                | "WriteControlRows" >> WriteTable(str(out.work), CONTROL_TABLE, cols, "parquet")
+            _ = controls | "ControlColumns" >> StageAuditTruth(
+                str(out.work), CONTROL_TABLE, cols, n, key, s.privacy_unit
             )
     labeler = HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)
     # every DP and continual release in one step (continual: bounded per-cell counts of
@@ -436,7 +437,7 @@ def _run(
         profile, value_counts = split_internal(load_json(str(out.work / "profile.json")))
         rejected = pd.read_csv(out.internal / "rejected.csv", dtype={"file": str, "reason": str})
         control = load_controls(plan, out.work)
-        held_out = len(control) if control is not None and holdout_share(plan) else 0
+        held_out = control_records(control) if control is not None and holdout_share(plan) else 0
         exact = not (jobs or sweep_jobs or ljobs or cjobs)  # else: no figures in refusals
         check_rejected(plan, profile["rows"] + held_out, rejected, exact)
         check_max_units(plan, profile)
@@ -468,15 +469,17 @@ def _run(
                 local_summary = publish_local(
                     ljobs, plan, out.work, out.staging, insecure_seed, log
                 )
-        raw = attack_results = attack_rates = None
+        raw = targets = attack_results = attack_rates = None
         loaded = {}
-        if (out.work / f"{RAW_TABLE}.parquet").exists():
-            raw = pd.read_parquet(out.work / f"{RAW_TABLE}.parquet")
+        if (out.work / f"{RAW_TABLE}_counts.parquet").exists():  # frequency table, targets
+            raw, targets = load_truth(plan, out.work)
         if plan.config.attacks is not None:
             log("privpipe: attacking every release (and the raw table as the baseline)")
             with stage("attacks"):
                 loaded = load_releases(plan, out.staging, ATTACKED_KINDS)
-                attack_results = run_attacks(plan, loaded, raw, hierarchies, control=control)
+                attack_results = run_attacks(
+                    plan, loaded, raw, hierarchies, control=control, targets=targets
+                )
             attack_rates = headline(attack_results)
         names = [r.name for r in plan.config.releases]
         chosen = [n for n in names if n in published]
@@ -542,12 +545,15 @@ def _run(
             if plan.config.attacks is not None:  # every release staged (continual too)
                 with stage("common"):
                     every = common_releases(plan, out.staging, loaded)
-                    common = run_common(plan, every, raw, hierarchies, control=control)
+                    common = run_common(
+                        plan, every, raw, hierarchies, control=control, targets=targets
+                    )
                 loaded = {**loaded, **every}  # write_audit reads none of them again
             with stage("audit"):  # utility, publication_attacks and report timed inside
                 write_audit(
                     plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
                     into=out.internal, common=common, work=out.work, control=control,
+                    targets=targets,
                 )  # fmt: skip
             manifest["report"] = f"{INTERNAL}/report.html"
         details: dict[str, Any] = {}

@@ -172,8 +172,10 @@ def _numbers(values: pd.Series) -> FloatArray:
 
 
 def raw_release(raw: pd.DataFrame, columns: Sequence[str], name: str = "raw") -> Release:
-    """The raw table as a release (the no-protection baseline; answers with 0 error)."""
-    return Release(name=name, kind="raw", data=raw.loc[:, list(columns)], document={})
+    """The raw table as a release (the no-protection baseline; answers with 0 error);
+    ``raw`` may be a frequency table (its ``WEIGHT`` column is kept)."""
+    cols = [*columns, *([WEIGHT] if WEIGHT in raw.columns else [])]
+    return Release(name=name, kind="raw", data=raw.loc[:, cols], document={})
 
 
 def _table_source(release: Release) -> Source:
@@ -186,8 +188,10 @@ def _table_source(release: Release) -> Source:
     data = release.data
     # one source row per distinct published row, its count the rows it stands for: the
     # same answers as one row per record, at the size of the classes, not of the rows
-    distinct = frequency_table(data, [str(c) for c in data.columns])
-    labels = canonical_frame(distinct, [str(c) for c in data.columns])
+    # (a frequency table, the raw baseline's, is merged adding its weights)
+    columns = [str(c) for c in data.columns if c != WEIGHT]
+    distinct = frequency_table(data, columns)
+    labels = canonical_frame(distinct, columns)
     return Source(
         release.name, labels, distinct[WEIGHT].to_numpy(dtype=np.float64), levels, numeric
     )
@@ -731,12 +735,21 @@ def own_utility(
             if keys
             else {"__all": [""] * len(raw)}
         )
-        if counts:
+        weights = raw[WEIGHT].to_numpy(dtype=np.float64) if WEIGHT in raw.columns else None
+        if counts and weights is not None:  # a frequency table: its weights are the counts
+            true = pd.Series(weights).groupby([mapped[k] for k in key], sort=False).sum()
+        elif counts:
             true = mapped.groupby(key, sort=False).size().astype(np.float64)
         elif has_raw:
             numbers = pd.to_numeric(raw[str(value)], errors="coerce")
-            grouped = numbers.groupby([mapped[k] for k in key], sort=False)
-            true = grouped.mean() if column == "mean" else grouped.sum()
+            by = [mapped[k] for k in key]
+            if weights is None:
+                grouped = numbers.groupby(by, sort=False)
+                true = grouped.mean() if column == "mean" else grouped.sum()
+            else:  # each distinct row counts its weight (missing values count nowhere)
+                w = pd.Series(np.where(numbers.notna().to_numpy(), weights, 0.0))
+                summed = (pd.Series(numbers.fillna(0.0).to_numpy()) * w).groupby(by).sum()
+                true = summed / w.groupby(by).sum() if column == "mean" else summed
         else:
             true = pd.Series(dtype=np.float64)
         true.index = pd.MultiIndex.from_frame(true.index.to_frame(index=False))

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from attacks.control import holdout_mask, key_from_hex, new_holdout_key
+from attacks.matching import WEIGHT, expand_rows, frequency_table
 from pipelines.cli import main
 from privpipe.errors import ConfigError
 from tests.layout import internal_file, release_dir
@@ -162,6 +163,7 @@ def holdout_run(
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen["raw"], seen["control"] = args[2].copy(), kwargs.get("control")
+        seen["args"], seen["kwargs"] = args, kwargs
         return real(*args, **kwargs)
 
     mp = pytest.MonkeyPatch()
@@ -214,8 +216,10 @@ def test_attacks_get_members_as_raw_and_the_others_as_control(
     controls = data[data["person_id"].isin(held)]
     raw, control = seen["raw"], seen["control"]
     assert control is not None
-    assert list(control.columns) == list(raw.columns) == ["zip", "age", "sex", "diagnosis"]
-    assert sorted(raw["diagnosis"].astype(str)) == sorted(members["diagnosis"])
+    # the members as a frequency table (never every row staged), the controls' records
+    assert list(control.columns) == ["zip", "age", "sex", "diagnosis"]
+    assert list(raw.columns) == ["zip", "age", "sex", "diagnosis", WEIGHT]
+    assert sorted(expand_rows(raw)["diagnosis"].astype(str)) == sorted(members["diagnosis"])
     assert sorted(control["diagnosis"].astype(str)) == sorted(controls["diagnosis"])
     audit = json.loads(internal_file(out, "audit.json").read_text())
     assert audit["attacker"]["control"] == {
@@ -226,6 +230,36 @@ def test_attacks_get_members_as_raw_and_the_others_as_control(
     assert manifest["rows_held_out"] == len(controls)
     assert manifest["rows_accepted"] == len(data)
     assert manifest["profile"]["rows"] == len(members)
+
+
+@pytest.mark.slow
+def test_the_frequency_table_gives_the_rows_figures(holdout_run: tuple[Path, Any, Path]) -> None:
+    """The staged frequency table (never every row) and the rows it stands for give the
+    same attacks, common attacker and publication attacks on the same targets."""
+    from pipelines.audit import run_attacks, run_common
+    from pipelines.pubattacks import publication_attacks
+
+    _, seen, _ = holdout_run
+    plan, loaded, table, hierarchies = seen["args"][:4]
+    control, targets = seen["kwargs"]["control"], seen["kwargs"]["targets"]
+    assert WEIGHT in table.columns and targets is not None
+    # every row twice: the table's weights are 2, its size that of the distinct rows
+    rows = pd.concat([expand_rows(table)] * 2, ignore_index=True)
+    table = frequency_table(rows, [c for c in table.columns if c != WEIGHT])
+    assert len(table) < len(rows) and set(table[WEIGHT]) == {2}
+
+    def plain(found: Any) -> Any:
+        return {n: {a: r.as_dict() for a, r in f.items()} for n, f in found.items()}
+
+    summed = run_attacks(plan, loaded, table, hierarchies, control=control, targets=targets)
+    whole = run_attacks(plan, loaded, rows, hierarchies, control=control, targets=targets)
+    assert plain(summed) == plain(whole)
+    assert run_common(plan, loaded, table, hierarchies, control, targets) == run_common(
+        plan, loaded, rows, hierarchies, control, targets
+    )
+    assert publication_attacks(plan, loaded, table, hierarchies, None, targets) == (
+        publication_attacks(plan, loaded, rows, hierarchies, None, targets)
+    )
 
 
 def _ints(doc: Any) -> set[int]:

@@ -1,0 +1,127 @@
+"""What the audit needs from the accepted rows, without staging every row.
+
+Two combines over the batches, each bounded by something other than the number of rows:
+
+- the frequency table of the audit columns (QIs and the sensitive attribute) with each
+  distinct row's multiplicity (``transforms.anonymize.FrequencyTable``; column
+  ``attacks.matching.WEIGHT``): the truth the audit scores and counts against;
+- the attacker's targets: a fixed number of rows, those of the persons with the smallest
+  keyed hash (``attacks.control.keyed_hashes`` of the privacy unit, then of the row), so
+  the sample is reproducible within a run (both reads, every batch split) and, the key
+  being fresh per run from the OS CSPRNG, unpredictable across runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import apache_beam as beam
+import numpy as np
+import pandas as pd
+from apache_beam.pvalue import PCollection
+
+from attacks.control import keyed_hashes
+from attacks.matching import WEIGHT
+from transforms.anonymize import COUNT, FrequencyTable
+from transforms.sink import WriteTable
+
+RECORDS = "__records__"  # the sample's column: how many rows the whole input had
+_FIRST, _SECOND = "__h1__", "__h2__"
+
+
+@dataclass
+class _Sample:
+    rows: pd.DataFrame | None  # at most n rows with their two hash columns
+    seen: int
+
+
+class SmallestHashRows(beam.CombineFn):  # type: ignore[misc]
+    """Batches -> the ``n`` rows of ``columns`` with the smallest (hash of the unit, hash of
+    the row) under ``key``: whole persons first, a fixed-size sample. The output has a
+    column ``RECORDS``: how many rows came in (every row of the frame holds it)."""
+
+    def __init__(self, columns: Sequence[str], n: int, key: str, unit: str | None) -> None:
+        self.columns, self.n, self.key, self.unit = list(columns), int(n), key, unit
+
+    def create_accumulator(self) -> _Sample:
+        return _Sample(None, 0)
+
+    def _keep(self, parts: Iterable[pd.DataFrame]) -> pd.DataFrame | None:
+        frames = [f for f in parts if f is not None and len(f)]
+        if not frames:
+            return None
+        both = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        if len(both) <= self.n and len(frames) == 1:
+            return both
+        order = np.lexsort((both[_SECOND].to_numpy(), both[_FIRST].to_numpy()))[: self.n]
+        return both.iloc[order].reset_index(drop=True)
+
+    def add_input(self, acc: _Sample, batch: pd.DataFrame) -> _Sample:
+        if not len(batch):
+            return acc
+        rows = batch[self.columns].reset_index(drop=True)
+        if self.unit:  # persons first; the row's hash orders the rows of one person
+            first = keyed_hashes(batch[self.unit], self.key)
+            if acc.rows is not None and len(acc.rows) >= self.n:  # only rows that can enter
+                fits = first <= acc.rows[_FIRST].to_numpy().max()
+                rows, first = rows[fits].reset_index(drop=True), first[fits]
+            second = keyed_hashes(rows, self.key)
+        else:
+            first = second = keyed_hashes(rows, self.key)
+        mine = rows.assign(**{_FIRST: first, _SECOND: second})
+        if len(mine) > self.n:  # the batch's own n smallest first
+            order = np.lexsort((second, first))[: self.n]
+            mine = mine.iloc[order].reset_index(drop=True)
+        return _Sample(self._keep([acc.rows, mine]) if acc.rows is not None else mine,
+                       acc.seen + len(batch))  # fmt: skip
+
+    def merge_accumulators(self, accs: Iterable[_Sample]) -> _Sample:
+        accs = list(accs)
+        return _Sample(self._keep([a.rows for a in accs]), sum(a.seen for a in accs))
+
+    def extract_output(self, acc: _Sample) -> pd.DataFrame:
+        if acc.rows is None:
+            out = pd.DataFrame({c: pd.Series([], dtype=object) for c in self.columns})
+        else:
+            order = np.lexsort((acc.rows[_SECOND].to_numpy(), acc.rows[_FIRST].to_numpy()))
+            out = acc.rows.iloc[order][self.columns].reset_index(drop=True)
+        return out.assign(**{RECORDS: np.full(len(out), acc.seen, dtype=np.int64)})
+
+
+class StageAuditTruth(beam.PTransform):  # type: ignore[misc]
+    """Batches -> ``<directory>/<name>_counts.parquet`` (the frequency table of
+    ``columns``, weights in ``WEIGHT``) and, with ``targets``, ``<directory>/<name>.parquet``
+    (the ``targets`` sampled rows, column ``RECORDS`` the number of rows)."""
+
+    def __init__(
+        self,
+        directory: str,
+        name: str,
+        columns: Sequence[str],
+        targets: int | None,
+        key: str,
+        unit: str | None,
+    ) -> None:
+        super().__init__()
+        self.directory, self.name, self.columns = directory, name, list(columns)
+        self.targets, self.key, self.unit = targets, key, unit
+
+    def expand(self, batches: PCollection) -> PCollection:
+        cols = self.columns
+        table = batches | "Counts" >> beam.CombineGlobally(FrequencyTable(cols))
+        written = (
+            table
+            | "Weights" >> beam.Map(lambda t: t.rename(columns={COUNT: WEIGHT}))
+            | "WriteCounts"
+            >> WriteTable(self.directory, f"{self.name}_counts", [*cols, WEIGHT], "parquet")
+        )
+        if self.targets is None:
+            return written
+        unit = self.unit if self.unit else None
+        sample = batches | "Targets" >> beam.CombineGlobally(
+            SmallestHashRows(cols, self.targets, self.key, unit)
+        )
+        return sample | "WriteTargets" >> WriteTable(
+            self.directory, self.name, [*cols, RECORDS], "parquet"
+        )
