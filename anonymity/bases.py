@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from anonymity.arrays import unique_first_inverse
 
-__all__ = ["Base", "decode", "group_codes", "regroup"]
+__all__ = ["Base", "decode", "group_codes", "regroup", "weight_dtype", "weight_sums"]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -50,9 +50,9 @@ class Base:
     levels: tuple[int, ...]
     labels: tuple[CodeArray, ...]
     sa: CodeArray | None
-    counts: FloatArray
-    singles: FloatArray | None
-    first: FloatArray | None
+    counts: npt.NDArray[np.floating[Any]]
+    singles: npt.NDArray[np.floating[Any]] | None
+    first: npt.NDArray[np.floating[Any]] | None
     multi: IntArray
     units: IntArray
 
@@ -116,24 +116,26 @@ def weight_sums(inverse: npt.NDArray[Any], weights: FloatArray, n: int) -> Float
     return np.bincount(inverse, weights=weights, minlength=n)
 
 
+def weight_dtype(n_records: int) -> np.dtype[Any]:
+    """float32 for the weights of base rows when every sum is exact in it (below 2^24
+    records), else float64: the summed weights are integers."""
+    return np.dtype(np.float32 if n_records < 1 << 24 else np.float64)
+
+
 def regroup(
     base: Base,
     levels: tuple[int, ...],
-    labels: list[npt.NDArray[Any]],
+    codes: IntArray,
+    space: int,
     radices: tuple[int, ...],
     sa_radix: int,
     n_units: int,
     dense_limit: int,
 ) -> Base:
-    """``base`` regrouped at ``levels`` (a generalisation of ``base.levels``), given
-    ``labels``, each QI's label of every base row at ``levels``, and ``radices``, the
-    number of labels of each QI there."""
-    codes = np.zeros(base.n_rows, dtype=np.int64) if base.sa is None else base.sa.astype(np.int64)
-    stride = sa_radix
-    for j in range(len(radices) - 1, -1, -1):
-        codes += np.multiply(labels[j], stride, dtype=np.int64)
-        stride *= radices[j]
-    present, inverse = group_codes(codes, stride, dense_limit)
+    """``base`` regrouped at ``levels`` (a generalisation of ``base.levels``), given the
+    dense ``codes`` of its rows there (in 0..space-1; ``radices``: the number of labels of
+    each QI there)."""
+    present, inverse = group_codes(codes, space, dense_limit)
     n_cells = int(present.shape[0])
     counts = weight_sums(inverse, base.counts, n_cells)
     singles = None if base.singles is None else weight_sums(inverse, base.singles, n_cells)
@@ -160,13 +162,14 @@ def regroup(
         singles = None if singles is None else np.concatenate([singles[simple], zeros])
         first = None if first is None else np.concatenate([first[simple], zeros])
     digits, sa = decode(cell_codes, radices, sa_radix)
+    dtype = base.counts.dtype
     return Base(
         levels,
         tuple(d.astype(code_dtype(r)) for d, r in zip(digits, radices, strict=True)),
         None if base.sa is None else sa.astype(code_dtype(sa_radix)),
-        counts,
-        singles,
-        first,
+        counts.astype(dtype),
+        None if singles is None else singles.astype(dtype),
+        None if first is None else first.astype(dtype),
         multi,
         units,
     )

@@ -56,7 +56,15 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.arrays import sorted_unique, unique_first_inverse
-from anonymity.bases import Base, code_dtype, decode, group_codes, regroup, weight_sums
+from anonymity.bases import (
+    Base,
+    code_dtype,
+    decode,
+    group_codes,
+    regroup,
+    weight_dtype,
+    weight_sums,
+)
 from anonymity.hierarchy import Hierarchy
 from anonymity.lattice import Lattice, Node
 from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
@@ -79,9 +87,9 @@ space is at most this many times the number of rows (a flag array of that many b
 BASE_QIS: Final = 2
 """Bases (``anonymity.bases``) are keyed by the levels of this many QIs: those with the
 most values present in the summary (they make summary rows distinct)."""
-BASE_BYTES: Final = 96 << 20
-"""Bytes of bases kept per evaluator (least recently used evicted first; the summary's
-own rows are not counted)."""
+BASE_BYTES: Final = 128 << 20
+"""Bytes of bases kept per evaluator (the summary's own rows not counted): once full, no
+more bases are built (none is evicted, it would be rebuilt)."""
 BASE_GAIN: Final = 0.9
 """A base is kept only when it has at most this share of the rows of the base it was
 regrouped from (else that base serves its nodes)."""
@@ -423,7 +431,7 @@ class Evaluator:
         self._no_gain: set[tuple[int, ...]] = set()
         self._base_bytes = 0
         self._summary_base: Base | None = None
-        self._lift: dict[tuple[int, int, int], CodeArray] = {}
+        self._lift: dict[tuple[int, int, int, int], IntArray] = {}
         self.sa_distribution: FloatArray | None = None
         if self.use_sa:
             self.sa_distribution = summary.sa_counts().astype(np.float64) / summary.n_records
@@ -712,19 +720,10 @@ class Evaluator:
         """Classes of ``node`` from the rows of ``base`` (a specialisation of ``node``):
         the rows' dense codes at ``node`` grouped (a flag array when the key space is
         small, else a sort), then the weights summed per cell."""
-        radices = tuple(self._qi[j].n_labels(level) for j, level in enumerate(node))
-        codes = (
-            np.zeros(base.n_rows, dtype=np.int64) if base.sa is None else base.sa.astype(np.int64)
-        )
-        stride = self.sa_radix
-        for j in range(len(node) - 1, -1, -1):
-            codes += np.multiply(self._lifted(base, j, node[j]), stride, dtype=np.int64)
-            stride *= radices[j]
+        codes, radices, stride = self._codes(base, node)
         present, inverse = group_codes(codes, stride, max(DENSE_FACTOR * base.n_rows, 1 << 16))
         del codes
-        digits, keys = decode(present, radices, self.sa_radix)
-        for j, digit in enumerate(digits):
-            keys += digit * self.strides[j]
+        keys = self._packed(present, radices)
         n_cells = keys.shape[0]
         counts = np.rint(weight_sums(inverse, base.counts, n_cells)).astype(np.int64)
         singles = first = pairs = None
@@ -736,6 +735,59 @@ class Evaluator:
             pairs = self._pairs_from(inverse[base.multi], base.units, n_cells)
         return self._from_cells(node, keys, counts, singles, pairs, first)
 
+    def _codes(self, base: Base, node: Node) -> tuple[IntArray, tuple[int, ...], int]:
+        """Dense code of every row of ``base`` at ``node`` (first QI most significant, SA
+        the lowest digit), the number of labels of each QI there, and the key space."""
+        radices = tuple(self._qi[j].n_labels(level) for j, level in enumerate(node))
+        codes = (
+            np.zeros(base.n_rows, dtype=np.int64) if base.sa is None else base.sa.astype(np.int64)
+        )
+        stride = self.sa_radix
+        for j in range(len(node) - 1, -1, -1):
+            codes += self._lift_table(j, base.levels[j], node[j], stride)[base.labels[j]]
+            stride *= radices[j]
+        return codes, radices, stride
+
+    def _packed(self, codes: IntArray, radices: tuple[int, ...]) -> IntArray:
+        """Packed cell keys (``strides``) of dense codes at a node with ``radices``: the
+        codes split at a QI into a high and a low part, each decoded once into a table
+        (a few thousand entries each) instead of every code digit by digit."""
+        n_qi = len(radices)
+        low_space = self.sa_radix
+        split = n_qi
+        total = self.sa_radix * math.prod(radices)
+        while split > 0 and low_space * low_space < total:
+            split -= 1
+            low_space *= radices[split]
+        digits, sa = decode(np.arange(low_space, dtype=np.int64), radices[split:], self.sa_radix)
+        low = sa
+        for j, digit in zip(range(split, n_qi), digits, strict=True):
+            low += digit * self.strides[j]
+        high_space = total // low_space
+        high = np.zeros(high_space, dtype=np.int64)
+        if split:
+            digits, _ = decode(np.arange(high_space, dtype=np.int64), radices[:split], 1)
+            for j, digit in enumerate(digits):
+                high += digit * self.strides[j]
+        if high_space == 1:
+            return low[codes]
+        quotient, remainder = np.divmod(codes, low_space)
+        return high[quotient] + low[remainder]
+
+    def _lift_table(self, qi: int, start: int, level: int, stride: int) -> IntArray:
+        """Per local label id of QI ``qi`` at ``start``: its local id at ``level`` times
+        ``stride`` (cached: a few hundred entries)."""
+        key = (qi, start, level, stride)
+        table = self._lift.get(key)
+        if table is None:
+            info = self._qi[qi]
+            mapping = np.arange(info.n_labels(start), dtype=np.int64)
+            for step in range(start, level):
+                mapping = info.up[step][mapping]
+            table = mapping * stride
+            self._lift[key] = table
+        return table
+
     def _pairs_from(
         self, multi_cells: npt.NDArray[Any], units: IntArray, n_cells: int
     ) -> IntArray | None:
@@ -745,36 +797,19 @@ class Evaluator:
             return None
         return sorted_unique(multi_cells.astype(np.int64) * self.n_units + units)
 
-    def _lifted(self, base: Base, qi: int, level: int) -> npt.NDArray[Any]:
-        """Per row of ``base``: the local label id of QI ``qi`` at ``level``."""
-        if base is self._summary_base:
-            return self._labels_of_rows(qi, level)
-        start = base.levels[qi]
-        if level == start:
-            return base.labels[qi]
-        key = (qi, start, level)
-        table = self._lift.get(key)
-        if table is None:
-            info = self._qi[qi]
-            mapping = np.arange(info.n_labels(start), dtype=np.int64)
-            for step in range(start, level):
-                mapping = info.up[step][mapping]
-            table = mapping.astype(code_dtype(info.n_labels(level)))
-            self._lift[key] = table
-        return table[base.labels[qi]]
-
     def _base_of_summary(self) -> Base:
         """The summary rows as a base (every QI at level 0)."""
         if self._summary_base is None:
             n_qi = len(self._qi)
-            singles = None if self._single is None else self._single.astype(np.float64)
-            first = None if self._first is None else self._first.astype(np.float64)
+            dtype = weight_dtype(self.n_records)
+            singles = None if self._single is None else self._single.astype(dtype)
+            first = None if self._first is None else self._first.astype(dtype)
             units = self._multi if self.units is None else self.units[self._multi]
             self._summary_base = Base(
                 (0,) * n_qi,
                 tuple(self._labels_of_rows(j, 0) for j in range(n_qi)),
                 self._row_sa if self.use_sa else None,
-                self.summary.counts.astype(np.float64),
+                self.summary.counts.astype(dtype),
                 singles,
                 first,
                 self._multi,
@@ -805,22 +840,21 @@ class Evaluator:
         target = [0] * len(node)
         for j, level in zip(self._base_qis, key, strict=True):
             target[j] = level
-        radices = tuple(self._qi[j].n_labels(level) for j, level in enumerate(target))
+        codes, radices, space = self._codes(best, tuple(target))
         built = regroup(
             best,
             tuple(target),
-            [self._lifted(best, j, level) for j, level in enumerate(target)],
+            codes,
+            space,
             radices,
             self.sa_radix,
             self.n_units,
             max(DENSE_FACTOR * best.n_rows, 1 << 16),
         )
-        if built.n_rows > BASE_GAIN * best.n_rows or built.nbytes > BASE_BYTES:
+        # kept only when it pays and fits (no eviction: a base evicted would be rebuilt)
+        if built.n_rows > BASE_GAIN * best.n_rows or self._base_bytes + built.nbytes > BASE_BYTES:
             self._no_gain.add(key)
             return best
-        while self._bases and self._base_bytes + built.nbytes > BASE_BYTES:
-            _, old = self._bases.popitem(last=False)
-            self._base_bytes -= old.nbytes
         self._bases[key] = built
         self._base_bytes += built.nbytes
         return built
