@@ -21,7 +21,7 @@ Pure core: numpy only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -55,6 +55,8 @@ class Base:
     first: npt.NDArray[np.floating[Any]] | None
     multi: IntArray
     units: IntArray
+    lifted: dict[tuple[int, int], CodeArray] = field(default_factory=dict)
+    """Labels of the rows at higher levels, (QI, level) -> ids, cached by the evaluator."""
 
     @property
     def n_rows(self) -> int:
@@ -72,6 +74,7 @@ class Base:
             self.first,
             self.multi,
             self.units,
+            *self.lifted.values(),
         ]
         return sum(array.nbytes for array in arrays if array is not None)
 

@@ -14,8 +14,11 @@ one level from a node already evaluated (``Evaluator.rollup``) then rewrites one
 the sorted cell keys; the result consists of sorted runs that a stable (run-aware) sort
 merges in near-linear time. Work is proportional to the number of cells of the
 predecessor, which shrinks quickly towards the top of the lattice. A node evaluated
-from the summary rows is counted with a dense ``bincount`` when its key space is small
-(most nodes above the bottom), else sorted. When the packed key space would not fit in
+without a cached specialisation is counted from the rows of a base (``anonymity.bases``:
+the summary regrouped once at the levels of the two QIs with the most values, so a node
+at zip level 3 is counted from the rows at zip level 3, far fewer than the summary's),
+with a dense ``bincount`` when its key space is small (most nodes above the bottom),
+else sorted. When the packed key space would not fit in
 63 bits (many QIs with large domains), classes are grouped from the summary rows column
 by column instead (slower, same result; ``Evaluator(packed=False)`` forces it).
 
@@ -62,7 +65,6 @@ from anonymity.bases import (
     decode,
     group_codes,
     regroup,
-    weight_dtype,
     weight_sums,
 )
 from anonymity.hierarchy import Hierarchy
@@ -743,10 +745,33 @@ class Evaluator:
             np.zeros(base.n_rows, dtype=np.int64) if base.sa is None else base.sa.astype(np.int64)
         )
         stride = self.sa_radix
+        scaled = np.empty(base.n_rows, dtype=np.int64)
         for j in range(len(node) - 1, -1, -1):
-            codes += self._lift_table(j, base.levels[j], node[j], stride)[base.labels[j]]
+            np.multiply(self._base_labels(base, j, node[j]), stride, out=scaled, dtype=np.int64)
+            codes += scaled
             stride *= radices[j]
         return codes, radices, stride
+
+    def _base_labels(self, base: Base, qi: int, level: int) -> CodeArray:
+        """Per row of ``base``: the local label id of QI ``qi`` at ``level`` (compact;
+        cached with the base while the bases' bytes stay within ``BASE_BYTES``)."""
+        if base is self._summary_base:
+            return self._labels_of_rows(qi, level)
+        start = base.levels[qi]
+        if level == start:
+            return base.labels[qi]
+        cached = base.lifted.get((qi, level))
+        if cached is not None:
+            return cached
+        info = self._qi[qi]
+        table = self._lift_table(qi, start, level, 1).astype(code_dtype(info.n_labels(level)))
+        lifted: CodeArray = table[base.labels[qi]]
+        if self._base_bytes + lifted.nbytes <= BASE_BYTES and any(
+            found is base for found in self._bases.values()
+        ):
+            base.lifted[(qi, level)] = lifted
+            self._base_bytes += lifted.nbytes
+        return lifted
 
     def _packed(self, codes: IntArray, radices: tuple[int, ...]) -> IntArray:
         """Packed cell keys (``strides``) of dense codes at a node with ``radices``: the
@@ -801,7 +826,7 @@ class Evaluator:
         """The summary rows as a base (every QI at level 0)."""
         if self._summary_base is None:
             n_qi = len(self._qi)
-            dtype = weight_dtype(self.n_records)
+            dtype = np.dtype(np.float64)  # no conversion per count
             singles = None if self._single is None else self._single.astype(dtype)
             first = None if self._first is None else self._first.astype(dtype)
             units = self._multi if self.units is None else self.units[self._multi]
