@@ -33,7 +33,8 @@ __all__ = ["Base", "decode", "group_codes", "regroup", "weight_dtype", "weight_s
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
-CodeArray: TypeAlias = npt.NDArray[np.unsignedinteger[Any]]
+WeightArray: TypeAlias = npt.NDArray[np.floating[Any]]
+CodeArray: TypeAlias = npt.NDArray[np.integer[Any]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,9 +51,9 @@ class Base:
     levels: tuple[int, ...]
     labels: tuple[CodeArray, ...]
     sa: CodeArray | None
-    counts: npt.NDArray[np.floating[Any]]
-    singles: npt.NDArray[np.floating[Any]] | None
-    first: npt.NDArray[np.floating[Any]] | None
+    counts: WeightArray
+    singles: WeightArray | None
+    first: WeightArray | None
     multi: IntArray
     units: IntArray
     lifted: dict[tuple[int, int], CodeArray] = field(default_factory=dict)
@@ -114,9 +115,9 @@ def decode(
     return digits, sa
 
 
-def weight_sums(inverse: npt.NDArray[Any], weights: FloatArray, n: int) -> FloatArray:
+def weight_sums(inverse: npt.NDArray[Any], weights: WeightArray, n: int) -> FloatArray:
     """Sum of ``weights`` per group (exact: the sums are integers below 2^53)."""
-    return np.bincount(inverse, weights=weights, minlength=n)
+    return np.asarray(np.bincount(inverse, weights=weights, minlength=n), dtype=np.float64)
 
 
 def weight_dtype(n_records: int) -> np.dtype[Any]:

@@ -752,7 +752,7 @@ class Evaluator:
             stride *= radices[j]
         return codes, radices, stride
 
-    def _base_labels(self, base: Base, qi: int, level: int) -> CodeArray:
+    def _base_labels(self, base: Base, qi: int, level: int) -> npt.NDArray[np.integer[Any]]:
         """Per row of ``base``: the local label id of QI ``qi`` at ``level`` (compact;
         cached with the base while the bases' bytes stay within ``BASE_BYTES``)."""
         if base is self._summary_base:
@@ -765,7 +765,7 @@ class Evaluator:
             return cached
         info = self._qi[qi]
         table = self._lift_table(qi, start, level, 1).astype(code_dtype(info.n_labels(level)))
-        lifted: CodeArray = table[base.labels[qi]]
+        lifted = table[base.labels[qi]]
         if self._base_bytes + lifted.nbytes <= BASE_BYTES and any(
             found is base for found in self._bases.values()
         ):
