@@ -10,7 +10,8 @@ order. The bound is the metric without suppression, which suppression can only r
 and it is non-decreasing along generalisation; so once a node's bound exceeds the best
 value found, no later node can beat it and the search stops. Classes are rolled up from
 a cached evaluated specialisation (a direct predecessor, or a farther one with far
-fewer cells; see ``transformation``), else counted from the summary rows.
+fewer cells; see ``transformation``), else counted from the rows of the smallest base
+below the node (``anonymity.bases``; the summary rows at worst).
 
 Monotonicity is used only where it is valid (REFERENCE.md):
 - Failure goes down: if a node fails the *monotone* models (k-anonymity, distinct
@@ -461,7 +462,7 @@ class _OptimalState:
     def _classes(self, rank: int) -> EquivalenceClasses:
         """Rolled up from the cached node with the fewest cells among the node's
         specialisations (a direct predecessor merges sorted runs; any other is regrouped),
-        else counted from the summary rows."""
+        else counted from a base (``Evaluator.classes``)."""
         node = self.nodes[rank]
         flat = self.flat[rank]
         source: tuple[int, EquivalenceClasses] | None = None

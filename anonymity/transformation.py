@@ -14,8 +14,11 @@ one level from a node already evaluated (``Evaluator.rollup``) then rewrites one
 the sorted cell keys; the result consists of sorted runs that a stable (run-aware) sort
 merges in near-linear time. Work is proportional to the number of cells of the
 predecessor, which shrinks quickly towards the top of the lattice. A node evaluated
-from the summary rows is counted with a dense ``bincount`` when its key space is small
-(most nodes above the bottom), else sorted. When the packed key space would not fit in
+without a cached specialisation is counted from the rows of a base (``anonymity.bases``:
+the summary regrouped once at the levels of the two QIs with the most values, so a node
+at zip level 3 is counted from the rows at zip level 3, far fewer than the summary's),
+with a dense ``bincount`` when its key space is small (most nodes above the bottom),
+else sorted. When the packed key space would not fit in
 63 bits (many QIs with large domains), classes are grouped from the summary rows column
 by column instead (slower, same result; ``Evaluator(packed=False)`` forces it).
 
@@ -46,6 +49,7 @@ Pure core: numpy, pandas and the standard library only (no Beam).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -55,6 +59,14 @@ import numpy.typing as npt
 import pandas as pd
 
 from anonymity.arrays import sorted_unique, unique_first_inverse
+from anonymity.bases import (
+    Base,
+    code_dtype,
+    decode,
+    group_codes,
+    regroup,
+    weight_sums,
+)
 from anonymity.hierarchy import Hierarchy
 from anonymity.lattice import Lattice, Node
 from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
@@ -72,8 +84,17 @@ level is cached; int64 would take 8 bytes per distinct tuple each). Promote to i
 
 _KEY_LIMIT: Final = 1 << 62
 DENSE_FACTOR: Final = 8
-"""A node is counted from the summary rows without a sort when its key space is at most
-this many times the number of summary rows (a flag array of that many bytes)."""
+"""A node is counted from the summary rows (or a base's rows) without a sort when its key
+space is at most this many times the number of rows (a flag array of that many bytes)."""
+BASE_QIS: Final = 2
+"""Bases (``anonymity.bases``) are keyed by the levels of this many QIs: those with the
+most values present in the summary (they make summary rows distinct)."""
+BASE_BYTES: Final = 128 << 20
+"""Bytes of bases kept per evaluator (the summary's own rows not counted): once full, no
+more bases are built (none is evicted, it would be rebuilt)."""
+BASE_GAIN: Final = 0.9
+"""A base is kept only when it has at most this share of the rows of the base it was
+regrouped from (else that base serves its nodes)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,9 +124,7 @@ class QIArrays:
         return int(self.to_global[level].shape[0])
 
 
-def _code_dtype(n: int) -> np.dtype[Any]:
-    """The smallest unsigned dtype holding 0..n-1."""
-    return np.min_scalar_type(max(n - 1, 0))
+_code_dtype = code_dtype
 
 
 def _build_qi(hierarchy: Hierarchy, codes: IntArray, counts: IntArray) -> QIArrays:
@@ -404,6 +423,17 @@ class Evaluator:
         )
         self._row_labels: dict[tuple[int, int], CodeArray] = {}
         self._tuple_index: tuple[IntArray, IntArray] | None = None
+        # bases (``anonymity.bases``): keyed by the levels of the base QIs
+        ranked = sorted(
+            (j for j, h in enumerate(self.hierarchies) if h.height > 0),
+            key=lambda j: (-self.radices[j], j),
+        )
+        self._base_qis = tuple(sorted(ranked[:BASE_QIS]))
+        self._bases: OrderedDict[tuple[int, ...], Base] = OrderedDict()
+        self._no_gain: set[tuple[int, ...]] = set()
+        self._base_bytes = 0
+        self._summary_base: Base | None = None
+        self._lift: dict[tuple[int, int, int, int], IntArray] = {}
         self.sa_distribution: FloatArray | None = None
         if self.use_sa:
             self.sa_distribution = summary.sa_counts().astype(np.float64) / summary.n_records
@@ -680,59 +710,179 @@ class Evaluator:
     # ----------------------------------------------------------------- evaluation
 
     def classes(self, levels: Sequence[int]) -> EquivalenceClasses:
-        """Equivalence classes of the transformation ``levels``, from the summary rows."""
+        """Equivalence classes of the transformation ``levels``, counted from the rows of
+        the smallest base below it (``anonymity.bases``; the summary rows at worst)."""
         node = self._check(levels)
         if not self.packed:
             classes, _ = self.classes_with_rows(node)
             return classes
-        radices = [self._qi[j].n_labels(level) for j, level in enumerate(node)]
-        space = math.prod(radices) * self.sa_radix
-        if space <= max(DENSE_FACTOR * self.summary.n_distinct, 1 << 16):
-            # small key space: mark the keys present in a dense flag array (no sort),
-            # number them in key order, then re-pack them
-            dense = self._row_sa.copy()
-            stride = self.sa_radix
-            for j in range(len(node) - 1, -1, -1):
-                dense += np.multiply(self._labels_of_rows(j, node[j]), stride, dtype=np.int64)
-                stride *= radices[j]
-            seen = np.zeros(space, dtype=bool)
-            seen[dense] = True
-            present = np.flatnonzero(seen)
-            del seen
-            index_of = np.empty(space, dtype=np.int32 if present.shape[0] < 1 << 31 else np.int64)
-            index_of[present] = np.arange(present.shape[0], dtype=index_of.dtype)
-            inverse = index_of[dense]
-            del index_of
-            keys = present % self.sa_radix
-            rest = present // self.sa_radix
-            for j in range(len(node) - 1, -1, -1):
-                keys += (rest % radices[j]) * self.strides[j]
-                rest //= radices[j]
-            return self._cells_of_rows(node, keys, inverse)
-        keys = self._row_keys(node)
-        order = np.argsort(keys)
-        ordered = keys[order]
-        starts = _starts(ordered)
-        inverse = np.empty(order.shape[0], dtype=np.int64)
-        flags = np.zeros(order.shape[0], dtype=np.int64)
-        flags[starts] = 1
-        inverse[order] = np.cumsum(flags) - 1
-        return self._cells_of_rows(node, ordered[starts], inverse)
+        return self._count(self._base_for(node), node)
 
-    def _cells_of_rows(
-        self, node: Node, cell_keys: IntArray, inverse: npt.NDArray[Any]
-    ) -> EquivalenceClasses:
-        """Classes from the sorted distinct cell keys and the cell of every summary row:
-        record counts, and with privacy units the per-cell sums and pairs they carry."""
-        n_cells = cell_keys.shape[0]
-        tally = np.bincount(inverse, weights=self.summary.counts, minlength=n_cells)
-        counts = np.rint(tally).astype(np.int64)
+    def _count(self, base: Base, node: Node) -> EquivalenceClasses:
+        """Classes of ``node`` from the rows of ``base`` (a specialisation of ``node``):
+        the rows' dense codes at ``node`` grouped (a flag array when the key space is
+        small, else a sort), then the weights summed per cell."""
+        codes, radices, stride = self._codes(base, node)
+        present, inverse = group_codes(codes, stride, max(DENSE_FACTOR * base.n_rows, 1 << 16))
+        del codes
+        keys = self._packed(present, radices)
+        n_cells = keys.shape[0]
+        counts = np.rint(weight_sums(inverse, base.counts, n_cells)).astype(np.int64)
         singles = first = pairs = None
+        if base.singles is not None:
+            singles = np.rint(weight_sums(inverse, base.singles, n_cells)).astype(np.int64)
+        if base.first is not None:
+            first = np.rint(weight_sums(inverse, base.first, n_cells)).astype(np.int64)
         if self._single is not None:
-            singles = np.bincount(inverse[self._single_rows], minlength=n_cells).astype(np.int64)
-            first = np.bincount(inverse[self._first_rows], minlength=n_cells).astype(np.int64)
-            pairs = self._pairs_of(inverse[self._multi], cell_keys)
-        return self._from_cells(node, cell_keys, counts, singles, pairs, first)
+            pairs = self._pairs_from(inverse[base.multi], base.units, n_cells)
+        return self._from_cells(node, keys, counts, singles, pairs, first)
+
+    def _codes(self, base: Base, node: Node) -> tuple[IntArray, tuple[int, ...], int]:
+        """Dense code of every row of ``base`` at ``node`` (first QI most significant, SA
+        the lowest digit), the number of labels of each QI there, and the key space."""
+        radices = tuple(self._qi[j].n_labels(level) for j, level in enumerate(node))
+        codes = (
+            np.zeros(base.n_rows, dtype=np.int64) if base.sa is None else base.sa.astype(np.int64)
+        )
+        stride = self.sa_radix
+        scaled = np.empty(base.n_rows, dtype=np.int64)
+        for j in range(len(node) - 1, -1, -1):
+            np.multiply(self._base_labels(base, j, node[j]), stride, out=scaled, dtype=np.int64)
+            codes += scaled
+            stride *= radices[j]
+        return codes, radices, stride
+
+    def _base_labels(self, base: Base, qi: int, level: int) -> npt.NDArray[np.integer[Any]]:
+        """Per row of ``base``: the local label id of QI ``qi`` at ``level`` (compact;
+        cached with the base while the bases' bytes stay within ``BASE_BYTES``)."""
+        if base is self._summary_base:
+            return self._labels_of_rows(qi, level)
+        start = base.levels[qi]
+        if level == start:
+            return base.labels[qi]
+        cached = base.lifted.get((qi, level))
+        if cached is not None:
+            return cached
+        info = self._qi[qi]
+        table = self._lift_table(qi, start, level, 1).astype(code_dtype(info.n_labels(level)))
+        lifted = table[base.labels[qi]]
+        if self._base_bytes + lifted.nbytes <= BASE_BYTES and any(
+            found is base for found in self._bases.values()
+        ):
+            base.lifted[(qi, level)] = lifted
+            self._base_bytes += lifted.nbytes
+        return lifted
+
+    def _packed(self, codes: IntArray, radices: tuple[int, ...]) -> IntArray:
+        """Packed cell keys (``strides``) of dense codes at a node with ``radices``: the
+        codes split at a QI into a high and a low part, each decoded once into a table
+        (a few thousand entries each) instead of every code digit by digit."""
+        n_qi = len(radices)
+        low_space = self.sa_radix
+        split = n_qi
+        total = self.sa_radix * math.prod(radices)
+        while split > 0 and low_space * low_space < total:
+            split -= 1
+            low_space *= radices[split]
+        digits, sa = decode(np.arange(low_space, dtype=np.int64), radices[split:], self.sa_radix)
+        low = sa
+        for j, digit in zip(range(split, n_qi), digits, strict=True):
+            low += digit * self.strides[j]
+        high_space = total // low_space
+        high = np.zeros(high_space, dtype=np.int64)
+        if split:
+            digits, _ = decode(np.arange(high_space, dtype=np.int64), radices[:split], 1)
+            for j, digit in enumerate(digits):
+                high += digit * self.strides[j]
+        if high_space == 1:
+            return low[codes]
+        quotient, remainder = np.divmod(codes, low_space)
+        return high[quotient] + low[remainder]
+
+    def _lift_table(self, qi: int, start: int, level: int, stride: int) -> IntArray:
+        """Per local label id of QI ``qi`` at ``start``: its local id at ``level`` times
+        ``stride`` (cached: a few hundred entries)."""
+        key = (qi, start, level, stride)
+        table = self._lift.get(key)
+        if table is None:
+            info = self._qi[qi]
+            mapping = np.arange(info.n_labels(start), dtype=np.int64)
+            for step in range(start, level):
+                mapping = info.up[step][mapping]
+            table = mapping * stride
+            self._lift[key] = table
+        return table
+
+    def _pairs_from(
+        self, multi_cells: npt.NDArray[Any], units: IntArray, n_cells: int
+    ) -> IntArray | None:
+        """Distinct (cell index, person) of the rows of persons with several rows, packed
+        (None when the packed pairs could overflow int64: persons are then recounted)."""
+        if n_cells * self.n_units >= _KEY_LIMIT:
+            return None
+        return sorted_unique(multi_cells.astype(np.int64) * self.n_units + units)
+
+    def _base_of_summary(self) -> Base:
+        """The summary rows as a base (every QI at level 0)."""
+        if self._summary_base is None:
+            n_qi = len(self._qi)
+            dtype = np.dtype(np.float64)  # no conversion per count
+            singles = None if self._single is None else self._single.astype(dtype)
+            first = None if self._first is None else self._first.astype(dtype)
+            units = self._multi if self.units is None else self.units[self._multi]
+            self._summary_base = Base(
+                (0,) * n_qi,
+                tuple(self._labels_of_rows(j, 0) for j in range(n_qi)),
+                self._row_sa if self.use_sa else None,
+                self.summary.counts.astype(dtype),
+                singles,
+                first,
+                self._multi,
+                units.astype(np.int64, copy=False),
+            )
+        return self._summary_base
+
+    def _base_for(self, node: Node) -> Base:
+        """The base with the fewest rows below ``node``. The base of ``node``'s levels of
+        the base QIs is regrouped (once) from the best one there is, and kept when it
+        has at most ``BASE_GAIN`` of its rows, within ``BASE_BYTES`` (LRU)."""
+        summary = self._base_of_summary()
+        if not self._base_qis:
+            return summary
+        key = tuple(node[j] for j in self._base_qis)
+        found = self._bases.get(key)
+        if found is not None:
+            self._bases.move_to_end(key)
+            return found
+        best = summary
+        for levels, base in self._bases.items():
+            if base.n_rows < best.n_rows and all(a <= b for a, b in zip(levels, key, strict=True)):
+                best = base
+        if key in self._no_gain or not any(key):
+            return best
+        if best.multi.shape[0] and best.n_rows * self.n_units >= _KEY_LIMIT:
+            return best  # its (cell, person) pairs could not be packed
+        target = [0] * len(node)
+        for j, level in zip(self._base_qis, key, strict=True):
+            target[j] = level
+        codes, radices, space = self._codes(best, tuple(target))
+        built = regroup(
+            best,
+            tuple(target),
+            codes,
+            space,
+            radices,
+            self.sa_radix,
+            self.n_units,
+            max(DENSE_FACTOR * best.n_rows, 1 << 16),
+        )
+        # kept only when it pays and fits (no eviction: a base evicted would be rebuilt)
+        if built.n_rows > BASE_GAIN * best.n_rows or self._base_bytes + built.nbytes > BASE_BYTES:
+            self._no_gain.add(key)
+            return best
+        self._bases[key] = built
+        self._base_bytes += built.nbytes
+        return built
 
     def classes_with_rows(self, levels: Sequence[int]) -> tuple[EquivalenceClasses, IntArray]:
         """Classes of ``levels`` and the class index of every summary row."""
@@ -912,14 +1062,6 @@ class Evaluator:
             unit = classes.multi_pairs - old * radix
             pairs = sorted_unique(new_of_old[old] * radix + unit)
         return self._from_cells(node, keys[starts], counts, singles, pairs, first)
-
-    def _pairs_of(self, multi_cells: npt.NDArray[Any], cells: IntArray) -> IntArray | None:
-        """Distinct (cell index, person) of the rows of persons with several rows, packed
-        (None when the packed pairs could overflow int64: persons are then recounted)."""
-        if self.units is None or cells.shape[0] * self.n_units >= _KEY_LIMIT:
-            return None
-        packed = multi_cells.astype(np.int64) * self.n_units + self.units[self._multi]
-        return sorted_unique(packed)
 
     def _from_cells(
         self,

@@ -1,0 +1,189 @@
+"""Bases (``anonymity.bases``): classes counted from a base's rows equal those counted
+from the summary rows, whatever base, with persons spanning several rows; and the check
+says no when a base is wrong."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import anonymity.bases as bases
+import anonymity.transformation as transformation
+from anonymity.hierarchy import Hierarchy, build_grouping
+from anonymity.summary import Summary
+from anonymity.transformation import EquivalenceClasses, Evaluator
+
+
+def _same(a: EquivalenceClasses, b: EquivalenceClasses) -> None:
+    assert a.levels == b.levels
+    np.testing.assert_array_equal(a.sizes, b.sizes)
+    np.testing.assert_array_equal(a.cell_class, b.cell_class)
+    np.testing.assert_array_equal(a.cell_count, b.cell_count)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    for name in ("cell_sa", "cell_single", "cell_first", "multi_pairs"):
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+def _from_summary(ev: Evaluator, node: tuple[int, ...]) -> EquivalenceClasses:
+    """The reference: counted from the summary rows themselves (no base)."""
+    return ev._count(ev._base_of_summary(), node)
+
+
+def _nodes(ev: Evaluator) -> list[tuple[int, ...]]:
+    return [tuple(int(x) for x in node) for node in ev.lattice().nodes().tolist()]
+
+
+@st.composite
+def visit_tables(draw: st.DrawFn) -> tuple[pd.DataFrame, dict[str, Hierarchy]]:
+    """Random visits: 3 QIs with 2-3 level hierarchies, persons with one to several
+    rows whose QIs may differ (so some persons span several tuples and cells)."""
+    qis = ["q0", "q1", "q2"]
+    hier = {}
+    for q in qis:
+        size = draw(st.integers(2, 6))
+        groups = draw(st.integers(1, size))
+        first = {f"{q}{i}": f"{q}g{draw(st.integers(0, groups - 1))}" for i in range(size)}
+        hier[q] = build_grouping(q, [first, dict.fromkeys(set(first.values()), "*")])
+    n = draw(st.integers(1, 40))
+    n_persons = draw(st.integers(1, n))
+    data: dict[str, list[str]] = {
+        "P": [f"p{draw(st.integers(0, n_persons - 1))}" for _ in range(n)],
+        "S": [f"s{draw(st.integers(0, 2))}" for _ in range(n)],
+    }
+    for q in qis:
+        size = hier[q].domain_size
+        data[q] = [f"{q}{draw(st.integers(0, size - 1))}" for _ in range(n)]
+    return pd.DataFrame(data), hier
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(visit_tables(), st.booleans(), st.booleans(), st.randoms(use_true_random=False))
+def test_classes_from_any_base_equal_classes_from_the_summary(
+    table: tuple[pd.DataFrame, dict[str, Hierarchy]],
+    use_sa: bool,
+    with_units: bool,
+    rng: object,
+) -> None:
+    df, hier = table
+    qis = ["q0", "q1", "q2"]
+    summary = Summary.from_frame(df, qis, "S", hier, unit="P" if with_units else None)
+    nodes = _nodes(Evaluator(summary, hier))
+    order = list(nodes)
+    rng.shuffle(order)  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transformation, "BASE_GAIN", 1.0)  # keep every base, even small ones
+        ev = Evaluator(summary, hier, use_sa=use_sa)
+        reference = {node: _from_summary(ev, node) for node in nodes}
+        for node in order:  # bases built in a random order, each from the best one below
+            _same(ev.classes(node), reference[node])
+        built = dict(ev._bases)
+        assert (
+            built
+            or len(ev._base_qis) == 0
+            or all(not any(node[j] for j in ev._base_qis) for node in nodes)
+        )
+        for key, base in built.items():  # and every node above each base, from it
+            for node in nodes:
+                if all(node[j] >= level for j, level in zip(ev._base_qis, key, strict=True)):
+                    counted = ev._count(base, node)
+                    _same(counted, reference[node])
+                    _same(ev.in_units(counted), ev.in_units(reference[node]))
+        if with_units and ev.units is not None:  # persons by brute force
+            units = summary.unit_codes
+            assert units is not None
+            for node in nodes:
+                direct = ev.classes(node)
+                row_class = direct.row_classes()
+                view = ev.in_units(direct)
+                for c in range(direct.n_classes):
+                    assert view.sizes[c] == np.unique(units[row_class == c]).shape[0]
+
+
+def _spanning() -> tuple[Summary, dict[str, Hierarchy]]:
+    """Person p0 visits with zips z0 and z1 (one group at level 1) and the same SA; p1,
+    p2 once each."""
+    zips = build_grouping("zip", [{"z0": "g0", "z1": "g0", "z2": "g1"}, {"g0": "*", "g1": "*"}])
+    age = build_grouping("age", [{"a0": "b0", "a1": "b0"}, {"b0": "*"}])
+    sex = build_grouping("sex", [{"f": "*", "m": "*"}])
+    hier = {"zip": zips, "age": age, "sex": sex}
+    df = pd.DataFrame(
+        {
+            "zip": ["z0", "z1", "z0", "z2"],
+            "age": ["a0", "a0", "a1", "a1"],
+            "sex": ["f", "f", "m", "m"],
+            "S": ["x", "x", "y", "x"],
+            "P": ["p0", "p0", "p1", "p2"],
+        }
+    )
+    return Summary.from_frame(df, ["zip", "age", "sex"], "S", hier, unit="P"), hier
+
+
+def test_a_person_spanning_two_rows_is_counted_once_from_a_base() -> None:
+    summary, hier = _spanning()
+    ev = Evaluator(summary, hier)
+    assert ev._base_qis == (0, 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transformation, "BASE_GAIN", 1.0)
+        classes = ev.classes((2, 1, 1))  # regroups the base at zip 2, age 1
+    assert (2, 1) in ev._bases
+    view = ev.in_units(classes)
+    # one class of persons {p0, p1, p2}: p0 once although two of its rows merged
+    assert view.sizes.tolist() == [3]
+    assert dict(zip(view.cell_sa.tolist(), view.cell_count.tolist(), strict=True)) == {0: 2, 1: 1}
+
+
+def test_the_check_says_no_when_a_base_treats_every_person_as_simple() -> None:
+    """A base that merges the rows of persons with several tuples as if they were simple
+    (summing their rows as distinct pairs) counts p0 twice: the comparison catches it."""
+    summary, hier = _spanning()
+    real_regroup = bases.regroup
+
+    def wrong(base: bases.Base, *args: object, **kwargs: object) -> bases.Base:
+        n = base.n_rows
+        simple = bases.Base(
+            base.levels,
+            base.labels,
+            base.sa,
+            base.counts,
+            np.ones(n) if base.singles is not None else None,
+            np.ones(n) if base.first is not None else None,
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int64),
+        )
+        return real_regroup(simple, *args, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transformation, "BASE_GAIN", 1.0)
+        patch.setattr(transformation, "regroup", wrong)
+        ev = Evaluator(summary, hier)
+        bad = ev.classes((2, 1, 1))
+    good = _from_summary(ev, (2, 1, 1))
+    with pytest.raises(AssertionError):
+        _same(ev.in_units(bad), ev.in_units(good))
+    assert ev.in_units(bad).sizes.tolist() == [4]
+
+
+def test_bases_are_bounded_and_unhelpful_ones_are_not_kept() -> None:
+    summary, hier = _spanning()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transformation, "BASE_GAIN", 1.0)
+        patch.setattr(transformation, "BASE_BYTES", 1)  # nothing fits
+        ev = Evaluator(summary, hier)
+        for node in itertools.product((0, 1, 2), (0, 1, 2), (0, 1)):
+            if node[1] <= 2 and node[0] <= 2:
+                _same(ev.classes(node), _from_summary(ev, node))
+        assert not ev._bases and ev._base_bytes == 0
+    ev = Evaluator(summary, hier)  # default gain: four rows do not shrink at age 1
+    ev.classes((0, 1, 0))
+    assert not ev._bases and (0, 1) in ev._no_gain
+    ev.classes((1, 0, 0))  # three rows at zip 1 (p0's two merge): kept
+    assert list(ev._bases) == [(1, 0)] and ev._bases[(1, 0)].n_rows == 3
