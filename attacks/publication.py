@@ -200,6 +200,7 @@ def reproduced_cells(
     *,
     names: tuple[str, str, str] = ("table", "release", "query"),
     table_levels: Mapping[str, int] | None = None,
+    true: pd.Series | None = None,
 ) -> Reproduction:
     """Whether grouping ``table`` by ``keys`` reproduces the DP ``cells`` exactly.
 
@@ -207,7 +208,9 @@ def reproduced_cells(
     ``levels``); ``truth``: the accepted input rows (raw values of ``keys``), the count
     each cell estimates; ``suppressed``: per table row, True if the row was suppressed;
     ``table_levels``: the levels a full-domain table published its columns at (labels
-    read at those levels only; None: each label at its lowest level).
+    read at those levels only; None: each label at its lowest level); ``true``: the
+    truth's ``true_counts`` for these keys and levels when the caller already has them
+    (they do not depend on the table).
     """
     keys = list(keys)
     missing = tuple(k for k in keys if k not in table.columns)
@@ -228,26 +231,38 @@ def reproduced_cells(
         exact = int(n - n_sup == records_of(truth))
         return Reproduction(*names, (), n, n_sup, 0, max(len(cells), 1), exact)
     from_table = mapped[keep].dropna().value_counts()
-    true_keys = pd.DataFrame(
-        {k: to_level(truth[k], hierarchies.get(k), levels.get(k, 0), 0) for k in keys}
-    )
-    if WEIGHT in truth.columns:  # a frequency table of the truth: its weights are the counts
-        summed = (
-            true_keys.assign(**{WEIGHT: truth[WEIGHT].to_numpy()})
-            .groupby(keys, observed=True, sort=False)[WEIGHT]
-            .sum()
-        )
-        true = pd.Series(
-            summed.to_numpy(), index=pd.MultiIndex.from_frame(summed.index.to_frame(index=False))
-        )
-    else:
-        true = true_keys.value_counts()
+    if true is None:
+        true = true_counts(truth, keys, levels, hierarchies)
     published = cells[keys].astype(str)
     index = pd.MultiIndex.from_frame(published)  # value_counts of a frame: a MultiIndex
     got = from_table.reindex(index, fill_value=0).to_numpy()
     want = true.reindex(index, fill_value=0).to_numpy()
     exact = int(np.count_nonzero((got == want) & (want > 0)))
     return Reproduction(*names, tuple(keys), n, n_sup, coarse, len(cells), exact)
+
+
+def true_counts(
+    truth: pd.DataFrame,
+    keys: Sequence[str],
+    levels: Mapping[str, int],
+    hierarchies: Mapping[str, Hierarchy],
+) -> pd.Series:
+    """The count each cell of ``keys`` (labels at ``levels``) estimates: the truth's rows,
+    or with a ``WEIGHT`` column (a frequency table) its summed weights, per cell."""
+    keys = list(keys)
+    true_keys = pd.DataFrame(
+        {k: to_level(truth[k], hierarchies.get(k), levels.get(k, 0), 0) for k in keys}
+    )
+    if WEIGHT not in truth.columns:
+        return true_keys.value_counts()
+    summed = (
+        true_keys.assign(**{WEIGHT: truth[WEIGHT].to_numpy()})
+        .groupby(keys, observed=True, sort=False)[WEIGHT]
+        .sum()
+    )
+    return pd.Series(
+        summed.to_numpy(), index=pd.MultiIndex.from_frame(summed.index.to_frame(index=False))
+    )
 
 
 def common_level(

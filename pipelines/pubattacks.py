@@ -40,6 +40,7 @@ from attacks.publication import (
     _level_of,
     reproduced_cells,
     row_order_alignment,
+    true_counts,
 )
 from attacks.reconstruction import (
     MAX_CELLS,
@@ -158,6 +159,8 @@ def _differencing(
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     canonical: dict[str, Any] = {}  # each key column of the truth canonicalised once
+    truths: dict[tuple[str, ...], pd.DataFrame] = {}  # the truth's key columns, per keys
+    counted: dict[tuple[Any, ...], pd.Series] = {}  # its cell counts, per (keys, levels)
     for t in tables:
         table = releases[t].data
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
@@ -165,18 +168,25 @@ def _differencing(
         for d in counts:
             queries = dp_queries(releases[d])
             for query, keys, levels in queries:
-                for k in keys:
-                    if k in raw and k not in canonical:
-                        canonical[k] = canonical_column(raw[k])
-                # indexed like raw: a total (no keys) still counts raw's records
-                truth = pd.DataFrame({k: canonical[k] for k in keys if k in raw}, index=raw.index)
-                if len(truth.columns) < len(keys):
+                if any(k not in raw for k in keys):
                     continue  # a key the audit does not hold (not a QI or the SA)
-                if WEIGHT in raw.columns:  # a frequency table: its weights are the counts
-                    truth[WEIGHT] = raw[WEIGHT].to_numpy()
+                truth = truths.get(tuple(keys))
+                if truth is None:
+                    for k in keys:
+                        if k not in canonical:
+                            canonical[k] = canonical_column(raw[k])
+                    # indexed like raw: a total (no keys) still counts raw's records
+                    truth = pd.DataFrame({k: canonical[k] for k in keys}, index=raw.index)
+                    if WEIGHT in raw.columns:  # a frequency table: its weights are the counts
+                        truth[WEIGHT] = raw[WEIGHT].to_numpy()
+                    truths[tuple(keys)] = truth
+                # the truth's cell counts do not depend on the table: once per (keys, levels)
+                at = (tuple(keys), tuple(sorted(levels.items())))
+                if keys and at not in counted:
+                    counted[at] = true_counts(truth, keys, levels, hierarchies)
                 found = reproduced_cells(
                     table, _cells(releases[d], query), truth, keys, levels, hierarchies,
-                    suppressed, names=(t, d, query),
+                    suppressed, names=(t, d, query), true=counted.get(at),
                 )  # fmt: skip
                 out.append(
                     _entry(
