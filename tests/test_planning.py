@@ -74,8 +74,16 @@ def figures(ctx: ReleaseContext) -> dict[str, Any]:
 
 
 def workers() -> list[psutil.Process]:
-    """This process's children (every worker is one)."""
-    return list(psutil.Process().children(recursive=True))
+    """This process's planning workers still alive (other tests in this process may leave
+    children of their own, e.g. Beam's job service of a PortableRunner test)."""
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "transforms.planning" in " ".join(child.cmdline()):
+                alive.append(child)
+        except psutil.Error:  # exited meanwhile
+            continue
+    return alive
 
 
 def test_longest_search_goes_first() -> None:

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import psutil
 import pytest
 
 from anonymity.spec import AnonymizationSpec
 from pipelines.cli import main
 from tests.conftest import Project
 from tests.layout import internal_file, release_dir
+from tests.test_planning import workers
 from transforms import planning
 
 RELEASES = [
@@ -38,7 +38,7 @@ def run(project: Project, out: Path, cores: int, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(planning._Workers, "plan", counted)
     code = main(["run", str(project.config), "--output", str(out)])
     assert code == 0
-    assert psutil.Process().children(recursive=True) == []
+    assert workers() == []
     return in_workers
 
 
@@ -84,7 +84,7 @@ def test_a_refusal_in_a_worker_exits_4_with_its_message(
     assert code == 4, err
     assert "release 'l5': l=5 but disease has only 3 distinct values" in err
     assert not internal_file(tmp_path / "out", "manifest.json").exists()
-    assert psutil.Process().children(recursive=True) == []
+    assert workers() == []
 
 
 def test_ctrl_c_inside_a_step_stays_an_interrupt() -> None:
