@@ -61,6 +61,9 @@ class Base:
     joint: list[CodeArray] = field(default_factory=list)
     """The rows' joint ids of the QIs and SA coded together (at most one array), cached
     by the evaluator (``Evaluator._joint_ids``)."""
+    packed: list[FloatArray] = field(default_factory=list)
+    """The rows' ``counts`` and ``singles`` packed in one weight (at most one array),
+    cached by the evaluator (``Evaluator._packed_weights``)."""
 
     @property
     def n_rows(self) -> int:
@@ -80,6 +83,7 @@ class Base:
             self.units,
             *self.lifted.values(),
             *self.joint,
+            *self.packed,
         ]
         return sum(array.nbytes for array in arrays if array is not None)
 

@@ -440,6 +440,12 @@ class Evaluator:
         self._summary_base: Base | None = None
         self._joint_sa, self._joint_qis, self._joint_space = self._joint_members()
         self._joint_digits: tuple[IntArray, list[IntArray]] | None = None
+        # counts and singles packed in one weight (``_packed_weights``): the singles'
+        # sums (at most one per summary row) above the record counts' bits, exact in
+        # float64 while every packed sum is below 2^53; 0: not packed
+        self._pack_shift = max(summary.n_records, 1).bit_length()
+        if (summary.n_distinct + 1) << self._pack_shift >= 1 << 53:
+            self._pack_shift = 0
         self._lift: dict[tuple[int, int, int, int], IntArray] = {}
         self.sa_distribution: FloatArray | None = None
         if self.use_sa:
@@ -734,10 +740,17 @@ class Evaluator:
         del codes
         keys = self._packed(present, radices)
         n_cells = keys.shape[0]
-        counts = np.rint(weight_sums(inverse, base.counts, n_cells)).astype(np.int64)
         singles = first = pairs = None
-        if base.singles is not None:
-            singles = np.rint(weight_sums(inverse, base.singles, n_cells)).astype(np.int64)
+        packed = self._packed_weights(base)
+        if packed is not None:  # one pass for counts and singles
+            sums = np.rint(weight_sums(inverse, packed, n_cells)).astype(np.int64)
+            singles = sums >> self._pack_shift
+            counts = sums & ((1 << self._pack_shift) - 1)
+            del sums
+        else:
+            counts = np.rint(weight_sums(inverse, base.counts, n_cells)).astype(np.int64)
+            if base.singles is not None:
+                singles = np.rint(weight_sums(inverse, base.singles, n_cells)).astype(np.int64)
         if base.first is not None:
             first = np.rint(weight_sums(inverse, base.first, n_cells)).astype(np.int64)
         if self._single is not None:
@@ -768,6 +781,34 @@ class Evaluator:
             np.multiply(self._base_labels(base, j, node[j]), strides[j], out=scaled, dtype=np.int64)
             codes += scaled
         return codes, radices, stride
+
+    def _packed_weights(self, base: Base) -> FloatArray | None:
+        """Per row of ``base``: its ``counts`` plus its ``singles`` shifted above every
+        record count (``_pack_shift``), so one sum per cell gives both, exactly (None
+        without singles or when the packed sums could reach 2^53). Cached with the base
+        while the bases' bytes stay within ``BASE_BYTES``."""
+        if base.singles is None or self._pack_shift == 0:
+            return None
+        if base.packed:
+            return base.packed[0]
+        packed = np.multiply(base.singles, float(1 << self._pack_shift), dtype=np.float64)
+        packed += base.counts
+        if self._keep(base, packed.nbytes):
+            base.packed.append(packed)
+        return packed
+
+    def _keep(self, base: Base, nbytes: int) -> bool:
+        """Whether an array of ``nbytes`` derived from ``base`` is cached with it: always
+        with the summary's own rows, with a kept base while ``BASE_BYTES`` allow (counted
+        there)."""
+        if base is self._summary_base:
+            return True
+        if self._base_bytes + nbytes <= BASE_BYTES and any(
+            found is base for found in self._bases.values()
+        ):
+            self._base_bytes += nbytes
+            return True
+        return False
 
     def _joint_members(self) -> tuple[bool, tuple[int, ...], int]:
         """Whether the SA is coded jointly, the QIs coded jointly (``JOINT_SPACE``) and
@@ -804,13 +845,8 @@ class Evaluator:
             ids += np.multiply(base.labels[j], stride, dtype=np.int64)
             stride *= self._qi[j].n_labels(0)
         compact = ids.astype(code_dtype(self._joint_space))
-        if base is self._summary_base or (
-            self._base_bytes + compact.nbytes <= BASE_BYTES
-            and any(found is base for found in self._bases.values())
-        ):
+        if self._keep(base, compact.nbytes):
             base.joint.append(compact)
-            if base is not self._summary_base:
-                self._base_bytes += compact.nbytes
         return compact
 
     def _joint_table(self, node: Node, strides: Sequence[int]) -> IntArray | None:

@@ -210,20 +210,24 @@ def test_jointly_coded_rows_have_the_codes_of_the_per_qi_sum(use_sa: bool) -> No
     """Codes of the rows of every base at every node above it, with the small QIs (and
     the SA) coded jointly, equal the per-QI sum of label ids times strides (the summary
     rows' labels directly; other bases through an evaluator without joint coding); the
-    classes are the same too."""
+    classes (records and persons), counted with records and single rows summed in one
+    packed weight, equal those of an evaluator that codes and sums them apart."""
     summary, hier = _five_qis(7)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(transformation, "BASE_GAIN", 1.0)
         ev = Evaluator(summary, hier, use_sa=use_sa)
         patch.setattr(transformation, "JOINT_SPACE", 0)
         plain = Evaluator(summary, hier, use_sa=use_sa)
+        plain._pack_shift = 0  # counts and singles summed apart
         assert ev._base_qis == (0, 1) and ev._joint_qis == (2, 3, 4)
         assert ev._joint_sa == use_sa and plain._joint_qis == ()
+        assert ev._pack_shift == summary.n_records.bit_length()
         nodes = _nodes(ev)
         for node in nodes:
             _same(ev.classes(node), plain.classes(node))
             _same(ev.in_units(ev.classes(node)), plain.in_units(plain.classes(node)))
-    assert ev._bases and all(base.joint for base in ev._bases.values())
+    kept = [ev._base_of_summary(), *ev._bases.values()]
+    assert ev._bases and all(base.joint and base.packed for base in kept)
     summary_base = ev._base_of_summary()
     for node in nodes:
         codes, radices, space = ev._codes(summary_base, node)
