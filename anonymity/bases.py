@@ -58,6 +58,12 @@ class Base:
     units: IntArray
     lifted: dict[tuple[int, int], CodeArray] = field(default_factory=dict)
     """Labels of the rows at higher levels, (QI, level) -> ids, cached by the evaluator."""
+    joint: list[CodeArray] = field(default_factory=list)
+    """The rows' joint ids of the QIs and SA coded together (at most one array), cached
+    by the evaluator (``Evaluator._joint_ids``)."""
+    packed: list[FloatArray] = field(default_factory=list)
+    """The rows' ``counts`` and ``singles`` packed in one weight (at most one array),
+    cached by the evaluator (``Evaluator._packed_weights``)."""
 
     @property
     def n_rows(self) -> int:
@@ -76,6 +82,8 @@ class Base:
             self.multi,
             self.units,
             *self.lifted.values(),
+            *self.joint,
+            *self.packed,
         ]
         return sum(array.nbytes for array in arrays if array is not None)
 

@@ -92,6 +92,11 @@ most values present in the summary (they make summary rows distinct)."""
 BASE_BYTES: Final = 128 << 20
 """Bytes of bases kept per evaluator (the summary's own rows not counted): once full, no
 more bases are built (none is evicted, it would be rebuilt)."""
+JOINT_SPACE: Final = 1 << 16
+"""The SA and the QIs outside the bases (at level 0 in every base) with the fewest values
+are coded jointly, one id per row, while their combinations number at most this: a row's
+code at a node is then one lookup in a table over the combinations (built per node, a few
+hundred KB at most) instead of one multiply-add per QI."""
 BASE_GAIN: Final = 0.9
 """A base is kept only when it has at most this share of the rows of the base it was
 regrouped from (else that base serves its nodes)."""
@@ -433,6 +438,14 @@ class Evaluator:
         self._no_gain: set[tuple[int, ...]] = set()
         self._base_bytes = 0
         self._summary_base: Base | None = None
+        self._joint_sa, self._joint_qis, self._joint_space = self._joint_members()
+        self._joint_digits: tuple[IntArray, list[IntArray]] | None = None
+        # counts and singles packed in one weight (``_packed_weights``): the singles'
+        # sums (at most one per summary row) above the record counts' bits, exact in
+        # float64 while every packed sum is below 2^53; 0: not packed
+        self._pack_shift = max(summary.n_records, 1).bit_length()
+        if (summary.n_distinct + 1) << self._pack_shift >= 1 << 53:
+            self._pack_shift = 0
         self._lift: dict[tuple[int, int, int, int], IntArray] = {}
         self.sa_distribution: FloatArray | None = None
         if self.use_sa:
@@ -727,10 +740,17 @@ class Evaluator:
         del codes
         keys = self._packed(present, radices)
         n_cells = keys.shape[0]
-        counts = np.rint(weight_sums(inverse, base.counts, n_cells)).astype(np.int64)
         singles = first = pairs = None
-        if base.singles is not None:
-            singles = np.rint(weight_sums(inverse, base.singles, n_cells)).astype(np.int64)
+        packed = self._packed_weights(base)
+        if packed is not None:  # one pass for counts and singles
+            sums = np.rint(weight_sums(inverse, packed, n_cells)).astype(np.int64)
+            singles = sums >> self._pack_shift
+            counts = sums & ((1 << self._pack_shift) - 1)
+            del sums
+        else:
+            counts = np.rint(weight_sums(inverse, base.counts, n_cells)).astype(np.int64)
+            if base.singles is not None:
+                singles = np.rint(weight_sums(inverse, base.singles, n_cells)).astype(np.int64)
         if base.first is not None:
             first = np.rint(weight_sums(inverse, base.first, n_cells)).astype(np.int64)
         if self._single is not None:
@@ -739,18 +759,111 @@ class Evaluator:
 
     def _codes(self, base: Base, node: Node) -> tuple[IntArray, tuple[int, ...], int]:
         """Dense code of every row of ``base`` at ``node`` (first QI most significant, SA
-        the lowest digit), the number of labels of each QI there, and the key space."""
+        the lowest digit), the number of labels of each QI there, and the key space. The
+        jointly coded QIs and SA (``JOINT_SPACE``) add one lookup per row."""
         radices = tuple(self._qi[j].n_labels(level) for j, level in enumerate(node))
-        codes = (
-            np.zeros(base.n_rows, dtype=np.int64) if base.sa is None else base.sa.astype(np.int64)
-        )
+        strides = [0] * len(node)
         stride = self.sa_radix
+        for j in range(len(node) - 1, -1, -1):
+            strides[j] = stride
+            stride *= radices[j]
+        joint = self._joint_table(node, strides)
+        if joint is not None:
+            codes = joint[self._joint_ids(base)]
+        else:
+            codes = np.zeros(base.n_rows, dtype=np.int64)
+        if base.sa is not None and not (joint is not None and self._joint_sa):
+            codes += base.sa
         scaled = np.empty(base.n_rows, dtype=np.int64)
         for j in range(len(node) - 1, -1, -1):
-            np.multiply(self._base_labels(base, j, node[j]), stride, out=scaled, dtype=np.int64)
+            if joint is not None and j in self._joint_qis:
+                continue
+            np.multiply(self._base_labels(base, j, node[j]), strides[j], out=scaled, dtype=np.int64)
             codes += scaled
-            stride *= radices[j]
         return codes, radices, stride
+
+    def _packed_weights(self, base: Base) -> FloatArray | None:
+        """Per row of ``base``: its ``counts`` plus its ``singles`` shifted above every
+        record count (``_pack_shift``), so one sum per cell gives both, exactly (None
+        without singles or when the packed sums could reach 2^53). Cached with the base
+        while the bases' bytes stay within ``BASE_BYTES``."""
+        if base.singles is None or self._pack_shift == 0:
+            return None
+        if base.packed:
+            return base.packed[0]
+        packed = np.multiply(base.singles, float(1 << self._pack_shift), dtype=np.float64)
+        packed += base.counts
+        if self._keep(base, packed.nbytes):
+            base.packed.append(packed)
+        return packed
+
+    def _keep(self, base: Base, nbytes: int) -> bool:
+        """Whether an array of ``nbytes`` derived from ``base`` is cached with it: always
+        with the summary's own rows, with a kept base while ``BASE_BYTES`` allow (counted
+        there)."""
+        if base is self._summary_base:
+            return True
+        if self._base_bytes + nbytes <= BASE_BYTES and any(
+            found is base for found in self._bases.values()
+        ):
+            self._base_bytes += nbytes
+            return True
+        return False
+
+    def _joint_members(self) -> tuple[bool, tuple[int, ...], int]:
+        """Whether the SA is coded jointly, the QIs coded jointly (``JOINT_SPACE``) and
+        the number of their combinations; no QI when fewer than two digits would be."""
+        space = self.sa_radix if self.use_sa else 1
+        others = sorted(
+            (j for j in range(len(self._qi)) if j not in self._base_qis),
+            key=lambda j: (self._qi[j].n_labels(0), j),
+        )
+        members: list[int] = []
+        for j in others:
+            if space * self._qi[j].n_labels(0) > JOINT_SPACE:
+                break
+            space *= self._qi[j].n_labels(0)
+            members.append(j)
+        if len(members) + self.use_sa < 2 or not members:
+            return False, (), 1
+        return self.use_sa, tuple(sorted(members)), space
+
+    def _joint_ids(self, base: Base) -> npt.NDArray[np.integer[Any]]:
+        """Per row of ``base``: the joint id of its labels of the jointly coded QIs (at
+        level 0 in every base) and SA, the last QI then the SA least significant (cached
+        with the base while the bases' bytes stay within ``BASE_BYTES``)."""
+        if base.joint:
+            return base.joint[0]
+        ids = np.zeros(base.n_rows, dtype=np.int64)
+        stride = 1
+        if self._joint_sa and base.sa is not None:
+            ids += base.sa
+            stride = self.sa_radix
+        for j in reversed(self._joint_qis):
+            if base.levels[j] != 0:
+                raise ValueError(f"jointly coded QI {j} is at level {base.levels[j]} in a base")
+            ids += np.multiply(base.labels[j], stride, dtype=np.int64)
+            stride *= self._qi[j].n_labels(0)
+        compact = ids.astype(code_dtype(self._joint_space))
+        if self._keep(base, compact.nbytes):
+            base.joint.append(compact)
+        return compact
+
+    def _joint_table(self, node: Node, strides: Sequence[int]) -> IntArray | None:
+        """Per joint id (``_joint_ids``): the sum of its QIs' label ids at ``node`` times
+        their ``strides`` (plus its SA code); None without joint coding."""
+        if not self._joint_qis:
+            return None
+        if self._joint_digits is None:
+            radices = tuple(self._qi[j].n_labels(0) for j in self._joint_qis)
+            ids = np.arange(self._joint_space, dtype=np.int64)
+            digits, sa = decode(ids, radices, self.sa_radix if self._joint_sa else 1)
+            self._joint_digits = (sa, digits)
+        sa, digits = self._joint_digits
+        table = sa.copy() if self._joint_sa else np.zeros(self._joint_space, dtype=np.int64)
+        for j, digit in zip(self._joint_qis, digits, strict=True):
+            table += self._lift_table(j, 0, node[j], strides[j])[digit]
+        return table
 
     def _base_labels(self, base: Base, qi: int, level: int) -> npt.NDArray[np.integer[Any]]:
         """Per row of ``base``: the local label id of QI ``qi`` at ``level`` (compact;

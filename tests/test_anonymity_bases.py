@@ -187,3 +187,60 @@ def test_bases_are_bounded_and_unhelpful_ones_are_not_kept() -> None:
     assert not ev._bases and (0, 1) in ev._no_gain
     ev.classes((1, 0, 0))  # three rows at zip 1 (p0's two merge): kept
     assert list(ev._bases) == [(1, 0)] and ev._bases[(1, 0)].n_rows == 3
+
+
+def _five_qis(seed: int) -> tuple[Summary, dict[str, Hierarchy]]:
+    """Visits with two QIs of many values (the base QIs) and three of few (coded jointly
+    with the SA), persons with one to three rows."""
+    rng = np.random.default_rng(seed)
+    sizes = {"zip": 12, "age": 9, "sex": 2, "race": 2, "edu": 3}
+    hier = {}
+    for q, size in sizes.items():
+        first = {f"{q}{i}": f"{q}g{i // 3}" for i in range(size)}
+        hier[q] = build_grouping(q, [first, dict.fromkeys(set(first.values()), "*")])
+    n = 600
+    data = {q: [f"{q}{v}" for v in rng.integers(0, size, n)] for q, size in sizes.items()}
+    data["S"] = [f"s{v}" for v in rng.integers(0, 2, n)]
+    data["P"] = [f"p{v}" for v in rng.integers(0, 300, n)]
+    return Summary.from_frame(pd.DataFrame(data), list(sizes), "S", hier, unit="P"), hier
+
+
+@pytest.mark.parametrize("use_sa", [True, False])
+def test_jointly_coded_rows_have_the_codes_of_the_per_qi_sum(use_sa: bool) -> None:
+    """Codes of the rows of every base at every node above it, with the small QIs (and
+    the SA) coded jointly, equal the per-QI sum of label ids times strides (the summary
+    rows' labels directly; other bases through an evaluator without joint coding); the
+    classes (records and persons), counted with records and single rows summed in one
+    packed weight, equal those of an evaluator that codes and sums them apart."""
+    summary, hier = _five_qis(7)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transformation, "BASE_GAIN", 1.0)
+        ev = Evaluator(summary, hier, use_sa=use_sa)
+        patch.setattr(transformation, "JOINT_SPACE", 0)
+        plain = Evaluator(summary, hier, use_sa=use_sa)
+        plain._pack_shift = 0  # counts and singles summed apart
+        assert ev._base_qis == (0, 1) and ev._joint_qis == (2, 3, 4)
+        assert ev._joint_sa == use_sa and plain._joint_qis == ()
+        assert ev._pack_shift == summary.n_records.bit_length()
+        nodes = _nodes(ev)
+        for node in nodes:
+            _same(ev.classes(node), plain.classes(node))
+            _same(ev.in_units(ev.classes(node)), plain.in_units(plain.classes(node)))
+    kept = [ev._base_of_summary(), *ev._bases.values()]
+    assert ev._bases and all(base.joint and base.packed for base in kept)
+    summary_base = ev._base_of_summary()
+    for node in nodes:
+        codes, radices, space = ev._codes(summary_base, node)
+        stride, expected = ev.sa_radix, ev._row_sa.astype(np.int64).copy()
+        for j in range(len(node) - 1, -1, -1):
+            expected += ev._labels_of_rows(j, node[j]).astype(np.int64) * stride
+            stride *= radices[j]
+        assert space == stride
+        np.testing.assert_array_equal(codes, expected)
+    for key, base in ev._bases.items():
+        for node in nodes:
+            if all(node[j] >= level for j, level in zip(ev._base_qis, key, strict=True)):
+                codes, radices, space = ev._codes(base, node)
+                want, want_radices, want_space = plain._codes(base, node)
+                np.testing.assert_array_equal(codes, want)
+                assert (radices, space) == (want_radices, want_space)
