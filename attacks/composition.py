@@ -199,7 +199,7 @@ def compose_tables(
     ``views``: the matches of tables already made, by name, for these same targets,
     QIs, hierarchies and ``known`` (a caller composing one table with several others
     matches it once); the matches made here are added to it."""
-    matched = {} if views is None else views
+    matched: dict[str, TargetView] = {} if views is None else views
     for name, table in tables.items():
         if name in matched:
             continue

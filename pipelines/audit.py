@@ -337,27 +337,6 @@ def load_releases(
     }
 
 
-def encoded(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with its string columns as categoricals (same values, missing kept).
-
-    The attacks factorize, hash and convert the truth's columns many times (the common
-    attacker's tuple ids, the matching's canonical strings, content fingerprints); on
-    pandas' Arrow-backed strings each pass re-hashes or copies every row, on a
-    categorical it reads the integer codes. The values (and so every figure) are those of
-    the strings. Used for the truth's frequency table only: the published tables meet
-    ``astype(str)`` in many places, which rebuilds a categorical's strings row by row."""
-    strings = [
-        c
-        for c in frame.columns
-        if c != WEIGHT
-        and pd.api.types.is_string_dtype(frame[c].dtype)
-        and not isinstance(frame[c].dtype, pd.CategoricalDtype)
-    ]
-    if not strings:
-        return frame
-    return frame.assign(**{c: frame[c].astype("category") for c in strings})
-
-
 def run_attacks(
     plan: Plan,
     releases: Mapping[str, Release],
@@ -625,7 +604,7 @@ def load_truth(plan: Plan, work: Path, name: str = RAW_TABLE) -> tuple[pd.DataFr
     targets frame's ``attrs["records"]`` holds how many rows the input had."""
     from transforms.audit_truth import RECORDS
 
-    table = encoded(typed(pd.read_parquet(work / f"{name}_counts.parquet"), plan))
+    table = typed(pd.read_parquet(work / f"{name}_counts.parquet"), plan)
     path = work / f"{name}.parquet"
     if path.exists():
         sample = pd.read_parquet(path)

@@ -116,38 +116,3 @@ def test_prior_own_utility_and_expansion_weigh_each_distinct_row() -> None:
     )  # fmt: skip
     assert own_utility(dp, table, HIER, None, 1.0) == own_utility(dp, RAW, HIER, None, 1.0)
     assert own_utility(dp, table, HIER, None, 1.0)  # scored (not an empty entry)
-
-
-def test_the_truth_as_categoricals_gives_the_attacks_the_same_figures() -> None:
-    """pipelines.audit.encoded (load_truth): the frequency table's strings as categorical
-    codes; the values, and the attacks' figures (a leak found included), are unchanged."""
-    from attacks.common import RawRowsModel
-    from pipelines.audit import encoded
-
-    table = frequency_table(RAW, ["age", "sex", "dx"])
-    coded = encoded(table)
-    assert all(isinstance(coded[c].dtype, pd.CategoricalDtype) for c in ("age", "sex", "dx"))
-    assert coded[WEIGHT].dtype == table[WEIGHT].dtype
-    assert coded.astype({c: object for c in ("age", "sex", "dx")}).equals(
-        table.astype({c: object for c in ("age", "sex", "dx")})
-    )
-    a, b = RAW.assign(age="20-21"), RAW.assign(sex="*")
-    guarantees = {"a": L2, "b": L2}
-    plain = compose_tables({"a": a, "b": b}, table, QIS, "dx", HIER, guarantees=guarantees)
-    codes = compose_tables({"a": a, "b": b}, coded, QIS, "dx", HIER, guarantees=guarantees)
-    assert codes.as_dict() == plain.as_dict() and codes.breach
-    cells = pd.DataFrame({"sex": ["F", "M"]})
-    none = np.zeros(len(a), dtype=bool)
-    truth = frequency_table(RAW, ["sex"])
-    found = reproduced_cells(a, cells, encoded(truth), ["sex"], {}, HIER, none)
-    assert found.as_dict() == reproduced_cells(a, cells, truth, ["sex"], {}, HIER, none).as_dict()
-    assert found.linked and found.exact_cells == 2
-    records = RAW.iloc[[0, 1, 2]].reset_index(drop=True)
-    for members in (True, False):
-        w0, l0 = RawRowsModel(table, ("age", "sex"), "dx").weights(
-            records, np.asarray([], dtype=object), np.zeros(0), members=members
-        )
-        w1, l1 = RawRowsModel(coded, ("age", "sex"), "dx").weights(
-            records, np.asarray([], dtype=object), np.zeros(0), members=members
-        )
-        assert np.array_equal(w0, w1) and list(l0) == list(l1) and w0.sum() > 0
