@@ -191,19 +191,28 @@ def compose_tables(
     *,
     guarantees: Mapping[str, Mapping[str, Any] | None] | None = None,
     known: Sequence[str] | None = None,
+    views: dict[str, TargetView] | None = None,
 ) -> Composition:
     """Match ``targets`` (raw QIs, and their true SA to score) in each published table and
     intersect. ``guarantees``: each table's release.json guarantee (its claim). Targets
-    may be a frequency table (column ``WEIGHT``): each distinct row counts its weight."""
-    views = []
-    for table in tables.values():
+    may be a frequency table (column ``WEIGHT``): each distinct row counts its weight.
+    ``views``: the matches of tables already made, by name, for these same targets,
+    QIs, hierarchies and ``known`` (a caller composing one table with several others
+    matches it once); the matches made here are added to it."""
+    matched: dict[str, TargetView] = {} if views is None else views
+    for name, table in tables.items():
+        if name in matched:
+            continue
         present = [q for q in qis if q in table.columns]
-        views.append(
-            match_targets(
-                table, targets, present, sa,
-                {q: hierarchies[q] for q in present if q in hierarchies}, known=known,
-            )
+        matched[name] = match_targets(
+            table, targets, present, sa,
+            {q: hierarchies[q] for q in present if q in hierarchies}, known=known,
         )  # fmt: skip
     g = guarantees or {}
     weights = targets[WEIGHT].to_numpy() if WEIGHT in targets.columns else None
-    return compose(views, list(tables), [claimed_values(g.get(n)) for n in tables], weights=weights)
+    return compose(
+        [matched[n] for n in tables],
+        list(tables),
+        [claimed_values(g.get(n)) for n in tables],
+        weights=weights,
+    )

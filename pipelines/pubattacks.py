@@ -33,7 +33,7 @@ import pandas as pd
 
 from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
 from attacks.composition import compose_tables
-from attacks.matching import WEIGHT, expand_rows, records_of, suppressed_rows
+from attacks.matching import WEIGHT, TargetView, expand_rows, records_of, suppressed_rows
 from attacks.publication import (
     Alignment,
     _ancestors,
@@ -110,6 +110,7 @@ def _tables_pairwise(
     qis, sa = list(s.quasi_identifiers), str(s.sensitive or "")
     linking: list[dict[str, Any]] = []
     composition: list[dict[str, Any]] = []
+    views: dict[str, TargetView] = {}  # each table matched to the targets once, not per pair
     for a, b in itertools.combinations(tables, 2):
         ta, tb = releases[a].data, releases[b].data
         # the run's publication check aligned the published pairs already (same test)
@@ -139,7 +140,7 @@ def _tables_pairwise(
                  for n, t in ((a, ta), (b, tb))},
                 targets, qis, sa, hierarchies,
                 guarantees={n: public_document(releases[n]).get("guarantee") for n in (a, b)},
-                known=known,
+                known=known, views=views,
             )  # fmt: skip
             d = comp.as_dict()
             composition.append(

@@ -251,3 +251,25 @@ def test_breach_findings_keep_published_breaches_apart_from_hypothetical_ones() 
     lines = breach_findings(entries)
     assert lines[0] == "PUBLICATION ATTACK (composition): a and b disclose"
     assert len(lines) == 2 and "2 combination(s)" in lines[1] and "m5 + dp, k5 + dp" in lines[1]
+
+
+def test_pairs_sharing_matches_give_the_same_figures_and_match_each_table_once() -> None:
+    """pipelines.pubattacks composes every pair of tables: each table is matched to the
+    targets once (``views``), with the figures of matching it per pair."""
+    tables = {"a": A, "b": B, "c": C}
+    guarantees = {n: L2 for n in tables}
+    views: dict[str, Any] = {}
+    for x, y in (("a", "b"), ("a", "c"), ("b", "c")):
+        pair = {x: tables[x], y: tables[y]}
+        shared = compose_tables(pair, RAW, QIS, "dx", HIER, guarantees=guarantees, views=views)
+        alone = compose_tables(pair, RAW, QIS, "dx", HIER, guarantees=guarantees)
+        assert shared.as_dict() == alone.as_dict()
+    assert sorted(views) == ["a", "b", "c"]
+    # the leak is still found with shared matches, and the shared matches are the ones used
+    found = compose_tables({"a": A, "b": B}, RAW, QIS, "dx", HIER, guarantees=guarantees,
+                           views=views)  # fmt: skip
+    assert found.breach and found.disclosed == 1.0
+    wrong = {"b": views["c"]}  # C's classes nest in A's: under b's name, no leak
+    nested = compose_tables({"a": A, "b": B}, RAW, QIS, "dx", HIER, guarantees=guarantees,
+                            views=wrong)  # fmt: skip
+    assert not nested.breach and nested.disclosed == 0.0
