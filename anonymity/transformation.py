@@ -49,7 +49,6 @@ Pure core: numpy, pandas and the standard library only (no Beam).
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -129,12 +128,9 @@ class QIArrays:
         return int(self.to_global[level].shape[0])
 
 
-_code_dtype = code_dtype
-
-
 def _build_qi(hierarchy: Hierarchy, codes: IntArray, counts: IntArray) -> QIArrays:
     present = np.unique(codes)
-    row_index = np.searchsorted(present, codes).astype(_code_dtype(present.shape[0]))
+    row_index = np.searchsorted(present, codes).astype(code_dtype(present.shape[0]))
     ids = [hierarchy.label_ids(level)[present] for level in range(hierarchy.levels)]
     order = np.lexsort(tuple(ids))  # last key (the top level) is the primary one
     value_counts = np.bincount(row_index, weights=counts, minlength=present.shape[0])
@@ -434,7 +430,7 @@ class Evaluator:
             key=lambda j: (-self.radices[j], j),
         )
         self._base_qis = tuple(sorted(ranked[:BASE_QIS]))
-        self._bases: OrderedDict[tuple[int, ...], Base] = OrderedDict()
+        self._bases: dict[tuple[int, ...], Base] = {}  # never evicted: see BASE_BYTES
         self._no_gain: set[tuple[int, ...]] = set()
         self._base_bytes = 0
         self._summary_base: Base | None = None
@@ -803,9 +799,8 @@ class Evaluator:
         there)."""
         if base is self._summary_base:
             return True
-        if self._base_bytes + nbytes <= BASE_BYTES and any(
-            found is base for found in self._bases.values()
-        ):
+        kept = self._bases.get(tuple(base.levels[j] for j in self._base_qis)) is base
+        if kept and self._base_bytes + nbytes <= BASE_BYTES:
             self._base_bytes += nbytes
             return True
         return False
@@ -879,11 +874,8 @@ class Evaluator:
         info = self._qi[qi]
         table = self._lift_table(qi, start, level, 1).astype(code_dtype(info.n_labels(level)))
         lifted = table[base.labels[qi]]
-        if self._base_bytes + lifted.nbytes <= BASE_BYTES and any(
-            found is base for found in self._bases.values()
-        ):
+        if self._keep(base, lifted.nbytes):
             base.lifted[(qi, level)] = lifted
-            self._base_bytes += lifted.nbytes
         return lifted
 
     def _packed(self, codes: IntArray, radices: tuple[int, ...]) -> IntArray:
@@ -958,14 +950,13 @@ class Evaluator:
     def _base_for(self, node: Node) -> Base:
         """The base with the fewest rows below ``node``. The base of ``node``'s levels of
         the base QIs is regrouped (once) from the best one there is, and kept when it
-        has at most ``BASE_GAIN`` of its rows, within ``BASE_BYTES`` (LRU)."""
+        has at most ``BASE_GAIN`` of its rows, within ``BASE_BYTES``."""
         summary = self._base_of_summary()
         if not self._base_qis:
             return summary
         key = tuple(node[j] for j in self._base_qis)
         found = self._bases.get(key)
         if found is not None:
-            self._bases.move_to_end(key)
             return found
         best = summary
         for levels, base in self._bases.items():
@@ -1137,7 +1128,7 @@ class Evaluator:
         cached = self._row_labels.get(key)
         if cached is None:
             info = self._qi[qi]
-            table = info.local[level].astype(_code_dtype(info.n_labels(level)))
+            table = info.local[level].astype(code_dtype(info.n_labels(level)))
             cached = table[info.row_index]
             self._row_labels[key] = cached
         return cached

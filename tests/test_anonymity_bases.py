@@ -17,20 +17,12 @@ import anonymity.transformation as transformation
 from anonymity.hierarchy import Hierarchy, build_grouping
 from anonymity.summary import Summary
 from anonymity.transformation import EquivalenceClasses, Evaluator
+from tests.test_anonymity_rollup import same_classes
+from tests.test_units import person_tables
 
 
 def _same(a: EquivalenceClasses, b: EquivalenceClasses) -> None:
-    assert a.levels == b.levels
-    np.testing.assert_array_equal(a.sizes, b.sizes)
-    np.testing.assert_array_equal(a.cell_class, b.cell_class)
-    np.testing.assert_array_equal(a.cell_count, b.cell_count)
-    np.testing.assert_array_equal(a.labels, b.labels)
-    for name in ("cell_sa", "cell_single", "cell_first", "multi_pairs"):
-        x, y = getattr(a, name), getattr(b, name)
-        if x is None or y is None:
-            assert x is None and y is None, name
-        else:
-            np.testing.assert_array_equal(x, y, err_msg=name)
+    same_classes(a, b, ("cell_sa", "cell_single", "cell_first", "multi_pairs"))
 
 
 def _from_summary(ev: Evaluator, node: tuple[int, ...]) -> EquivalenceClasses:
@@ -42,27 +34,10 @@ def _nodes(ev: Evaluator) -> list[tuple[int, ...]]:
     return [tuple(int(x) for x in node) for node in ev.lattice().nodes().tolist()]
 
 
-@st.composite
-def visit_tables(draw: st.DrawFn) -> tuple[pd.DataFrame, dict[str, Hierarchy]]:
+def visit_tables() -> st.SearchStrategy[tuple[pd.DataFrame, dict[str, Hierarchy]]]:
     """Random visits: 3 QIs with 2-3 level hierarchies, persons with one to several
     rows whose QIs may differ (so some persons span several tuples and cells)."""
-    qis = ["q0", "q1", "q2"]
-    hier = {}
-    for q in qis:
-        size = draw(st.integers(2, 6))
-        groups = draw(st.integers(1, size))
-        first = {f"{q}{i}": f"{q}g{draw(st.integers(0, groups - 1))}" for i in range(size)}
-        hier[q] = build_grouping(q, [first, dict.fromkeys(set(first.values()), "*")])
-    n = draw(st.integers(1, 40))
-    n_persons = draw(st.integers(1, n))
-    data: dict[str, list[str]] = {
-        "P": [f"p{draw(st.integers(0, n_persons - 1))}" for _ in range(n)],
-        "S": [f"s{draw(st.integers(0, 2))}" for _ in range(n)],
-    }
-    for q in qis:
-        size = hier[q].domain_size
-        data[q] = [f"{q}{draw(st.integers(0, size - 1))}" for _ in range(n)]
-    return pd.DataFrame(data), hier
+    return person_tables(max_rows=40, n_qis=(3, 3), max_size=6)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -27,20 +27,24 @@ from tests.test_anonymity_core import tiny
 from tests.test_units import person_tables, qi_names
 
 
-def _same(a: EquivalenceClasses, b: EquivalenceClasses) -> None:
+def same_classes(
+    a: EquivalenceClasses,
+    b: EquivalenceClasses,
+    optional: tuple[str, ...] = ("cell_sa", "cell_single"),
+) -> None:
+    """Equal classes: levels, sizes, cells, labels and each of the ``optional`` arrays
+    (absent in both, or equal)."""
     assert a.levels == b.levels
     np.testing.assert_array_equal(a.sizes, b.sizes)
     np.testing.assert_array_equal(a.cell_class, b.cell_class)
     np.testing.assert_array_equal(a.cell_count, b.cell_count)
     np.testing.assert_array_equal(a.labels, b.labels)
-    if a.cell_sa is None or b.cell_sa is None:
-        assert a.cell_sa is None and b.cell_sa is None
-    else:
-        np.testing.assert_array_equal(a.cell_sa, b.cell_sa)
-    if a.cell_single is None or b.cell_single is None:
-        assert a.cell_single is None and b.cell_single is None
-    else:
-        np.testing.assert_array_equal(a.cell_single, b.cell_single)
+    for name in optional:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=name)
 
 
 def _pairs(ev: Evaluator) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -57,7 +61,7 @@ def test_rollup_to_equals_classes_on_every_pair_of_nodes() -> None:
     for use_sa in (True, False):
         ev = Evaluator(summary, hierarchies, use_sa=use_sa)
         for low, high in _pairs(ev):
-            _same(ev.rollup_to(ev.classes(low), high), ev.classes(high))
+            same_classes(ev.rollup_to(ev.classes(low), high), ev.classes(high))
 
 
 def test_rollup_to_refuses_a_node_that_does_not_generalise() -> None:
@@ -82,8 +86,8 @@ def test_rolled_up_person_counts_equal_recounted_ones(data: st.DataObject) -> No
     for low, high in _pairs(ev):
         rolled = ev.rollup_to(ev.classes(low), high)
         direct = ev.classes(high)
-        _same(rolled, direct)
-        _same(ev.in_units(rolled), ev.in_units(direct))
+        same_classes(rolled, direct)
+        same_classes(ev.in_units(rolled), ev.in_units(direct))
         # and the persons by brute force: distinct person ids per class
         classes = direct.row_classes()
         units = summary.unit_codes

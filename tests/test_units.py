@@ -194,13 +194,16 @@ def test_the_config_key_and_its_default(project: object) -> None:
 
 
 @st.composite
-def person_tables(draw: st.DrawFn, max_rows: int = 18) -> tuple[pd.DataFrame, dict[str, Hierarchy]]:
-    """Random visits: 1-2 QIs, persons with one to several rows (QIs may differ)."""
-    n_qi = draw(st.integers(1, 2))
+def person_tables(
+    draw: st.DrawFn, max_rows: int = 18, n_qis: tuple[int, int] = (1, 2), max_size: int = 4
+) -> tuple[pd.DataFrame, dict[str, Hierarchy]]:
+    """Random visits: ``n_qis`` QIs (2-level hierarchies over 2..``max_size`` values),
+    persons with one to several rows (QIs may differ)."""
+    n_qi = draw(st.integers(*n_qis))
     qis = [f"q{j}" for j in range(n_qi)]
     hier = {}
     for q in qis:
-        size = draw(st.integers(2, 4))
+        size = draw(st.integers(2, max_size))
         groups = draw(st.integers(1, size))
         first = {f"{q}{i}": f"{q}g{draw(st.integers(0, groups - 1))}" for i in range(size)}
         hier[q] = build_grouping(q, [first, dict.fromkeys(set(first.values()), "*")])
