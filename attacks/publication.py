@@ -25,18 +25,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED, Hierarchy
+from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
 from attacks.matching import WEIGHT, records_of
 
 __all__ = [
     "Alignment",
     "Reproduction",
+    "Truth",
     "common_level",
     "per_distinct",
     "published_levels",
     "reproduced_cells",
     "row_order_alignment",
     "to_level",
+    "true_counts",
 ]
 
 
@@ -263,6 +265,46 @@ def true_counts(
     return pd.Series(
         summed.to_numpy(), index=pd.MultiIndex.from_frame(summed.index.to_frame(index=False))
     )
+
+
+class Truth:
+    """The accepted records for the checks on DP cells, each piece computed once however
+    many tables and DP queries ask: per key columns the canonical truth frame
+    (``reproduced_cells``'s ``truth``; with the ``WEIGHT`` of a frequency table), per
+    (keys, levels) its cell counts (``true_counts``)."""
+
+    def __init__(self, raw: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]) -> None:
+        self.raw, self.hierarchies = raw, hierarchies
+        self._columns: dict[str, Any] = {}
+        self._frames: dict[tuple[str, ...], pd.DataFrame] = {}
+        self._counts: dict[tuple[Any, ...], pd.Series] = {}
+
+    def holds(self, keys: Sequence[str]) -> bool:
+        """Whether every key is a column of the truth (a QI or the SA)."""
+        return all(k in self.raw.columns for k in keys)
+
+    def frame(self, keys: Sequence[str]) -> pd.DataFrame:
+        """The canonical ``keys`` columns, indexed like the records (a total, no keys,
+        still counts them)."""
+        frame = self._frames.get(tuple(keys))
+        if frame is None:
+            for k in keys:
+                if k not in self._columns:
+                    self._columns[k] = canonical_column(self.raw[k])
+            frame = pd.DataFrame({k: self._columns[k] for k in keys}, index=self.raw.index)
+            if WEIGHT in self.raw.columns:  # a frequency table: its weights are the counts
+                frame[WEIGHT] = self.raw[WEIGHT].to_numpy()
+            self._frames[tuple(keys)] = frame
+        return frame
+
+    def counts(self, keys: Sequence[str], levels: Mapping[str, int]) -> pd.Series | None:
+        """``true_counts`` of ``keys`` at ``levels`` (None for a total: no cells)."""
+        if not keys:
+            return None
+        at = (tuple(keys), tuple(sorted(levels.items())))
+        if at not in self._counts:
+            self._counts[at] = true_counts(self.frame(keys), keys, levels, self.hierarchies)
+        return self._counts[at]
 
 
 def common_level(

@@ -36,11 +36,11 @@ from attacks.composition import compose_tables
 from attacks.matching import WEIGHT, TargetView, expand_rows, records_of, suppressed_rows
 from attacks.publication import (
     Alignment,
+    Truth,
     _ancestors,
     _level_of,
     reproduced_cells,
     row_order_alignment,
-    true_counts,
 )
 from attacks.reconstruction import (
     MAX_CELLS,
@@ -159,9 +159,7 @@ def _differencing(
     published: set[str],
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    canonical: dict[str, Any] = {}  # each key column of the truth canonicalised once
-    truths: dict[tuple[str, ...], pd.DataFrame] = {}  # the truth's key columns, per keys
-    counted: dict[tuple[Any, ...], pd.Series] = {}  # its cell counts, per (keys, levels)
+    truth = Truth(raw, hierarchies)  # shared by every table and DP query
     for t in tables:
         table = releases[t].data
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
@@ -169,25 +167,12 @@ def _differencing(
         for d in counts:
             queries = dp_queries(releases[d])
             for query, keys, levels in queries:
-                if any(k not in raw for k in keys):
+                if not truth.holds(keys):
                     continue  # a key the audit does not hold (not a QI or the SA)
-                truth = truths.get(tuple(keys))
-                if truth is None:
-                    for k in keys:
-                        if k not in canonical:
-                            canonical[k] = canonical_column(raw[k])
-                    # indexed like raw: a total (no keys) still counts raw's records
-                    truth = pd.DataFrame({k: canonical[k] for k in keys}, index=raw.index)
-                    if WEIGHT in raw.columns:  # a frequency table: its weights are the counts
-                        truth[WEIGHT] = raw[WEIGHT].to_numpy()
-                    truths[tuple(keys)] = truth
-                # the truth's cell counts do not depend on the table: once per (keys, levels)
-                at = (tuple(keys), tuple(sorted(levels.items())))
-                if keys and at not in counted:
-                    counted[at] = true_counts(truth, keys, levels, hierarchies)
                 found = reproduced_cells(
-                    table, _cells(releases[d], query), truth, keys, levels, hierarchies,
-                    suppressed, names=(t, d, query), true=counted.get(at),
+                    table, _cells(releases[d], query), truth.frame(keys), keys, levels,
+                    hierarchies, suppressed, names=(t, d, query),
+                    true=truth.counts(keys, levels),
                 )  # fmt: skip
                 out.append(
                     _entry(

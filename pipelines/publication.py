@@ -29,10 +29,11 @@ from typing import Any
 
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy, canonical_column
+from anonymity.hierarchy import Hierarchy
 from attacks.composition import compose_tables
-from attacks.matching import WEIGHT, frequency_table, suppressed_rows
+from attacks.matching import frequency_table, suppressed_rows
 from attacks.publication import (
+    Truth,
     published_levels,
     reproduced_cells,
     row_order_alignment,
@@ -196,19 +197,17 @@ def check_combination(
     findings: dict[str, Any] = {"reproduced_cells": [], "row_order": [], "composition": []}
     problems: list[str] = []
     pairs: list[tuple[str, str]] = []
+    shared = None if raw is None else Truth(raw, hierarchies)  # once for every table
     for t in tables:
         table = releases[t].data
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
         for d in counts:
             for query, keys, levels in dp_keys[d]:
-                truth = pd.DataFrame(  # indexed like raw: a total (no keys) counts its records
-                    {k: canonical_column(raw[k]) for k in keys if raw is not None and k in raw},
-                    index=None if raw is None else raw.index,
-                )
-                if raw is None or len(truth.columns) < len(keys):
+                true = None
+                if shared is not None and shared.holds(keys):
+                    truth, true = shared.frame(keys), shared.counts(keys, levels)
+                else:
                     truth = pd.DataFrame(columns=list(keys))
-                elif WEIGHT in raw.columns:  # the truth as a frequency table: its weights
-                    truth[WEIGHT] = raw[WEIGHT].to_numpy()
                 if d in releases:
                     cells = releases[d].data
                     mine = cells[cells["query"] == query] if "query" in cells.columns else cells
@@ -219,6 +218,7 @@ def check_combination(
                 found = reproduced_cells(
                     table, mine, truth, keys, levels, hierarchies, suppressed,
                     names=(t, d, query), table_levels=published_levels(releases[t].document),
+                    true=true,
                 )  # fmt: skip
                 findings["reproduced_cells"].append(found.as_dict())
                 if found.linked:
