@@ -2,7 +2,7 @@
 
     privpipe run CONFIG [--output DIR] [--runner NAME] [beam options...] [-- beam options...]
     privpipe validate CONFIG
-    privpipe demo [--output DIR] [--rows N] [--seed S] [beam options...]
+    privpipe demo [--output DIR] [--rows N] [--seed S] [beam options...] [-- beam options...]
     privpipe schema
     privpipe budget init LEDGER --dataset ID --epsilon E [--delta D] [--key-file F | --key-env V]
     privpipe budget show|verify LEDGER [--key-file F | --key-env V] [--heads F]
@@ -11,7 +11,9 @@
     privpipe multiparty aggregate PARTY_FILE [PARTY_FILE ...] --output DIR [--confidence C]
 
 Exit codes (DESIGN.md): 0 ok; 2 invalid config or arguments; 3 invalid input data;
-4 privacy refusal; 1 anything else. Errors go to stderr as `privpipe: error: ...`.
+4 privacy refusal; 130 interrupted; 143 terminated; 141 closed output pipe; 1 anything else.
+Errors go to stderr as `privpipe: error: ...`. Options neither privpipe nor Beam knows are
+refused (pipelines/beam_flags.py); anything after `--` goes to Beam unchecked.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -35,6 +38,20 @@ DEMO_CONFIG = CONFIGS_DIR / "demo.yaml"
 DEMO_ROWS = 20_000
 
 
+EXIT_CODES = """exit codes:
+  0    success
+  1    unexpected error (a bug or the environment: disk, permissions); run with --debug
+  2    invalid config or command-line arguments
+  3    invalid input data
+  4    privacy refusal (budget exhausted, a guarantee that does not hold, ...)
+  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); 141 output pipe closed
+  nothing is published unless the exit code is 0"""
+_BEAM_EPILOG = (
+    "Beam pipeline options (e.g. --direct_num_workers=2) are passed to Beam; an option "
+    "neither privpipe nor Beam knows is an error. Anything after '--' goes to Beam unchecked."
+)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises ConfigError (exit 2) instead of exiting on its own."""
 
@@ -47,6 +64,8 @@ def _parser() -> _Parser:
         prog="privpipe",
         description="Publish sensitive microdata as anonymised "
         "tables and DP statistics, attack every output, and audit the result.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"privpipe {privpipe.__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
@@ -72,7 +91,7 @@ def _parser() -> _Parser:
     r.add_argument(
         "--input", help="input file(s) of this run (overrides input.path), e.g. one period's"
     )
-    r.epilog = "Other options (e.g. --direct_num_workers=2) are passed to Beam."
+    r.epilog = _BEAM_EPILOG
 
     v = sub.add_parser("validate", help="check a config (schema and semantics); reads no data")
     v.add_argument("config")
@@ -89,6 +108,7 @@ def _parser() -> _Parser:
         help="reuse a demo file generated before with the same --rows and --seed instead of "
         "generating it again (benchmarks)",
     )
+    d.epilog = _BEAM_EPILOG
 
     rep = sub.add_parser(
         "report", help="rebuild the audit report of finished runs (compare several)"
@@ -180,6 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("privpipe: interrupted; nothing was published", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `privpipe schema | head`: the reader has what it wanted
+        _silence_stdout()
+        return 141
     except Exception as e:  # anything unexpected: exit 1, no partial output (RunOutput aborts)
         if debug:
             traceback.print_exc()
@@ -192,6 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush into the closed pipe
+    raises nothing more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 class Terminated(BaseException):
@@ -216,8 +249,14 @@ def _dispatch(argv: list[str]) -> int:
         argv, passthrough = argv[:i], argv[i + 1 :]
     else:
         passthrough = []
-    args, beam_args = _parser().parse_known_args(argv)
-    beam_args = [a for a in beam_args if a != "--debug"] + passthrough
+    parser = _parser()
+    args, beam_args = parser.parse_known_args(argv)
+    beam_args = [a for a in beam_args if a != "--debug"]
+    if args.command in ("run", "demo") and beam_args:
+        from pipelines.beam_flags import check_beam_args, own_flags
+
+        check_beam_args(beam_args, own_flags(_subparser(parser, args.command)), args.command)
+    beam_args += passthrough
     if args.command == "schema":
         from pipelines.config import json_schema
 
@@ -266,6 +305,14 @@ def _dispatch(argv: list[str]) -> int:
     raise ConfigError(f"unknown command {args.command!r}")  # pragma: no cover
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``."""
+    for action in parser._actions:  # argparse exposes no public accessor
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]  # type: ignore[no-any-return]
+    raise KeyError(name)  # pragma: no cover
+
+
 def _validate(config: str) -> int:
     from pipelines.dp_release import dp_jobs
     from pipelines.hierarchies import check_static
@@ -279,6 +326,15 @@ def _validate(config: str) -> int:
 
     check_private_paths(plan)  # the ledger and scratch folder outside public/ and internal/
     local_jobs(plan)  # local DP oracles and domains
+    for path in plan.input_paths:  # the data is not read, but it must be there
+        if "://" not in path and not Path(path).is_file():
+            from privpipe.errors import InputDataError
+
+            what = "is not a file" if Path(path).exists() else "not found"
+            raise InputDataError(
+                f"{Path(config).name}: input.path: {path}: input file {what}; check input.path "
+                "(relative paths resolve against the config file's folder)"
+            )
     c = plan.config
     print(
         f"{Path(config).name}: valid: dataset {c.name!r}, {len(plan.input_paths)} input "

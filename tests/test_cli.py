@@ -73,11 +73,67 @@ def test_second_run_replaces_first(project: Project, capsys: pytest.CaptureFixtu
 
 
 def test_validate_reads_no_data(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
-    project.data.unlink()
+    project.data.write_bytes(b"\x00\xff not a csv the config could read")
     project.cfg["input"]["path"] = "data.csv"
     project.save()
     code, out, _ = run_cli(["validate", str(project.config)], capsys)
     assert code == 0 and "valid" in out
+
+
+def test_validate_checks_inputs_exist(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.data.unlink()
+    code, out, err = run_cli(["validate", str(project.config)], capsys)
+    assert code == 3 and "data.csv" in err and "not found" in err and "input.path" in err
+    assert "valid" not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--ouptut", "x"], ["unknown option --ouptut", "did you mean --output?"]),
+        (["--direct_num_worker=2"], ["did you mean --direct_num_workers?"]),
+        (["stray"], ["unexpected argument 'stray'"]),
+        (["--direct_num_workers"], ["--direct_num_workers: expected one argument"]),
+        (["--direct_running_mode", "bogus"], ["invalid choice: 'bogus'"]),
+    ],
+)
+def test_run_refuses_unknown_options(
+    published: Project, capsys: pytest.CaptureFixture[str], args: list[str], fragments: list[str]
+) -> None:
+    """A typo used to go to Beam with a warning while the run published to output.dir."""
+    code, _, err = run_cli(["run", str(published.config), *args], capsys)
+    assert code == 2, err
+    for f in fragments:
+        assert f in err, err
+    assert_nothing_published(published.out, published.before)  # type: ignore[attr-defined]
+
+
+def test_beam_options_still_pass(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    """Known Beam options by name, and anything after '--', reach Beam."""
+    args = ["--direct_num_workers", "1", "--", "--not_a_beam_option_here=1"]
+    code, _, err = run_cli(["run", str(project.config), *args], capsys)
+    assert code == 0, err
+
+
+def test_schema_into_a_closed_pipe_ends_quietly() -> None:
+    """`privpipe schema | head` used to end with an 'unexpected BrokenPipeError' message."""
+    privpipe = Path(sys.executable).parent / "privpipe"
+    proc = subprocess.Popen(
+        [str(privpipe), "schema"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first write
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == "", err
+
+
+def test_help_lists_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "130"):
+        assert f"  {code}" in out, out
 
 
 def bad(
