@@ -91,6 +91,7 @@ def _parser() -> _Parser:
     r.add_argument(
         "--input", help="input file(s) of this run (overrides input.path), e.g. one period's"
     )
+    _output_options(r)
     r.epilog = _BEAM_EPILOG
 
     v = sub.add_parser("validate", help="check a config (schema and semantics); reads no data")
@@ -108,6 +109,7 @@ def _parser() -> _Parser:
         help="reuse a demo file generated before with the same --rows and --seed instead of "
         "generating it again (benchmarks)",
     )
+    _output_options(d)
     d.epilog = _BEAM_EPILOG
 
     rep = sub.add_parser(
@@ -167,6 +169,39 @@ def _parser() -> _Parser:
     return p
 
 
+def _output_options(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument(
+        "--quiet", action="store_true", help="print nothing but warnings and errors (stderr)"
+    )
+    cmd.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON summary of the run on stdout (also on failure); progress lines "
+        "go to stderr",
+    )
+    cmd.add_argument("--verbose", action="store_true", help="show Beam's own log lines")
+
+
+class Console:
+    """Where the command's progress lines go: stdout normally; stderr when stdout carries the
+    JSON summary (``--json``); nowhere with ``--quiet``."""
+
+    def __init__(self, quiet: bool = False, as_json: bool = False) -> None:
+        self.quiet, self.as_json = quiet, as_json
+
+    def say(self, message: str) -> None:
+        if not self.quiet:
+            print(message, file=sys.stderr if self.as_json else sys.stdout, flush=True)
+
+
+_console = Console()
+
+
+def say(message: str) -> None:
+    """A progress line of the running command (see :class:`Console`)."""
+    _console.say(message)
+
+
 class _DropBeamImportNoise(logging.Filter):
     """Beam warns on import about optional GCP client libraries privpipe does not use."""
 
@@ -188,33 +223,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(name).addFilter(_DropReportedErrors())
     args_in = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_in
+    own = args_in[: args_in.index("--")] if "--" in args_in else args_in
+    as_json = "--json" in own and bool({"run", "demo"} & set(own))
     previous = _on_sigterm()
+    global _console
+    _console = Console(quiet="--quiet" in own, as_json=as_json)
     try:
         return _dispatch(args_in)
     except Terminated:
-        print("privpipe: terminated (SIGTERM); nothing was published", file=sys.stderr)
-        return 143
+        return _failed(143, "terminated (SIGTERM); nothing was published", as_json)
     except PrivpipeError as e:
-        print(f"privpipe: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return _failed(e.exit_code, f"error: {e}", as_json)
     except KeyboardInterrupt:
-        print("privpipe: interrupted; nothing was published", file=sys.stderr)
-        return 130
+        return _failed(130, "interrupted; nothing was published", as_json)
     except BrokenPipeError:  # `privpipe schema | head`: the reader has what it wanted
         _silence_stdout()
         return 141
     except Exception as e:  # anything unexpected: exit 1, no partial output (RunOutput aborts)
         if debug:
             traceback.print_exc()
-        print(
-            f"privpipe: error: unexpected {type(e).__name__}: {e} "
+        return _failed(
+            1,
+            f"error: unexpected {type(e).__name__}: {e} "
             "(run with --debug for the traceback); nothing was published",
-            file=sys.stderr,
+            as_json,
         )
-        return 1
     finally:
+        _console = Console()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _failed(code: int, message: str, as_json: bool) -> int:
+    """Report a failure on stderr (and as the JSON summary on stdout with ``--json``)."""
+    print(f"privpipe: {message}", file=sys.stderr)
+    if as_json:
+        summary = {"status": "failed", "exit_code": code, "error": message}
+        print(json.dumps(summary), flush=True)
+    return code
 
 
 def _silence_stdout() -> None:
@@ -257,6 +303,8 @@ def _dispatch(argv: list[str]) -> int:
 
         check_beam_args(beam_args, own_flags(_subparser(parser, args.command)), args.command)
     beam_args += passthrough
+    if args.command in ("run", "demo"):
+        _beam_logging(verbose=args.verbose)
     if args.command == "schema":
         from pipelines.config import json_schema
 
@@ -269,7 +317,7 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "run":
         return _run(
             args.config, args.output, args.runner, beam_args, input_override=args.input,
-            seed=args.insecure_seed, period=args.period,
+            seed=args.insecure_seed, period=args.period, as_json=args.json,
         )  # fmt: skip
     if args.command == "ldp":
         if beam_args:
@@ -284,7 +332,7 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "demo":
         return _demo(
             args.output, args.rows, args.seed, args.runner, beam_args, args.insecure_seed,
-            args.data,
+            args.data, as_json=args.json,
         )  # fmt: skip
     if args.command == "report":
         from pipelines.audit import rebuild
@@ -303,6 +351,16 @@ def _dispatch(argv: list[str]) -> int:
             return _budget_init(args)
         return _budget_show(args.ledger, args, verify=args.budget_command == "verify")
     raise ConfigError(f"unknown command {args.command!r}")  # pragma: no cover
+
+
+def _beam_logging(verbose: bool) -> None:
+    """Beam's own log lines (INFO progress of its runners, worker chatter) only with
+    ``--verbose``; its errors always."""
+    if verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("apache_beam").setLevel(logging.INFO)
+    else:
+        logging.getLogger("apache_beam").setLevel(logging.ERROR)
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -355,6 +413,7 @@ def _run(
     ledger_override: str | None = None,
     period: int | None = None,
     key_file_override: str | None = None,
+    as_json: bool = False,
 ) -> int:
     from pipelines.plan import load_plan
     from pipelines.run import run
@@ -376,11 +435,11 @@ def _run(
             "private; the manifest records it. Never publish this output.",
             file=sys.stderr,
         )
-    result = run(plan, beam_args=beam_args, runner=runner, insecure_seed=seed)
+    result = run(plan, beam_args=beam_args, runner=runner, insecure_seed=seed, log=say)
     m = result.manifest
     prof = m["profile"]
     combos = prof["qi_combinations"]
-    print(
+    say(
         f"privpipe: {m['rows_accepted']:,} rows accepted, {m['rows_rejected']:,} rejected; "
         f"{combos['distinct']:,} distinct QI combinations, "
         f"{combos['unique_share_of_rows']:.1%} of rows unique on their QIs"
@@ -399,7 +458,7 @@ def _run(
         )
         check = "verified" if summary["verified"] else "NOT verified"
         where = "public" if name in (m.get("published") or []) else "internal/candidates"
-        print(f"privpipe:   {where}/{name}: {summary['kind']} ({g}), {check}")
+        say(f"privpipe:   {where}/{name}: {summary['kind']} ({g}), {check}")
     if m.get("attacks"):
         base = m["attacks"].get("raw", {})
         for name, rates in m["attacks"].items():
@@ -407,15 +466,15 @@ def _run(
                 f"{a} {v:.1%}" + (f" (raw {base[a]:.1%})" if name != "raw" and a in base else "")
                 for a, v in rates.items()
             )
-            print(f"privpipe:   attacks on {name}: {shown or 'none applicable'}")
+            say(f"privpipe:   attacks on {name}: {shown or 'none applicable'}")
     if m.get("budget"):
         b = m["budget"]
-        print(
+        say(
             f"privpipe: privacy budget: spent epsilon {b['spent']['epsilon']:g} of "
             f"{b['lifetime']['epsilon']:g}, {b['remaining']['epsilon']:g} left ({b['ledger']})"
         )
     published = m.get("published") or []
-    print(
+    say(
         f"privpipe: published: {', '.join(published)} in {result.output_dir / 'public'}"
         if published
         else f"privpipe: nothing published: {len(m['releases'])} candidates compared; add "
@@ -424,14 +483,47 @@ def _run(
         else "privpipe: nothing published: the config has no releases"
     )
     if m.get("timings"):
-        print(f"privpipe: slowest stages: {slowest(m['timings']['stages'])}")
-    print(
+        say(f"privpipe: slowest stages: {slowest(m['timings']['stages'])}")
+    say(
         f"privpipe: run finished in {m['seconds']:.1f}s; operator files (manifest, audit, "
         f"candidates) in {result.output_dir / 'internal'}"
     )
     if m.get("report"):
-        print(f"privpipe: report: {result.output_dir / m['report']} (audit.json, report.md)")
+        say(f"privpipe: report: {result.output_dir / m['report']} (audit.json, report.md)")
+    if as_json:
+        print(json.dumps(run_summary(m, result.output_dir), default=str), flush=True)
     return 0
+
+
+def run_summary(manifest: dict[str, Any], output_dir: Path) -> dict[str, Any]:
+    """The machine-readable summary of a finished run (``--json``), for schedulers: what was
+    published and verified, the budget, the attack rates and where everything is."""
+    m = manifest
+    published = list(m.get("published") or [])
+    return {
+        "status": m.get("status", "succeeded"),
+        "exit_code": 0,
+        "run_id": m.get("run_id"),
+        "dataset": m.get("name"),
+        "output_dir": str(output_dir),
+        "public_dir": str(output_dir / "public"),
+        "report": str(output_dir / m["report"]) if m.get("report") else None,
+        "rows": {k: m.get(f"rows_{k}") for k in ("read", "accepted", "rejected")},
+        "releases": {
+            name: {
+                "kind": s["kind"],
+                "guarantee": s["guarantee"],
+                "verified": s["verified"],
+                "published": name in published,
+            }
+            for name, s in (m.get("release_summaries") or {}).items()
+        },
+        "published": published,
+        "attacks": m.get("attacks"),
+        "budget": m.get("budget"),
+        "insecure_seed": m.get("insecure_seed"),
+        "seconds": m.get("seconds"),
+    }
 
 
 def _budget_init(args: argparse.Namespace) -> int:
@@ -543,6 +635,7 @@ def _demo(
     beam_args: list[str],
     insecure_seed: int | None = None,
     reuse: str | None = None,
+    as_json: bool = False,
 ) -> int:
     import yaml
 
@@ -563,7 +656,7 @@ def _demo(
         data = Path(reuse).resolve()
         if not data.is_file():
             raise ConfigError(f"--data {reuse}: no such file; drop --data to generate it")
-        print(f"privpipe: reusing the demo rows in {data} (--rows {rows:,}, --seed {seed})")
+        say(f"privpipe: reusing the demo rows in {data} (--rows {rows:,}, --seed {seed})")
     else:
         try:
             data = write_csv(out / "input" / "demo.csv", rows, seed=seed)
@@ -572,12 +665,12 @@ def _demo(
                 f"{out}: cannot write the demo input ({e.strerror}); "
                 "choose another folder with --output"
             ) from None
-        print(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
+        say(f"privpipe: generated {rows:,} demo rows (seed {seed}) in {data}")
     ledger, key = demo_ledger(out / "budget")
     # size-dependent parameters (max_units, deltas, attack targets) from N, never the data
     config, changes = demo_config_for(DEMO_CONFIG, out / "input" / "demo.yaml", rows)
     if changes:
-        print(f"privpipe: the demo config fitted to {rows:,} rows ({config}): {'; '.join(changes)}")
+        say(f"privpipe: the demo config fitted to {rows:,} rows ({config}): {'; '.join(changes)}")
     try:
         return _run(
             str(config),
@@ -588,6 +681,7 @@ def _demo(
             seed=insecure_seed,
             ledger_override=str(ledger),
             key_file_override=str(key),
+            as_json=as_json,
         )
     except PrivacyRefusal as e:
         if rows >= DEMO_SMALL_ROWS:
@@ -623,7 +717,7 @@ def demo_ledger(folder: Path) -> tuple[Path, Path]:
         to_fraction(budget.get("lifetime_delta", 0), "budget.lifetime_delta"),
     )
     Ledger.create(ledger, name, lifetime, load_key(name, key_file))
-    print(f"privpipe: created a fresh demo ledger {ledger} (key {key_file}, demo only)")
+    say(f"privpipe: created a fresh demo ledger {ledger} (key {key_file}, demo only)")
     return ledger, key_file
 
 

@@ -296,3 +296,37 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     # continual count (ε 1) is an event-level entry beside it
     assert m["budget"]["spent"]["epsilon"] == 2.5
     assert m["budget"]["charged_this_run"]["weekly_visits"]["unit"] == "event"
+
+
+def test_json_summary_for_schedulers(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json: stdout is exactly one JSON document; the progress lines go to stderr."""
+    code, out, err = run_cli(["run", str(project.config), "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["status"] == "succeeded" and summary["exit_code"] == 0
+    assert summary["rows"] == {"read": 9, "accepted": 9, "rejected": 0}
+    assert summary["public_dir"] == str(project.out / "public")
+    assert (
+        summary["run_id"]
+        == json.loads(internal_file(project.out, "manifest.json").read_text())["run_id"]
+    )
+    assert "rows accepted" in err and "rows accepted" not in out
+
+
+def test_json_summary_on_failure(published: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    published.data.unlink()
+    code, out, err = run_cli(["run", str(published.config), "--json"], capsys)
+    assert code == 3
+    summary = json.loads(out)
+    assert summary["status"] == "failed" and summary["exit_code"] == 3
+    assert "not found" in summary["error"] and "not found" in err
+    assert_nothing_published(published.out, published.before)  # type: ignore[attr-defined]
+
+
+def test_quiet_prints_nothing_on_success(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(["run", str(project.config), "--quiet"], capsys)
+    assert code == 0 and out == "", out
+    assert "rows accepted" not in err and "reading" not in err, err
+    assert (internal_file(project.out, "manifest.json")).exists()
