@@ -26,7 +26,8 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,14 @@ def _output_options(cmd: argparse.ArgumentParser) -> None:
         "go to stderr",
     )
     cmd.add_argument("--verbose", action="store_true", help="show Beam's own log lines")
+    cmd.add_argument(
+        "--progress",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="when stderr is not a terminal, a progress line every SECONDS (default 30; 0: "
+        "none); on a terminal one status line is kept up to date",
+    )
 
 
 class Console:
@@ -304,6 +313,8 @@ def _dispatch(argv: list[str]) -> int:
         check_beam_args(beam_args, own_flags(_subparser(parser, args.command)), args.command)
     beam_args += passthrough
     if args.command in ("run", "demo"):
+        if not args.progress >= 0:
+            raise ConfigError(f"--progress: seconds must be >= 0 (0: none), got {args.progress}")
         _beam_logging(verbose=args.verbose)
     if args.command == "schema":
         from pipelines.config import json_schema
@@ -317,7 +328,7 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "run":
         return _run(
             args.config, args.output, args.runner, beam_args, input_override=args.input,
-            seed=args.insecure_seed, period=args.period, as_json=args.json,
+            seed=args.insecure_seed, period=args.period, as_json=args.json, every=args.progress,
         )  # fmt: skip
     if args.command == "ldp":
         if beam_args:
@@ -332,7 +343,7 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "demo":
         return _demo(
             args.output, args.rows, args.seed, args.runner, beam_args, args.insecure_seed,
-            args.data, as_json=args.json,
+            args.data, as_json=args.json, every=args.progress,
         )  # fmt: skip
     if args.command == "report":
         from pipelines.audit import rebuild
@@ -414,6 +425,7 @@ def _run(
     period: int | None = None,
     key_file_override: str | None = None,
     as_json: bool = False,
+    every: float = 30.0,
 ) -> int:
     from pipelines.plan import load_plan
     from pipelines.run import run
@@ -435,7 +447,8 @@ def _run(
             "private; the manifest records it. Never publish this output.",
             file=sys.stderr,
         )
-    result = run(plan, beam_args=beam_args, runner=runner, insecure_seed=seed, log=say)
+    with _progress(every):
+        result = run(plan, beam_args=beam_args, runner=runner, insecure_seed=seed, log=say)
     m = result.manifest
     prof = m["profile"]
     combos = prof["qi_combinations"]
@@ -493,6 +506,21 @@ def _run(
     if as_json:
         print(json.dumps(run_summary(m, result.output_dir), default=str), flush=True)
     return 0
+
+
+@contextmanager
+def _progress(every: float) -> Iterator[None]:
+    """Report the run's progress while the block runs (privpipe/progress.py): a status line
+    on a terminal, plain lines every ``every`` seconds otherwise; nothing with --quiet."""
+    from privpipe import progress
+
+    progress.reset()
+    tty = sys.stderr if sys.stderr.isatty() and not _console.quiet else None
+    reporter = progress.Reporter(say, tty, 0.0 if _console.quiet else every).start()
+    try:
+        yield
+    finally:
+        reporter.stop()
 
 
 def run_summary(manifest: dict[str, Any], output_dir: Path) -> dict[str, Any]:
@@ -636,6 +664,7 @@ def _demo(
     insecure_seed: int | None = None,
     reuse: str | None = None,
     as_json: bool = False,
+    every: float = 30.0,
 ) -> int:
     import yaml
 
@@ -682,6 +711,7 @@ def _demo(
             ledger_override=str(ledger),
             key_file_override=str(key),
             as_json=as_json,
+            every=every,
         )
     except PrivacyRefusal as e:
         if rows >= DEMO_SMALL_ROWS:

@@ -568,6 +568,9 @@ def _run(
         with stage("commit"):
             out.arrange(chosen)
         manifest["timings"] = clock.timings()  # internal only (contract.md)
+        # the whole run, audit and report included (the figures above were before them)
+        manifest["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        manifest["seconds"] = round(time.perf_counter() - t0, 3)
         write_json(str(out.internal / "manifest.json"), manifest)
         out.commit()
     except BaseException:

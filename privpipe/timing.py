@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from privpipe import progress
+
 NAMESPACE = "privpipe.stage"  # the Beam counters' namespace (milliseconds)
 
 
@@ -34,9 +36,11 @@ class StageClock:
         """Add the wall time spent inside the block (less its inner stages) to ``name``."""
         t0 = time.perf_counter()
         self._inner.append(0.0)
+        progress.enter(name)
         try:
             yield
         finally:
+            progress.leave(name)
             total = time.perf_counter() - t0
             inner = self._inner.pop()
             self.add(name, total - inner)

@@ -19,6 +19,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 
+from privpipe import progress
 from privpipe.timing import NAMESPACE
 
 
@@ -27,7 +28,8 @@ def stage_ms(stage: str) -> Iterator[None]:
     """Add the block's elapsed wall milliseconds to the counter ``privpipe.stage/<stage>``."""
     t0 = time.perf_counter()
     try:
-        yield
+        with progress.working(stage):
+            yield
     finally:
         Metrics.counter(NAMESPACE, stage).inc(round((time.perf_counter() - t0) * 1000))
 
@@ -80,6 +82,7 @@ class TimedDoFn(beam.DoFn):  # type: ignore[misc]
             result = self.fn.process(element, *args, **kwargs)
             for item in result if result is not None else ():
                 spent += time.perf_counter() - t0
+                progress.add_rows(self.stage, progress.rows_of(item))
                 yield item
                 t0 = time.perf_counter()
             spent += time.perf_counter() - t0
@@ -117,6 +120,7 @@ class TimedCombineFn(beam.CombineFn):  # type: ignore[misc]
         return self.fn.create_accumulator(*args, **kwargs)
 
     def add_input(self, mutable_accumulator: Any, element: Any, *args: Any, **kwargs: Any) -> Any:
+        progress.add_rows(self.stage, progress.rows_of(element))
         with stage_ms(self.stage):
             return self.fn.add_input(mutable_accumulator, element, *args, **kwargs)
 

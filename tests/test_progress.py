@@ -1,0 +1,80 @@
+"""Progress of long runs (privpipe/progress.py): rows and rates per pipeline stage, busy
+stages, the driver's step; plain lines for logs, one rewritten line on a terminal."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+
+import pandas as pd
+import pytest
+
+from pipelines.cli import main
+from privpipe import progress
+from privpipe.timing import StageClock
+from tests.conftest import Project
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    progress.reset()
+
+
+def test_rows_of_batches() -> None:
+    frame = pd.DataFrame({"a": range(7)})
+    assert progress.rows_of(frame) == 7
+    assert progress.rows_of(("path", 3, frame)) == 7  # a tagged batch
+    assert progress.rows_of(("k", 1)) == 0 and progress.rows_of("record") == 0
+
+
+def test_status_shows_moving_and_busy_stages_and_the_driver_step() -> None:
+    progress.add_rows("read", 1000)
+    progress.add_rows("summary", 10)
+    text, rows = progress.status(time.perf_counter(), time.perf_counter() - 5, {"read": 0}, 2.0)
+    assert "read 1,000 rows (500/s)" in text and "summary 10 rows (5/s)" in text
+    text, rows = progress.status(time.perf_counter(), time.perf_counter(), rows, 2.0)
+    assert "read" not in text  # nothing moved since the last line
+    clock = StageClock()
+    with clock.stage("attacks"), progress.working("search"):
+        text, _ = progress.status(time.perf_counter(), time.perf_counter(), rows, 1.0)
+    assert " attacks (0s)" in text and "search busy 0s" in text
+    text, _ = progress.status(time.perf_counter(), time.perf_counter(), rows, 1.0)
+    assert "attacks" not in text and "busy" not in text
+
+
+def test_reporter_plain_lines_for_logs() -> None:
+    lines: list[str] = []
+    reporter = progress.Reporter(lines.append, None, every=0.05).start()
+    progress.add_rows("read", 5)
+    time.sleep(0.3)
+    reporter.stop()
+    assert len(lines) >= 2 and all(line.startswith("privpipe: ") for line in lines)
+    assert any("read 5 rows" in line for line in lines)
+    n = len(lines)
+    time.sleep(0.15)
+    assert len(lines) == n  # stopped
+
+
+def test_reporter_off_and_terminal_line() -> None:
+    lines: list[str] = []
+    progress.Reporter(lines.append, None, every=0).start().stop()
+    assert lines == []
+    tty = io.StringIO()
+    reporter = progress.Reporter(lines.append, tty, every=30).start()
+    time.sleep(1.3)
+    reporter.stop()
+    out = tty.getvalue()
+    assert lines == [] and out.startswith("\rprivpipe: ") and out.endswith("\r")
+    assert out.rstrip("\r").endswith(" " * 50)  # the status line is cleared at the end
+
+
+def test_run_reports_progress_lines(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", str(project.config), "--progress", "0.2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    ticks = [ln for ln in out.splitlines() if re.match(r"privpipe: \d+s( |:|$)", ln)]
+    assert ticks, out
+    assert main(["run", str(project.config), "--progress", "0.2", "--quiet"]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["run", str(project.config), "--progress", "-1"]) == 2
