@@ -22,7 +22,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
-from itertools import islice
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any, Final, TypeAlias, cast
 
@@ -781,6 +781,13 @@ def build_intervals(
     return Hierarchy(attribute, _stack(columns, raw.shape[0]), source=key, aliases=aliases or {})
 
 
+def _code_positions(raw: ObjArray) -> tuple[list[list[int]], IntArray]:
+    """Per code, the positions of its letters and digits (separators such as ``-``, ``/``,
+    ``.`` or spaces are not code characters), and how many each code has."""
+    positions = [[i for i, ch in enumerate(str(code)) if ch.isalnum()] for code in raw]
+    return positions, np.array([len(p) for p in positions], dtype=np.int64)
+
+
 def build_mask(
     attribute: str,
     values: Any,
@@ -792,8 +799,10 @@ def build_mask(
 ) -> Hierarchy:
     """Mask codes from the right: 47677 -> 4767* -> 476** -> … -> 4**** -> ``*``.
 
-    All values must have ``digits`` characters (or, if None, one common length); note
-    that codes read as numbers lose leading zeros, which this check reports.
+    Only letters and digits are masked and counted; separators stay where they are
+    (``01-01301`` -> ``01-0130*`` -> … -> ``01-*****`` -> ``0*-*****``), so a code's dash
+    never counts as a digit. All values must have ``digits`` code characters (or, if None,
+    one common number); codes read as numbers lose leading zeros, which this check reports.
     """
     key = key or f"hierarchies.{attribute}.mask"
     if digits is not None and (
@@ -804,34 +813,143 @@ def build_mask(
         raise ConfigError(f"{key}.char: expected one character, got {char!r}")
     raw = _distinct_strings(values)
     _need_values(raw, attribute, key)
-    lengths = pd.Series(raw, dtype=object).str.len().to_numpy(dtype=np.int64)
+    positions, lengths = _code_positions(raw)
     if digits is not None:
         bad = lengths != digits
         if bad.any():
             notes = [_plural(int(n), "character") for n in lengths[bad][:_EXAMPLES]]
             raise InputDataError(
                 f"column {attribute!r}: {_plural(int(bad.sum()), 'value')} without exactly "
-                f"{digits} characters ({key}.digits): {_examples(list(raw[bad]), notes)}; fix "
-                f"the data (leading zeros lost when read as numbers?) or {key}.digits"
+                f"{digits} letters/digits ({key}.digits; separators do not count): "
+                f"{_examples(list(raw[bad]), notes)}; fix the data (leading zeros lost when "
+                f"read as numbers?) or {key}.digits"
             )
     elif (lengths != lengths[0]).any():
         common = int(np.bincount(lengths).argmax())
         bad = lengths != common
         notes = [_plural(int(n), "character") for n in lengths[bad][:_EXAMPLES]]
         raise InputDataError(
-            f"column {attribute!r}: values differ in length (most have {common} characters): "
-            f"{_examples(list(raw[bad]), notes)}; masking needs codes of one length: fix the "
-            f"data or set {key}.digits"
+            f"column {attribute!r}: values differ in length (most have {common} letters/"
+            f"digits; separators do not count): {_examples(list(raw[bad]), notes)}; masking "
+            f"needs codes of one length: fix the data or set {key}.digits"
         )
     width = int(lengths[0])
-    raw = cast(ObjArray, np.sort(raw))
-    series = pd.Series(raw, dtype="str")  # Arrow-backed string kernels
+    order = np.argsort(raw, kind="stable")
+    raw = cast(ObjArray, raw[order])
+    positions = [positions[i] for i in order]
     columns: list[ObjArray] = [raw]
-    for masked in range(1, width):
-        column = series.str.slice(0, width - masked) + char * masked
-        columns.append(cast(ObjArray, column.to_numpy(dtype=object)))
+    if all(len(p) == len(str(c)) for p, c in zip(positions, raw, strict=True)):
+        # no separators: Arrow-backed string kernels
+        series = pd.Series(raw, dtype="str")
+        for masked in range(1, width):
+            column = series.str.slice(0, width - masked) + char * masked
+            columns.append(cast(ObjArray, column.to_numpy(dtype=object)))
+    else:
+        for masked in range(1, width):
+            level = np.empty(raw.shape[0], dtype=object)
+            for j, (code, where) in enumerate(zip(raw, positions, strict=True)):
+                chars = list(str(code))
+                for i in where[width - masked :]:
+                    chars[i] = char
+                level[j] = "".join(chars)
+            columns.append(level)
     columns.append(np.full(raw.shape[0], SUPPRESSED, dtype=object))
     return Hierarchy(attribute, _stack(columns, raw.shape[0]), source=key, aliases=aliases or {})
+
+
+def build_prefix(
+    attribute: str,
+    values: Any,
+    lengths: Sequence[int],
+    *,
+    key: str | None = None,
+    aliases: Mapping[str, str] | None = None,
+) -> Hierarchy:
+    """Code prefixes: level i keeps the first ``lengths[i]`` letters/digits of a code (the
+    separators between them kept, those after dropped), then ``*``. E.g. PUMA codes
+    ``01-01301`` with ``lengths: [2]`` -> state ``01`` -> ``*``.
+
+    ``lengths`` must decrease strictly and stay below every code's own number of
+    letters/digits (a prefix as long as the code would not generalise it)."""
+    key = key or f"hierarchies.{attribute}.prefix"
+    if (
+        isinstance(lengths, str)
+        or not lengths
+        or any(isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1 for n in lengths)
+    ):
+        raise ConfigError(f"{key}.lengths: expected a list of positive integers, got {lengths!r}")
+    if any(b >= a for a, b in pairwise(lengths)):
+        raise ConfigError(
+            f"{key}.lengths: each level must keep fewer characters than the one before "
+            f"(strictly decreasing, e.g. [5, 2]), got {list(lengths)}"
+        )
+    raw = _distinct_strings(values)
+    _need_values(raw, attribute, key)
+    raw = cast(ObjArray, np.sort(raw))
+    positions, counts = _code_positions(raw)
+    short = counts <= lengths[0]
+    if short.any():
+        notes = [_plural(int(n), "letter/digit") for n in counts[short][:_EXAMPLES]]
+        raise InputDataError(
+            f"column {attribute!r}: {_plural(int(short.sum()), 'value')} no longer than the "
+            f"first prefix ({lengths[0]} letters/digits, {key}.lengths): "
+            f"{_examples(list(raw[short]), notes)}; fix the data (leading zeros lost when read "
+            f"as numbers?) or use shorter prefixes"
+        )
+    columns: list[ObjArray] = [raw]
+    for n in lengths:
+        level = np.empty(raw.shape[0], dtype=object)
+        for j, (code, where) in enumerate(zip(raw, positions, strict=True)):
+            level[j] = str(code)[: where[n - 1] + 1]
+        columns.append(level)
+    columns.append(np.full(raw.shape[0], SUPPRESSED, dtype=object))
+    return Hierarchy(attribute, _stack(columns, raw.shape[0]), source=key, aliases=aliases or {})
+
+
+def load_code_lists(
+    attribute: str,
+    paths: Sequence[str | Path],
+    delimiter: str = ",",
+    *,
+    key: str | None = None,
+    aliases: Mapping[str, str] | None = None,
+) -> Hierarchy:
+    """Code lists: each CSV file maps a code to its parent (two columns with a header, e.g.
+    ``puma,state``); the first file maps the raw values, each next one the parents of the
+    one before (state -> region). A ``*`` level is appended unless the last file maps
+    everything to one parent. Codes are read as text (leading zeros kept)."""
+    key = key or f"hierarchies.{attribute}.codes"
+    if isinstance(paths, str) or not paths:
+        raise ConfigError(f"{key}.files: expected a non-empty list of CSV files")
+    levels: list[dict[str, str]] = []
+    for i, path in enumerate(paths):
+        where = f"{key}.files[{i}] ({path})"
+        try:
+            table = pd.read_csv(
+                path, sep=delimiter, dtype=str, keep_default_na=False, encoding="utf-8"
+            )
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{where}: file not found; paths resolve against the config file's folder"
+            ) from None
+        except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+            raise ConfigError(f"{where}: not a readable CSV ({e}); save it as UTF-8 CSV") from None
+        if table.shape[1] != 2:
+            raise ConfigError(
+                f"{where}: expected 2 columns (code, parent) with a header, got "
+                f"{table.shape[1]} ({', '.join(map(str, table.columns[:5]))}); check "
+                f"{key}.delimiter ({delimiter!r})"
+            )
+        child, parent = table.columns
+        codes = table[child].str.strip()
+        dup = codes[codes.duplicated()].unique().tolist()
+        if dup:
+            raise ConfigError(
+                f"{where}: {_plural(len(dup), 'code')} with more than one parent: "
+                f"{_examples(dup)}; keep one line per code"
+            )
+        levels.append(dict(zip(codes, table[parent].str.strip(), strict=True)))
+    return build_grouping(attribute, levels, key=f"{key}.files", aliases=aliases)
 
 
 def build_dates(

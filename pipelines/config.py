@@ -159,7 +159,37 @@ class DateSpec(_Model):
     format: str = "%Y-%m-%d"
 
 
-HIERARCHY_KINDS = ("file", "mask", "intervals", "dates", "groups")
+class PrefixSpec(_Model):
+    lengths: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1,
+        description="Letters/digits each level keeps, strictly decreasing (separators kept "
+        "between them), e.g. [2] for PUMA 01-01301 -> state 01.",
+    )
+
+
+class CodesSpec(_Model):
+    files: list[str] = Field(
+        min_length=1,
+        description="CSV code lists, each 'code,parent' with a header: the first maps the raw "
+        "values, each next one the parents of the one before.",
+    )
+    delimiter: str = Field(default=",", min_length=1, max_length=1)
+
+
+def _scalar_text(value: object, where: str) -> object:
+    """A YAML integer written as a code (``01: a`` reads as 1) becomes its text; a float
+    or boolean is refused with the fix (quote it)."""
+    if isinstance(value, bool | float):
+        raise ValueError(
+            f"{where} {value!r}: YAML reads it as a {type(value).__name__}, not text; "
+            "quote it in the YAML as written (e.g. '1.50', 'yes')"
+        )
+    if isinstance(value, int):
+        return str(value)
+    return value
+
+
+HIERARCHY_KINDS = ("file", "mask", "prefix", "intervals", "dates", "groups", "codes")
 
 
 class HierarchyConfig(_Model):
@@ -168,6 +198,7 @@ class HierarchyConfig(_Model):
     file: str | None = Field(default=None, description="ARX CSV hierarchy: raw;level1;...;*")
     delimiter: str = Field(default=";", min_length=1, max_length=1)
     mask: MaskSpec | None = None
+    prefix: PrefixSpec | None = None
     intervals: IntervalSpec | None = None
     dates: DateSpec | None = None
     groups: list[dict[str, str]] | None = Field(
@@ -175,10 +206,36 @@ class HierarchyConfig(_Model):
         min_length=1,
         description="Explicit groupings: level 1 maps raw values to groups, level 2 maps those...",
     )
+    codes: CodesSpec | None = None
     map: dict[str, str] = Field(
         default_factory=dict,
         description="Raw values to treat as another value of the hierarchy (e.g. '?': '*').",
     )
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _group_codes_as_text(cls, value: object) -> object:
+        if not isinstance(value, list):
+            return value
+        return [
+            {
+                _scalar_text(k, "key"): _scalar_text(v, f"the group of {k!r} is")
+                for k, v in level.items()
+            }
+            if isinstance(level, dict)
+            else level
+            for level in value
+        ]
+
+    @field_validator("map", mode="before")
+    @classmethod
+    def _map_codes_as_text(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            return value
+        return {
+            _scalar_text(k, "key"): _scalar_text(v, f"the value of {k!r} is")
+            for k, v in value.items()
+        }
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> HierarchyConfig:
@@ -551,7 +608,7 @@ CONTINUAL_KINDS = ("dp_continual_count",)
 RELEASE_KINDS = ANONYMITY_KINDS + DP_KINDS + LOCAL_KINDS + CONTINUAL_KINDS
 BUDGETED = (_DPRelease, _PublicValuesRelease, ContinualCountRelease)  # charged to the ledger
 DPRelease = DPCountRelease | DPHistogramRelease | DPSumRelease | DPMeanRelease | DPTopKRelease
-STATIC_HIERARCHY_KINDS = ("file", "groups")  # known without reading data
+STATIC_HIERARCHY_KINDS = ("file", "groups", "codes")  # known without reading data
 
 
 # ------------------------------------------------------------------------- attacks

@@ -20,6 +20,7 @@ from anonymity.hierarchy import (
     build_dates,
     build_intervals,
     build_mask,
+    build_prefix,
     canonical_factorize,
 )
 from dp.cells import canonical_labels
@@ -46,13 +47,15 @@ class HierarchyResolver:
 
 
 def build_from_data(col: str, hc: HierarchyConfig, values: list[object]) -> Hierarchy:
-    """A builder hierarchy (mask, intervals, dates) over the data's distinct values."""
+    """A builder hierarchy (mask, prefix, intervals, dates) over the data's distinct values."""
     key = f"hierarchies.{col}.{hc.kind}"
     aliases = dict(hc.map)
     if hc.mask is not None:
         return build_mask(
             col, values, digits=hc.mask.digits, char=hc.mask.char, key=key, aliases=aliases
         )
+    if hc.prefix is not None:
+        return build_prefix(col, values, hc.prefix.lengths, key=key, aliases=aliases)
     if hc.intervals is not None:
         iv = hc.intervals
         return build_intervals(
@@ -74,7 +77,7 @@ def build_from_data(col: str, hc: HierarchyConfig, values: list[object]) -> Hier
             key=key,
             aliases=aliases,
         )
-    raise AssertionError(f"{key}: file and groups hierarchies are loaded at plan time")
+    raise AssertionError(f"{key}: file, groups and codes hierarchies are loaded at plan time")
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ def _probe(hc: HierarchyConfig) -> list[object] | None:
     """One value of the declared form of a builder (to learn its height without data)."""
     if hc.mask is not None:
         return None if hc.mask.digits is None else ["0" * hc.mask.digits]
+    if hc.prefix is not None:
+        return ["0" * (hc.prefix.lengths[0] + 1)]
     if hc.intervals is not None:
         iv = hc.intervals
         return [iv.lower if iv.lower is not None else iv.start]
@@ -139,8 +144,8 @@ def static_problems(cfg: PrivpipeConfig, loaded: Mapping[str, Hierarchy]) -> lis
             continue
         key = f"hierarchies.{col}.{hc.kind}"
         declared = types.get(col)
-        if hc.mask is not None and declared == "float":
-            out.append(f"{key}: masks codes as text, but schema.types.{col} is float; "
+        if (hc.mask is not None or hc.prefix is not None) and declared == "float":
+            out.append(f"{key}: works on codes as text, but schema.types.{col} is float; "
                        f"declare it string (or integer) or use intervals")  # fmt: skip
         if hc.dates is not None and declared in ("integer", "float"):
             out.append(f"{key}: needs dates as text in format {hc.dates.format!r}, but "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv
+from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv, load_code_lists
 from pipelines.config import (
     ColumnType,
     HierarchyConfig,
@@ -228,4 +228,12 @@ def load_static_hierarchy(plan: Plan, col: str, h: HierarchyConfig) -> Hierarchy
         return load_arx_csv(path, col, delimiter=h.delimiter, aliases=dict(h.map))
     if h.groups is not None:
         return build_grouping(col, h.groups, key=f"hierarchies.{col}.groups", aliases=dict(h.map))
+    if h.codes is not None:
+        return load_code_lists(
+            col,
+            [plan.resolve(f) for f in h.codes.files],
+            delimiter=h.codes.delimiter,
+            key=f"hierarchies.{col}.codes",
+            aliases=dict(h.map),
+        )
     return None

@@ -156,7 +156,8 @@ output: {dir: out/adult-nightly, format: csv}
         ),
         (
             lambda d: d["hierarchies"].update(age={"file": "a.csv", "mask": {"digits": 2}}),
-            "hierarchies.age: give exactly one of file, mask, intervals, dates, groups",
+            "hierarchies.age: give exactly one of file, mask, prefix, intervals, dates, groups, "
+            "codes",
         ),
         (
             lambda d: d["hierarchies"].update(age={"intervals": {"widths": [5, 7]}}),

@@ -18,8 +18,10 @@ from anonymity.hierarchy import (
     build_grouping,
     build_intervals,
     build_mask,
+    build_prefix,
     hierarchy_to_arx_csv,
     load_arx_csv,
+    load_code_lists,
 )
 from privpipe.errors import ConfigError, InputDataError
 
@@ -459,7 +461,7 @@ def test_build_mask_errors() -> None:
     with pytest.raises(InputDataError) as info:
         build_mask("zip", ["47677", 2138, "123456"], digits=5)
     msg = str(info.value)
-    assert "2 values without exactly 5 characters (hierarchies.zip.mask.digits)" in msg
+    assert "2 values without exactly 5 letters/digits (hierarchies.zip.mask.digits;" in msg
     assert "'2138' (4 characters), '123456' (6 characters)" in msg
     assert "leading zeros" in msg
     with pytest.raises(InputDataError, match=r"values differ in length \(most have 5 .*'123'"):
@@ -589,3 +591,90 @@ def test_grouping_property_function_and_leaf_counts(levels: list[dict[str, str]]
     with tempfile.TemporaryDirectory() as tmp:  # round trip through the ARX format
         back = load_arx_csv(hierarchy_to_arx_csv(h, Path(tmp) / "g.csv"), "g")
     assert (back.table == h.table).all()
+
+
+# ---------------------------------------------------------------- codes with separators
+
+
+PUMAS = ["01-01301", "01-01302", "02-00100"]
+
+
+def test_mask_keeps_separators_and_never_counts_them() -> None:
+    """The dash of 01-01301 used to count as a digit: 0******* grouped states by the
+    first digit of their code."""
+    h = build_mask("PUMA", PUMAS)
+    assert h.height == 7  # 7 code characters masked one by one, then *
+    row = list(h.table[0])
+    assert row == [
+        "01-01301", "01-0130*", "01-013**", "01-01***", "01-0****", "01-*****", "0*-*****", "*"
+    ]  # fmt: skip
+    assert build_mask("PUMA", PUMAS, digits=7).height == 7
+    with pytest.raises(InputDataError, match="separators do not count"):
+        build_mask("PUMA", PUMAS, digits=8)
+    with pytest.raises(InputDataError, match="most have 7 letters/digits"):
+        build_mask("PUMA", [*PUMAS, "01-0130"])
+    assert list(build_mask("zip", ["47677"]).table[0]) == [
+        "47677", "4767*", "476**", "47***", "4****", "*"
+    ]  # fmt: skip
+
+
+def test_prefix_builder_keeps_leading_code_characters() -> None:
+    h = build_prefix("PUMA", PUMAS, [4, 2])
+    assert [list(r) for r in h.table] == [
+        ["01-01301", "01-01", "01", "*"],
+        ["01-01302", "01-01", "01", "*"],
+        ["02-00100", "02-00", "02", "*"],
+    ]
+    assert h.generalize(h.encode(pd.Series(["01-01302", "02-00100"])), 2).tolist() == ["01", "02"]
+    with pytest.raises(ConfigError, match="strictly decreasing"):
+        build_prefix("PUMA", PUMAS, [2, 4])
+    with pytest.raises(ConfigError, match="positive integers"):
+        build_prefix("PUMA", PUMAS, [0])
+    with pytest.raises(InputDataError, match="no longer than the first prefix"):
+        build_prefix("PUMA", ["01", *PUMAS], [2])
+
+
+def test_code_lists(tmp_path: Path) -> None:
+    (tmp_path / "puma.csv").write_text("puma,state\n01-01301,01\n01-01302,01\n02-00100,02\n")
+    (tmp_path / "state.csv").write_text("state,region\n01,south\n02,west\n")
+    h = load_code_lists("PUMA", [tmp_path / "puma.csv", tmp_path / "state.csv"])
+    assert [list(r) for r in h.table] == [
+        ["01-01301", "01", "south", "*"],
+        ["01-01302", "01", "south", "*"],
+        ["02-00100", "02", "west", "*"],
+    ]  # leading zeros kept: codes are read as text
+    (tmp_path / "short.csv").write_text("state,region\n01,south\n")
+    with pytest.raises(ConfigError, match="not mapped"):
+        load_code_lists("PUMA", [tmp_path / "puma.csv", tmp_path / "short.csv"])
+    (tmp_path / "dup.csv").write_text("puma,state\n01-01301,01\n01-01301,02\n")
+    with pytest.raises(ConfigError, match="more than one parent"):
+        load_code_lists("PUMA", [tmp_path / "dup.csv"])
+    (tmp_path / "three.csv").write_text("a;b;c\n1;2;3\n")
+    with pytest.raises(ConfigError, match="expected 2 columns"):
+        load_code_lists("PUMA", [tmp_path / "three.csv"])
+    with pytest.raises(ConfigError, match="file not found"):
+        load_code_lists("PUMA", [tmp_path / "missing.csv"])
+
+
+def test_numeric_yaml_keys_are_codes(tmp_path: Path) -> None:
+    """`{1: male, 2: female}` used to give 'must be a string, got 1' per key."""
+    import yaml
+
+    from pipelines.config import validate_config
+
+    def config(groups: str) -> dict[str, object]:
+        return {  # the groups as YAML reads them
+            "name": "t",
+            "input": {"path": "data.csv"},
+            "schema": {"quasi_identifiers": ["sex"]},
+            "hierarchies": {"sex": {"groups": [yaml.safe_load(groups)]}},
+            "releases": [],
+            "output": {"dir": "out"},
+        }
+
+    cfg = validate_config(config("{1: male, 2: female}"), "t.yaml")
+    assert cfg.hierarchies["sex"].groups == [{"1": "male", "2": "female"}]
+    with pytest.raises(ConfigError, match="quote it in the YAML"):
+        validate_config(config("{1.5: male}"), "t.yaml")
+    with pytest.raises(ConfigError, match="quote it in the YAML"):
+        validate_config(config("{yes: male}"), "t.yaml")
