@@ -835,7 +835,7 @@ def build_mask(
         )
     width = int(lengths[0])
     order = np.argsort(raw, kind="stable")
-    raw = cast(ObjArray, raw[order])
+    raw = raw[order]
     positions = [positions[i] for i in order]
     columns: list[ObjArray] = [raw]
     if all(len(p) == len(str(c)) for p, c in zip(positions, raw, strict=True)):
