@@ -290,7 +290,9 @@ def check_period(state: TreeState, period: int, stream: str = "the stream") -> N
     if period <= state.period:
         raise PrivacyRefusal(
             f"period {period} of {stream} was already released (last released period: "
-            f"{state.period}); re-running a period would spend the budget twice and is refused"
+            f"{state.period}); re-running a period would spend the budget twice and is refused; "
+            f"the next period is {state.period + 1} (`privpipe run CONFIG --period "
+            f"{state.period + 1}`, or period: in the config)"
         )
     if period > state.period + 1:
         raise PrivacyRefusal(

@@ -2,6 +2,7 @@
 
     privpipe run CONFIG [--output DIR] [--runner NAME] [beam options...] [-- beam options...]
     privpipe validate CONFIG
+    privpipe plan CONFIG [--output DIR] [--input F] [--period N] [--only NAME[,NAME]]
     privpipe demo [--output DIR] [--rows N] [--seed S] [beam options...] [-- beam options...]
     privpipe schema
     privpipe budget init LEDGER --dataset ID --epsilon E [--delta D] [--key-file F | --key-env V]
@@ -92,11 +93,28 @@ def _parser() -> _Parser:
     r.add_argument(
         "--input", help="input file(s) of this run (overrides input.path), e.g. one period's"
     )
+    r.add_argument(
+        "--only",
+        metavar="NAME[,NAME]",
+        help="run only these releases (and their sweeps), as if the config listed no other; "
+        "public/ then holds only those of them that are published",
+    )
     _output_options(r)
     r.epilog = _BEAM_EPILOG
 
     v = sub.add_parser("validate", help="check a config (schema and semantics); reads no data")
     v.add_argument("config")
+
+    pl = sub.add_parser(
+        "plan",
+        help="dry run: every check that needs no data, what each release would cost and "
+        "what would be left; charges nothing, publishes nothing",
+    )
+    pl.add_argument("config", help="the YAML config file")
+    pl.add_argument("--output", help="output folder (default: the config's output.dir)")
+    pl.add_argument("--input", help="input file(s) of the run (overrides input.path)")
+    pl.add_argument("--period", type=int, metavar="N", help="as for run (continual counts)")
+    pl.add_argument("--only", metavar="NAME[,NAME]", help="as for run: only these releases")
 
     d = sub.add_parser("demo", help="generate the demo microdata and run configs/demo.yaml")
     d.add_argument("--output", default="demo-out", help="output folder (default demo-out)")
@@ -321,6 +339,10 @@ def _dispatch(argv: list[str]) -> int:
 
         print(json.dumps(json_schema(), indent=2))
         return 0
+    if args.command == "plan":
+        if beam_args:
+            raise ConfigError(f"plan takes no other options, got {' '.join(beam_args)}")
+        return _plan(args.config, args.output, args.input, args.period, _names(args.only))
     if args.command == "validate":
         if beam_args:
             raise ConfigError(f"validate takes no other options, got {' '.join(beam_args)}")
@@ -329,6 +351,7 @@ def _dispatch(argv: list[str]) -> int:
         return _run(
             args.config, args.output, args.runner, beam_args, input_override=args.input,
             seed=args.insecure_seed, period=args.period, as_json=args.json, every=args.progress,
+            only=_names(args.only),
         )  # fmt: skip
     if args.command == "ldp":
         if beam_args:
@@ -414,6 +437,68 @@ def _validate(config: str) -> int:
     return 0
 
 
+def _names(given: str | None) -> list[str] | None:
+    """``--only a,b`` -> ["a", "b"] (None without the flag)."""
+    if given is None:
+        return None
+    names = [n.strip() for n in given.split(",") if n.strip()]
+    if not names:
+        raise ConfigError("--only: give release names, e.g. --only k5,l3")
+    return names
+
+
+def _plan(
+    config: str,
+    output: str | None,
+    input_override: str | None,
+    period: int | None,
+    only: list[str] | None = None,
+) -> int:
+    from pipelines.plan import load_plan
+    from pipelines.preflight import budget_plan
+
+    if period is not None and period < 1:
+        raise ConfigError(f"--period: periods are numbered from 1, got {period}")
+    plan = load_plan(
+        config, output_dir=output, input_override=input_override, period_override=period, only=only
+    )
+    result = budget_plan(plan)
+    name = Path(config).name
+    print(
+        f"privpipe: plan for {name} (dataset {plan.name!r}): checked without reading data "
+        "(headers only); nothing charged, nothing published"
+    )
+    width = max([len("release"), *(len(c.release) for c in result["costs"])])
+    print(f"  {'release':<{width}}  {'kind':<20}  {'ledger':<16}  {'epsilon':>9}  {'delta':>9}")
+    for c in result["costs"]:
+        eps, dlt = (
+            ("-", "-") if c.ledger == "-" else (f"{float(c.epsilon):g}", f"{float(c.delta):g}")
+        )
+        note = f"  ({c.note})" if c.note else ""
+        print(f"  {c.release:<{width}}  {c.kind:<20}  {c.ledger:<16}  {eps:>9}  {dlt:>9}{note}")
+    for which, st in result["ledgers"].items():
+        (le, ld), (se, sd) = st["lifetime"], st["spent"]
+        (te, td), (ae, ad) = st["this_run"], st["left_after"]
+        print(
+            f"privpipe: {which} ledger {st['path']}: lifetime epsilon {float(le):g}, delta "
+            f"{float(ld):g}; spent {float(se):g}, {float(sd):g}; this run {float(te):g}, "
+            f"{float(td):g}; left after it {float(ae):g}, {float(ad):g}"
+        )
+    if not any(c.ledger not in ("-",) for c in result["costs"]):
+        print("privpipe: no DP release: no budget is spent")
+    if not result["affordable"]:
+        raise PrivacyRefusal(f"{name}: the run would be refused: {result['refusal']}")
+    given = [
+        ("--output", output),
+        ("--input", input_override),
+        ("--period", period),
+        ("--only", ",".join(only) if only else None),
+    ]
+    command = " ".join([f"privpipe run {config}", *(f"{k} {v}" for k, v in given if v)])
+    print(f"privpipe: {name}: the run fits; `{command}` would spend as above")
+    return 0
+
+
 def _run(
     config: str,
     output: str | None,
@@ -426,6 +511,7 @@ def _run(
     key_file_override: str | None = None,
     as_json: bool = False,
     every: float = 30.0,
+    only: list[str] | None = None,
 ) -> int:
     from pipelines.plan import load_plan
     from pipelines.run import run
@@ -440,7 +526,14 @@ def _run(
         ledger_override=ledger_override,
         period_override=period,
         key_file_override=key_file_override,
+        only=only,
     )
+    if only is not None:
+        say(
+            f"privpipe: --only {','.join(only)}: the other releases of the config are not run, "
+            f"not charged and not published; public/ holds "
+            f"{', '.join(plan.config.published()) or 'no release'} of this run only"
+        )
     if seed is not None:
         print(
             f"privpipe: WARNING: --insecure-seed {seed}: DP noise is reproducible and NOT "

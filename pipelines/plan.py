@@ -9,11 +9,14 @@ later from the data's distinct values.
 
 from __future__ import annotations
 
+import difflib
 import glob
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv, load_code_lists
 from pipelines.config import (
@@ -58,6 +61,7 @@ class Plan:
     )
     period_override: int | None = None  # `privpipe run --period N` (continual counts)
     input_duplicates: tuple[str, ...] = ()  # input paths dropped: the same file as another
+    only: tuple[str, ...] | None = None  # `privpipe run --only`: the releases selected
 
     @property
     def ledger_path(self) -> Path | None:
@@ -150,6 +154,42 @@ def unique_files(paths: list[str]) -> tuple[list[str], list[str]]:
     return kept, dropped
 
 
+def select_releases(data: Any, only: Sequence[str], where: str) -> Any:
+    """The raw config as if it listed only the releases named in ``only`` (``run --only``):
+    their sweeps kept, ``publish:`` cut to them. Without ``publish:`` a config of several
+    releases publishes none, and so does its selection (one release left is not published
+    by default). Unknown names are a ConfigError naming the nearest release."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("releases"), list):
+        return data
+    names = [r.get("name") for r in data["releases"] if isinstance(r, Mapping)]
+    for name in only:
+        if name not in names:
+            near = difflib.get_close_matches(str(name), [str(n) for n in names], n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ConfigError(
+                f"--only: {where} has no release named {name!r}{hint} (releases: "
+                f"{', '.join(map(str, names))})"
+            )
+    keep = set(only)
+    kept_sweeps = [
+        sw
+        for sw in data.get("sweep") or []
+        if isinstance(sw, Mapping) and sw.get("release") in keep
+    ]
+    points = {n for names_ in sweep_groups({"sweep": kept_sweeps}).values() for n in names_}
+    out = dict(data)
+    out["releases"] = [
+        r for r in data["releases"] if isinstance(r, Mapping) and r.get("name") in keep
+    ]
+    out["sweep"] = kept_sweeps
+    publish = data.get("publish")
+    if publish is None:
+        out["publish"] = names[:1] if len(names) == 1 else []
+    elif isinstance(publish, list):
+        out["publish"] = [n for n in publish if n in keep or n in points]
+    return out
+
+
 def load_plan(
     path: str | Path,
     output_dir: str | Path | None = None,
@@ -157,10 +197,14 @@ def load_plan(
     ledger_override: str | Path | None = None,
     period_override: int | None = None,
     key_file_override: str | Path | None = None,
+    only: Sequence[str] | None = None,
 ) -> Plan:
-    """Read, validate and resolve a config file into a Plan (no data is read)."""
+    """Read, validate and resolve a config file into a Plan (no data is read); with
+    ``only``, the config as if it listed only those releases (:func:`select_releases`)."""
     p = Path(path).resolve()
     data, digest = read_config(p)
+    if only is not None:
+        data = select_releases(data, only, p.name)
     cfg = validate_config(data, p.name)
     base = p.parent
     # a path from the config resolves against the config's folder, one given as an
@@ -208,6 +252,7 @@ def load_plan(
         ledger_override=Path(ledger_override).resolve() if ledger_override else None,
         key_file_override=Path(key_file_override).resolve() if key_file_override else None,
         period_override=period_override,
+        only=tuple(only) if only is not None else None,
     )
     return _with_static_hierarchies(plan)
 

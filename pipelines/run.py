@@ -43,7 +43,6 @@ from pipelines.audit import (
 from pipelines.config import ANONYMITY_KINDS
 from pipelines.continual_release import (
     ContinualJob,
-    continual_jobs,
     precheck,
     publish_continual,
 )
@@ -58,14 +57,14 @@ from pipelines.control import (
     load_controls,
     write_key,
 )
-from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publish
-from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver, check_static
-from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
+from pipelines.dp_release import DPJob, coarsen_for, open_ledger, publish
+from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
+from pipelines.local_release import LocalJob, charge_local, publish_local
 from pipelines.output import INTERNAL, RunOutput, new_run_id
 from pipelines.plan import Plan, dp_columns
+from pipelines.preflight import run_jobs
 from pipelines.publication import (
     check_combination,
-    check_private_paths,
     dp_count_keys,
     split_document,
     uncharged_ledger,
@@ -305,21 +304,13 @@ def run(
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     spec = plan.input_spec()
-    check_static(plan.config, plan.hierarchies, plan.config_path.name)  # before any ledger
-    cspec = control_spec(plan)  # a missing control file: exit 2 before any ledger
-    if cspec is not None:
-        inspect_input(cspec)
-    # published DP releases (sweep points included) spend from the dataset's ledger; DP
-    # candidates from the audit ledger, or nothing (they never leave the operator)
-    published = set(plan.config.published())
-    all_jobs = dp_jobs(plan)
-    jobs = [j for j in all_jobs if j.name in published]
-    sweep_jobs = [j for j in all_jobs if j.name not in published]  # DP candidates
-    all_ljobs = local_jobs(plan)
-    ljobs = [j for j in all_ljobs if j.name in published]
-    lcands = [j for j in all_ljobs if j.name not in published]
-    cjobs = continual_jobs(plan)  # a stream advances durably: always the dataset's ledger
-    check_private_paths(plan, [(f"releases.{j.name}.state", j.state) for j in cjobs])
+    # every check that needs no data, before any ledger (pipelines/preflight.py); published
+    # DP releases (sweep points included) spend from the dataset's ledger; DP candidates
+    # from the audit ledger, or nothing (they never leave the operator); a stream advances
+    # durably: always the dataset's ledger
+    planned = run_jobs(plan)
+    jobs, sweep_jobs = planned.dp, planned.dp_candidates
+    ljobs, lcands, cjobs = planned.local, planned.local_candidates, planned.continual
     run_id = new_run_id()
     ledger: Ledger | None = None
     sweep_ledger: Ledger | None = None
@@ -532,6 +523,7 @@ def _run(
             },
             "profile": profile,
             "insecure_seed": insecure_seed,
+            "only": list(plan.only) if plan.only is not None else None,  # run --only
             "dp_contribution_bounding": dp_bounding or None,
             "local_dp": local_summary or None,
             "continual": continual_summary or None,

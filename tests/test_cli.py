@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from pipelines.cli import main
+from privpipe.errors import ConfigError
 from tests.conftest import ROWS, Project
 from tests.layout import internal_file
+from tests.ledgers import open_config_ledger, provision_ledger
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -330,3 +335,96 @@ def test_quiet_prints_nothing_on_success(
     assert code == 0 and out == "", out
     assert "rows accepted" not in err and "reading" not in err, err
     assert (internal_file(project.out, "manifest.json")).exists()
+
+
+def test_plan_charges_nothing_and_says_what_a_run_would_spend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`privpipe plan`: the costs per release and what is left, the ledger untouched; an
+    unaffordable run is exit 4 after the plan is printed; a missing input is exit 3."""
+    config, cfg = dp_project(tmp_path)
+    data = tmp_path / "data.csv"
+    with open_config_ledger(config) as ledger:
+        before = ledger.history()
+    code, out, err = run_cli(["plan", str(config)], capsys)
+    assert code == 0, err
+    assert re.search(r"h\s+dp_histogram\s+dataset\s+1.5\s+0", out), out
+    assert "spent 0, 0; this run 1.5, 0; left after it 0.5, 0" in out, out
+    assert "the run fits" in out
+    with open_config_ledger(config) as ledger:
+        assert ledger.history() == before  # nothing charged
+    assert not (tmp_path / "out").exists()  # nothing published
+    cfg["releases"][1]["epsilon"] = 3
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    code, out, err = run_cli(["plan", str(config)], capsys)
+    assert code == 4 and "would be refused" in err and "this run 3, 0" in out, (out, err)
+    data.unlink()
+    code, out, err = run_cli(["plan", str(config)], capsys)
+    assert code == 3 and "not found" in err
+
+
+def dp_project(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A config with a k-anonymous table (a candidate) and a published DP histogram, its
+    ledger provisioned."""
+    data = tmp_path / "data.csv"
+    data.write_text("zip,sex\n" + "".join(f"4767{i % 10},{'MF'[i % 2]}\n" for i in range(50)))
+    cfg: dict[str, Any] = {
+        "name": "plan",
+        "input": {"path": str(data)},
+        "schema": {"quasi_identifiers": ["zip"], "sensitive": "sex"},
+        "hierarchies": {"zip": {"mask": {"digits": 5}}},
+        "releases": [
+            {"name": "k2", "kind": "k_anonymity", "k": 2},
+            {
+                "name": "h",
+                "kind": "dp_histogram",
+                "epsilon": 1.5,
+                "group_by": ["sex"],
+                "domain": {"sex": ["M", "F"]},
+            },
+        ],
+        "publish": ["h"],
+        "budget": {"ledger": str(tmp_path / "ledger.sqlite"), "lifetime_epsilon": 2},
+        "output": {"dir": str(tmp_path / "out")},
+    }
+    config = tmp_path / "plan.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    provision_ledger(config)
+    return config, cfg
+
+
+def test_only_runs_a_subset_without_spending(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run --only k2`: the table is computed (tuning k), the DP release is not run, not
+    charged and not published; an unknown name is exit 2 naming the releases."""
+    config, _ = dp_project(tmp_path)
+    code, out, err = run_cli(["run", str(config), "--only", "k2"], capsys)
+    assert code == 0, err
+    m = json.loads(internal_file(tmp_path / "out", "manifest.json").read_text())
+    assert m["only"] == ["k2"] and m["releases"] == ["k2"] and m["published"] == []
+    assert "not charged and not published" in out
+    with open_config_ledger(config) as ledger:
+        assert ledger.history() == []
+    code, _, err = run_cli(["run", str(config), "--only", "k3"], capsys)
+    assert code == 2 and "no release named 'k3'" in err and "k2, h" in err
+
+
+def test_select_releases_keeps_sweeps_and_publish_semantics() -> None:
+    from pipelines.plan import select_releases
+
+    data = {
+        "releases": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
+        "sweep": [{"release": "a", "k": [2, 3]}, {"release": "b", "k": [4]}],
+        "publish": ["a-k2", "b", "c"],
+    }
+    out = select_releases(data, ["a", "c"], "x.yaml")
+    assert [r["name"] for r in out["releases"]] == ["a", "c"]
+    assert out["sweep"] == [{"release": "a", "k": [2, 3]}] and out["publish"] == ["a-k2", "c"]
+    # no publish: with several releases nothing is published, and a selection of one
+    # release must not start publishing it
+    assert select_releases({**data, "publish": None}, ["c"], "x.yaml")["publish"] == []
+    single = {"releases": [{"name": "a"}]}
+    assert select_releases(single, ["a"], "x.yaml")["publish"] == ["a"]
+    with pytest.raises(ConfigError, match="did you mean 'c'"):
+        select_releases(data, ["cc"], "x.yaml")
