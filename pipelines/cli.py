@@ -2,6 +2,7 @@
 
     privpipe run CONFIG [--output DIR] [--runner NAME] [beam options...] [-- beam options...]
     privpipe validate CONFIG
+    privpipe tune CONFIG [--release NAME] [--output DIR]
     privpipe demo [--output DIR] [--rows N] [--seed S] [beam options...]
     privpipe schema
     privpipe budget init LEDGER --dataset ID --epsilon E [--delta D] [--key-file F | --key-env V]
@@ -76,6 +77,18 @@ def _parser() -> _Parser:
 
     v = sub.add_parser("validate", help="check a config (schema and semantics); reads no data")
     v.add_argument("config")
+
+    t = sub.add_parser(
+        "tune",
+        help="expected error of each DP release per contribution bound, from the data: "
+        "charges nothing, publishes nothing; its output is NOT private",
+    )
+    t.add_argument("config")
+    t.add_argument("--release", metavar="NAME", help="tune only this DP release")
+    t.add_argument(
+        "--output", metavar="DIR", help="folder for tune.json and tune.csv (default "
+        "<output.dir>/tune; never inside public/)",
+    )  # fmt: skip
 
     d = sub.add_parser("demo", help="generate the demo microdata and run configs/demo.yaml")
     d.add_argument("--output", default="demo-out", help="output folder (default demo-out)")
@@ -227,6 +240,14 @@ def _dispatch(argv: list[str]) -> int:
         if beam_args:
             raise ConfigError(f"validate takes no other options, got {' '.join(beam_args)}")
         return _validate(args.config)
+    if args.command == "tune":
+        if beam_args:
+            raise ConfigError(f"tune takes no other options, got {' '.join(beam_args)}")
+        from pipelines.plan import load_plan
+        from pipelines.tune import tune
+
+        tune(load_plan(args.config), args.release, args.output)
+        return 0
     if args.command == "run":
         return _run(
             args.config, args.output, args.runner, beam_args, input_override=args.input,
