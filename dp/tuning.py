@@ -61,7 +61,7 @@ NOT_PRIVATE = (
 )
 QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # of per-person counts and of values
 LADDER = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)  # L0 / Linf tried up to the data's max
-BOUND_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # upper tail kept by a clamp candidate
+BOUND_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # mass a clamp candidate keeps (sums: 0.5 too)
 
 
 @dataclass(frozen=True)
@@ -407,12 +407,12 @@ def _round_out(lo: float, hi: float, resolution: float) -> tuple[float, float]:
 
 def bound_candidates(spec: DPReleaseSpec, values: FloatArray) -> list[tuple[float, float]]:
     """The configured bounds and clamps keeping the values' central mass: [q(1−p), q(p)]
-    for means, and for sums [min(0, q(1−p)), q(p)] (a sum's sensitivity is max(|lo|, |hi|),
-    so a lower bound above 0 buys nothing for non-negative data)."""
+    for means (p ≥ 0.75), and for sums [min(0, q(1−p)), max(0, q(p))] (a sum's sensitivity is
+    max(|lo|, |hi|), so a lower bound above 0 buys nothing for non-negative data)."""
     assert spec.bounds is not None
     out = {(float(spec.bounds[0]), float(spec.bounds[1]))}
     if values.size:
-        for p in BOUND_QUANTILES:
+        for p in BOUND_QUANTILES if spec.kind == "dp_sum" else BOUND_QUANTILES[1:]:
             lo, hi = float(np.quantile(values, 1 - p)), float(np.quantile(values, p))
             if spec.kind == "dp_sum":
                 lo, hi = min(0.0, lo), max(0.0, hi)
@@ -467,9 +467,9 @@ class CandidateResult:
             "bias": _finite(self.bias),
             "sampling": _finite(self.sampling),
             "noise": _finite(self.noise),
-            "rows_kept": self.rows_kept,
-            "persons_kept": self.persons_kept,
-            "values_unclamped": self.values_unclamped,
+            "rows_kept": _finite(self.rows_kept),
+            "persons_kept": _finite(self.persons_kept),
+            "values_unclamped": _finite(self.values_unclamped),
             "current": self.current,
             "refused": self.refused,
             "queries": {n: q.as_dict() for n, q in self.queries.items()},

@@ -78,12 +78,20 @@ def _parser() -> _Parser:
     v = sub.add_parser("validate", help="check a config (schema and semantics); reads no data")
     v.add_argument("config")
 
+    tune_help = (
+        "expected error of each DP release per contribution bound, from the data: "
+        "charges nothing, publishes nothing; its output is NOT private"
+    )
     t = sub.add_parser(
         "tune",
-        help="expected error of each DP release per contribution bound, from the data: "
-        "charges nothing, publishes nothing; its output is NOT private",
+        help=tune_help,
+        description=f"{tune_help[0].upper()}{tune_help[1:]}. For a grid of max_partitions x "
+        "max_contributions_per_partition (x clamp bounds for sums and means) it reports the "
+        "expected error (RMSE over cells) split into bounding bias, bounding sampling and "
+        "noise, the share of rows and persons kept, and suggests the least error. Writes "
+        "tune.json and tune.csv for the operator only.",
     )
-    t.add_argument("config")
+    t.add_argument("config", help="the YAML config file")
     t.add_argument("--release", metavar="NAME", help="tune only this DP release")
     t.add_argument(
         "--output", metavar="DIR", help="folder for tune.json and tune.csv (default "

@@ -81,14 +81,14 @@ def test_expectations_match_the_bounding_code() -> None:
     b = bounded_cells(p, 2, 3, clamped, value)
     draws = []
     gen = np.random.default_rng(11)
-    for _ in range(3000):
+    for _ in range(1500):
         keep = bound_units(unit, cell, 2, 3, gen)
         draws.append(np.bincount(p.cell[p.row_pair], weights=clamped * keep, minlength=6))
     sums = np.array(draws)
     assert b.sum is not None and b.sum_var is not None
     se = np.sqrt(b.sum_var / len(draws))
     assert np.all(np.abs(sums.mean(axis=0) - b.sum) < 5 * se + 1e-9)
-    np.testing.assert_allclose(sums.var(axis=0), b.sum_var, rtol=0.12)
+    np.testing.assert_allclose(sums.var(axis=0), b.sum_var, rtol=0.15)
 
 
 def test_noise_part_is_the_planned_mechanism_variance() -> None:
