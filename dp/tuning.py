@@ -177,20 +177,51 @@ class Bounded:
     values_unclamped: float | None = None  # share of rows the clamp leaves unchanged
 
 
-def bounded_cells(
-    pairs: Pairs, l0: int, linf: int, clamped: FloatArray | None = None, raw: FloatArray | None = None
-) -> Bounded:
-    """Exact expectations and bounding variances per cell (module docstring).
+@dataclass(frozen=True)
+class PairValues:
+    """Per pair, for one clamp: the sum and sum of squares of its rows' clamped values and
+    the sum of their raw values (depends on the bounds only, not on L0 or Linf)."""
 
-    ``clamped``: each row's value after clamping and rounding (centred for means), ``raw``
-    its value as read; both per input row."""
+    sum: FloatArray
+    squares: FloatArray
+    raw: FloatArray
+    unclamped: float  # share of rows the clamp leaves unchanged
+
+
+def pair_values(
+    pairs: Pairs, raw: FloatArray, centre: float, resolution: float, units: tuple[int, int]
+) -> PairValues:
+    """Each row clamped as the run does (:func:`dp.cells.fixed_point_values`: round
+    (v − centre)/resolution, clip to ``units``, back to value units), summed per pair."""
+    steps = np.rint((raw - centre) / resolution)
+    inside = np.clip(steps, units[0], units[1])
+    clamped = inside * resolution
+    npairs = pairs.rows.size
+
+    def per_pair(x: npt.NDArray[Any]) -> FloatArray:
+        out: FloatArray = np.bincount(pairs.row_pair, weights=x, minlength=npairs).astype(
+            np.float64
+        )
+        return out
+
+    return PairValues(
+        sum=per_pair(clamped),
+        squares=per_pair(clamped * clamped),
+        raw=per_pair(raw),
+        unclamped=float((steps == inside).mean()) if steps.size else 1.0,
+    )
+
+
+def bounded_cells(pairs: Pairs, l0: int, linf: int, values: PairValues | None = None) -> Bounded:
+    """Exact expectations and bounding variances per cell (module docstring); ``values``
+    for sums and means (centred for means)."""
     pi = pairs.keep_probability(l0)
     n = pairs.rows.astype(np.float64)
     k = np.minimum(n, float(linf))
     cells = pairs.cell_ids.size
 
-    def per_cell(x: FloatArray) -> FloatArray:
-        out: FloatArray = np.bincount(pairs.cell, weights=x, minlength=cells)
+    def per_cell(x: npt.NDArray[Any]) -> FloatArray:
+        out: FloatArray = np.bincount(pairs.cell, weights=x, minlength=cells).astype(np.float64)
         return out
 
     count = per_cell(pi * k)
@@ -206,20 +237,19 @@ def bounded_cells(
         units=per_cell(pi),
         rows_kept=float((pi * k).sum()) / total_rows if total_rows else 1.0,
     )
-    if clamped is None or raw is None:
+    if values is None:
         return out
-    npairs = pairs.rows.size
-    s = np.bincount(pairs.row_pair, weights=clamped, minlength=npairs)
-    q = np.bincount(pairs.row_pair, weights=clamped * clamped, minlength=npairs)
+    s, q = values.sum, values.squares
     mean_y = k * s / n
     pop_var = np.maximum(q / n - (s / n) ** 2, 0.0)
     var_y = np.where(n > 1, k * (n - k) / np.maximum(n - 1.0, 1.0) * pop_var, 0.0)
     return dataclasses.replace(
         out,
-        true_sum=per_cell(np.bincount(pairs.row_pair, weights=raw, minlength=npairs)),
+        true_sum=per_cell(values.raw),
         sum=per_cell(pi * mean_y),
         sum_var=per_cell(pi * var_y + pi * (1.0 - pi) * mean_y * mean_y),
         cov=per_cell(k * pi * (1.0 - pi) * mean_y),
+        values_unclamped=values.unclamped,
     )
 
 
@@ -258,7 +288,9 @@ def _rmse_parts(
     b = float(bias2.sum()) / cells
     s = float(sampling.sum()) / cells
     v = (float(noise.sum()) + extra_cells * extra_noise) / cells
-    return QueryError(math.sqrt(b + s + v), math.sqrt(b), math.sqrt(s), math.sqrt(v), cells, dropped)
+    return QueryError(
+        math.sqrt(b + s + v), math.sqrt(b), math.sqrt(s), math.sqrt(v), cells, dropped
+    )
 
 
 def _published(bounded: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: QueryData) -> tuple[
@@ -390,7 +422,7 @@ def _from_quantiles(counts: Iterable[IntArray], fixed: Iterable[int]) -> list[in
     top = 1
     for c in counts:
         if c.size:
-            values |= {int(math.ceil(float(np.quantile(c, q)))) for q in QUANTILES}
+            values |= {math.ceil(float(np.quantile(c, q))) for q in QUANTILES}
             top = max(top, int(c.max()))
     values |= {v for v in LADDER if v <= top}
     return sorted(v for v in values if v >= 1)
@@ -420,7 +452,9 @@ def bound_candidates(spec: DPReleaseSpec, values: FloatArray) -> list[tuple[floa
     return sorted(out)
 
 
-def default_grid(spec: DPReleaseSpec, pairs: Sequence[Pairs], data: Sequence[QueryData]) -> list[Candidate]:
+def default_grid(
+    spec: DPReleaseSpec, pairs: Sequence[Pairs], data: Sequence[QueryData]
+) -> list[Candidate]:
     """L0 × Linf from quantiles of the persons' cells and rows per cell (and the configured
     values and 1), × clamp bounds for sums and means. Without a privacy unit only bounds vary."""
     if spec.unit is None:
@@ -546,6 +580,7 @@ def tune_release(
         candidates.append(configured)
     results: list[CandidateResult] = []
     measure = "shortfall" if spec.kind in TOP_KINDS else "rmse"
+    clamps: dict[tuple[int, tuple[int, int], float], PairValues] = {}
     for c in candidates:
         variant = _variant(spec, c)
         try:
@@ -556,33 +591,40 @@ def tune_release(
         per_query: dict[str, QueryError] = {}
         kept: list[float] = []
         unclamped: list[float] = []
-        for d, p, plan in zip(data, pairs, plans, strict=True):
-            clamped = raw = None
+        for i, (d, p, plan) in enumerate(zip(data, pairs, plans, strict=True)):
+            values = None
             if spec.kind in VALUE_KINDS:
                 assert d.value is not None and plan.sum_units is not None
-                raw = d.value
-                lo_u, hi_u = plan.sum_units
-                units = np.rint((raw - plan.centre) / variant.resolution)
-                clamped = np.clip(units, lo_u, hi_u) * variant.resolution
-                unclamped.append(float((units == np.clip(units, lo_u, hi_u)).mean()) if units.size else 1.0)
-            b = bounded_cells(p, variant.l0, variant.linf, clamped, raw)
+                key = (i, plan.sum_units, plan.centre)
+                if key not in clamps:
+                    clamps[key] = pair_values(
+                        p, d.value, plan.centre, variant.resolution, plan.sum_units
+                    )
+                values = clamps[key]
+                unclamped.append(values.unclamped)
+            b = bounded_cells(p, variant.l0, variant.linf, values)
             kept.append(b.rows_kept)
             per_query[plan.query.name] = error_of(b, plan, variant, d)
         errs = list(per_query.values())
+        fields = ("error", "bias", "sampling", "noise")
         if measure == "rmse":
-            parts = [math.sqrt(sum(getattr(e, f) ** 2 for e in errs) / len(errs))
-                     for f in ("error", "bias", "sampling", "noise")]  # fmt: skip
+            parts = [math.sqrt(sum(getattr(e, f) ** 2 for e in errs) / len(errs)) for f in fields]
         else:
-            parts = [sum(getattr(e, f) for e in errs) / len(errs)
-                     for f in ("error", "bias", "sampling", "noise")]  # fmt: skip
+            parts = [sum(getattr(e, f) for e in errs) / len(errs) for f in fields]
+        error, bias, sampling, noise = parts
         results.append(
             CandidateResult(
-                c, *parts,
+                c,
+                error,
+                bias,
+                sampling,
+                noise,
                 rows_kept=float(np.mean(kept)),
                 persons_kept=_persons_kept(pairs, variant.l0, variant.linf),
                 values_unclamped=float(np.mean(unclamped)) if unclamped else None,
-                queries=per_query, current=c == configured,
-            )  # fmt: skip
+                queries=per_query,
+                current=c == configured,
+            )
         )
     ok = [r for r in results if r.refused is None]
     best = min(

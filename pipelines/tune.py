@@ -257,7 +257,8 @@ def _lines(results: Sequence[TuneResult], reader: DriverRead, folder: Path) -> l
             f"{'sampling':>10} {'noise':>10} {'rows kept':>9} {'persons kept':>12}"
         )
         ranked = sorted(
-            (c for c in r.results if c.refused is None), key=lambda c: (c.error, c.candidate.width())
+            (c for c in r.results if c.refused is None),
+            key=lambda c: (c.error, c.candidate.width()),
         )
         shown = ranked[:SHOWN] + [c for c in ranked[SHOWN:] if c.current]
         for c in shown:
@@ -273,12 +274,15 @@ def _lines(results: Sequence[TuneResult], reader: DriverRead, folder: Path) -> l
         if refused:
             out.append(f"   ({refused} candidate(s) refused by the planner, see tune.json)")
         if r.best is not None:
-            b = r.best.candidate
-            extra = "" if b.bounds is None else f", bounds: [{b.bounds[0]:g}, {b.bounds[1]:g}]"
+            best = r.best.candidate
+            clamp = best.bounds
+            extra = "" if clamp is None else f", bounds: [{clamp[0]:g}, {clamp[1]:g}]"
             out.append(
-                f"   suggested: max_partitions: {b.max_partitions}, "
-                f"max_contributions_per_partition: {b.max_contributions}{extra}"
+                f"   suggested: max_partitions: {best.max_partitions}, "
+                f"max_contributions_per_partition: {best.max_contributions}{extra}"
                 + ("  (as configured)" if r.best.current else "")
             )
-    out.append(f"privpipe tune: * suggested, = configured; all candidates in {folder}/tune.json, .csv")
+    out.append(
+        f"privpipe tune: * suggested, = configured; all candidates in {folder}/tune.json, .csv"
+    )
     return out

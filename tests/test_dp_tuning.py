@@ -17,6 +17,7 @@ from dp.tuning import (
     Candidate,
     QueryData,
     bounded_cells,
+    pair_values,
     pairs_of,
     tune_release,
 )
@@ -56,7 +57,7 @@ def test_bias_and_variance_exact_on_a_tiny_case_by_hand() -> None:
     cell 2: count E = ½ (truth 1), Var = ¼; sum E = 2.5 (truth 5), Var = ¼·25."""
     s, d = tiny()
     p = pairs_of(d, s)
-    b = bounded_cells(p, 1, 2, np.clip(TINY_VALUE, 0, 50), TINY_VALUE)
+    b = bounded_cells(p, 1, 2, pair_values(p, TINY_VALUE, 0.0, 1.0, (0, 50)))
     order = np.argsort(p.cell_ids)  # cells 1, 2
     assert b.sum is not None and b.sum_var is not None and b.true_sum is not None
     np.testing.assert_allclose(b.true_count[order], [4, 1])
@@ -77,8 +78,8 @@ def test_expectations_match_the_bounding_code() -> None:
     value = rng.exponential(30.0, 600)
     s = spec("dp_sum", bounds=(0.0, 60.0))
     p = pairs_of(QueryData(cell=cell, unit=unit, value=value), s)
-    clamped = np.clip(value, 0, 60)
-    b = bounded_cells(p, 2, 3, clamped, value)
+    clamped = np.clip(np.rint(value), 0, 60)
+    b = bounded_cells(p, 2, 3, pair_values(p, value, 0.0, 1.0, (0, 60)))
     draws = []
     gen = np.random.default_rng(11)
     for _ in range(1500):
