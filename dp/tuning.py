@@ -89,7 +89,11 @@ class QueryData:
 
 @dataclass(frozen=True)
 class Pairs:
-    """Each distinct (person, cell) of a query: its rows and what bounding keeps of it."""
+    """Each distinct (person, cell) of a query: its rows and what bounding keeps of it.
+
+    Pairs alike in (cell, rows, cells and groups of the person) are bounded alike, so the
+    expectations are computed per such *class* (weighted by its size): a few thousand
+    classes stand for a million pairs."""
 
     person: IntArray  # per pair
     cell: IntArray  # per pair: index into ``cell_ids``
@@ -99,12 +103,29 @@ class Pairs:
     cells_per_person: IntArray  # per pair: P_u (P_{u,g} with bound_to_one_group)
     groups_per_person: IntArray  # per pair: G_u
     persons: int
+    klass: IntArray  # per pair: its class
+    class_cell: IntArray  # per class
+    class_rows: IntArray
+    class_cells_per_person: IntArray
+    class_groups_per_person: IntArray
+    class_size: FloatArray  # pairs in the class
+    person_cells: IntArray  # per person: most cells it may keep from (P_u or max P_{u,g})
+    person_rows: IntArray  # per person: most rows in one cell
+    person_groups: IntArray  # per person: G_u
 
     def keep_probability(self, l0: int) -> FloatArray:
         """π of each pair: the chance its cell survives the cell (and group) choice."""
-        p = np.minimum(1.0, l0 / self.cells_per_person.astype(np.float64))
-        out: FloatArray = p / self.groups_per_person.astype(np.float64)
-        return out
+        return _keep(self.cells_per_person, self.groups_per_person, l0)
+
+    def class_keep_probability(self, l0: int) -> FloatArray:
+        """π of each class."""
+        return _keep(self.class_cells_per_person, self.class_groups_per_person, l0)
+
+
+def _keep(cells: IntArray, groups: IntArray, l0: int) -> FloatArray:
+    p = np.minimum(1.0, l0 / cells.astype(np.float64))
+    out: FloatArray = p / groups.astype(np.float64)
+    return out
 
 
 def pairs_of(data: QueryData, spec: DPReleaseSpec) -> Pairs:
@@ -145,6 +166,16 @@ def pairs_of(data: QueryData, spec: DPReleaseSpec) -> Pairs:
                     "group per person, or fix the data"
                 )
             cells_per = np.bincount(pg_of_pair, minlength=pg.size)[pg_of_pair].astype(np.int64)
+    alike = pd.DataFrame({"c": pair_cell, "n": rows, "p": cells_per, "g": groups})
+    klass = alike.groupby(["c", "n", "p", "g"], sort=False).ngroup().to_numpy(dtype=np.int64)
+    first = np.zeros(int(klass.max()) + 1 if klass.size else 0, dtype=np.int64)
+    first[klass[::-1]] = np.arange(klass.size - 1, -1, -1)  # the first pair of each class
+
+    def most(x: IntArray) -> IntArray:
+        out = np.zeros(persons, dtype=np.int64)
+        np.maximum.at(out, pair_person, x)
+        return out
+
     return Pairs(
         person=pair_person.astype(np.int64),
         cell=pair_cell.astype(np.int64),
@@ -154,6 +185,15 @@ def pairs_of(data: QueryData, spec: DPReleaseSpec) -> Pairs:
         cells_per_person=cells_per,
         groups_per_person=groups,
         persons=persons,
+        klass=klass,
+        class_cell=pair_cell[first].astype(np.int64),
+        class_rows=rows[first],
+        class_cells_per_person=cells_per[first],
+        class_groups_per_person=groups[first],
+        class_size=np.bincount(klass, minlength=first.size).astype(np.float64),
+        person_cells=most(cells_per),
+        person_rows=most(rows),
+        person_groups=most(groups),
     )
 
 
@@ -179,10 +219,12 @@ class Bounded:
 
 @dataclass(frozen=True)
 class PairValues:
-    """Per pair, for one clamp: the sum and sum of squares of its rows' clamped values and
-    the sum of their raw values (depends on the bounds only, not on L0 or Linf)."""
+    """Per class of pairs (:class:`Pairs`), for one clamp: sums over its pairs of s (the sum
+    of a pair's clamped values), s² and q (the sum of their squares), and of the raw values.
+    Depends on the bounds only, not on L0 or Linf."""
 
     sum: FloatArray
+    sum_sq: FloatArray
     squares: FloatArray
     raw: FloatArray
     unclamped: float  # share of rows the clamp leaves unchanged
@@ -192,63 +234,66 @@ def pair_values(
     pairs: Pairs, raw: FloatArray, centre: float, resolution: float, units: tuple[int, int]
 ) -> PairValues:
     """Each row clamped as the run does (:func:`dp.cells.fixed_point_values`: round
-    (v − centre)/resolution, clip to ``units``, back to value units), summed per pair."""
+    (v − centre)/resolution, clip to ``units``, back to value units), summed per pair, then
+    per class."""
     steps = np.rint((raw - centre) / resolution)
     inside = np.clip(steps, units[0], units[1])
     clamped = inside * resolution
-    npairs = pairs.rows.size
+    npairs, nclass = pairs.rows.size, pairs.class_size.size
 
-    def per_pair(x: npt.NDArray[Any]) -> FloatArray:
-        out: FloatArray = np.bincount(pairs.row_pair, weights=x, minlength=npairs).astype(
-            np.float64
-        )
+    def total(index: IntArray, x: npt.NDArray[Any], n: int) -> FloatArray:
+        out: FloatArray = np.bincount(index, weights=x, minlength=n).astype(np.float64)
         return out
 
+    s = total(pairs.row_pair, clamped, npairs)
     return PairValues(
-        sum=per_pair(clamped),
-        squares=per_pair(clamped * clamped),
-        raw=per_pair(raw),
+        sum=total(pairs.klass, s, nclass),
+        sum_sq=total(pairs.klass, s * s, nclass),
+        squares=total(pairs.klass, total(pairs.row_pair, clamped * clamped, npairs), nclass),
+        raw=total(pairs.klass, total(pairs.row_pair, raw, npairs), nclass),
         unclamped=float((steps == inside).mean()) if steps.size else 1.0,
     )
 
 
 def bounded_cells(pairs: Pairs, l0: int, linf: int, values: PairValues | None = None) -> Bounded:
     """Exact expectations and bounding variances per cell (module docstring); ``values``
-    for sums and means (centred for means)."""
-    pi = pairs.keep_probability(l0)
-    n = pairs.rows.astype(np.float64)
+    for sums and means (centred for means). Computed per class of alike pairs: every
+    term is linear in the pairs' s, s² and q."""
+    pi = pairs.class_keep_probability(l0)
+    n = pairs.class_rows.astype(np.float64)
     k = np.minimum(n, float(linf))
+    size = pairs.class_size
     cells = pairs.cell_ids.size
 
     def per_cell(x: npt.NDArray[Any]) -> FloatArray:
-        out: FloatArray = np.bincount(pairs.cell, weights=x, minlength=cells).astype(np.float64)
+        out: FloatArray = np.bincount(pairs.class_cell, weights=x, minlength=cells).astype(
+            np.float64
+        )
         return out
 
-    count = per_cell(pi * k)
-    count_var = per_cell(pi * (1.0 - pi) * k * k)
-    total_rows = float(n.sum())
+    total_rows = float((size * n).sum())
     out = Bounded(
         pairs=pairs,
         l0=l0,
         linf=linf,
-        true_count=per_cell(n),
-        count=count,
-        count_var=count_var,
-        units=per_cell(pi),
-        rows_kept=float((pi * k).sum()) / total_rows if total_rows else 1.0,
+        true_count=per_cell(size * n),
+        count=per_cell(size * pi * k),
+        count_var=per_cell(size * pi * (1.0 - pi) * k * k),
+        units=per_cell(size * pi),
+        rows_kept=float((size * pi * k).sum()) / total_rows if total_rows else 1.0,
     )
     if values is None:
         return out
-    s, q = values.sum, values.squares
-    mean_y = k * s / n
-    pop_var = np.maximum(q / n - (s / n) ** 2, 0.0)
-    var_y = np.where(n > 1, k * (n - k) / np.maximum(n - 1.0, 1.0) * pop_var, 0.0)
+    # per pair: E[Y] = (k/n)·s, Var[Y] = k(n−k)/(n−1)·(q/n − s²/n²), summed over the class
+    share = k / n
+    spread = np.where(n > 1, k * (n - k) / np.maximum(n - 1.0, 1.0), 0.0)
+    var_y = np.maximum(spread * (values.squares / n - values.sum_sq / (n * n)), 0.0)
     return dataclasses.replace(
         out,
         true_sum=per_cell(values.raw),
-        sum=per_cell(pi * mean_y),
-        sum_var=per_cell(pi * var_y + pi * (1.0 - pi) * mean_y * mean_y),
-        cov=per_cell(k * pi * (1.0 - pi) * mean_y),
+        sum=per_cell(pi * share * values.sum),
+        sum_var=per_cell(pi * var_y + pi * (1.0 - pi) * share * share * values.sum_sq),
+        cov=per_cell(k * pi * (1.0 - pi) * share * values.sum),
         values_unclamped=values.unclamped,
     )
 
@@ -552,9 +597,8 @@ def _persons_kept(pairs: Sequence[Pairs], l0: int, linf: int) -> float:
     """Share of persons bounding leaves whole (every row kept, in every query)."""
     whole: npt.NDArray[np.bool_] | None = None
     for p in pairs:
-        cut = (p.cells_per_person > l0) | (p.groups_per_person > 1) | (p.rows > linf)
-        lost = np.bincount(p.person, weights=cut.astype(np.float64), minlength=p.persons) > 0
-        whole = ~lost if whole is None else whole & ~lost
+        kept = (p.person_cells <= l0) & (p.person_groups == 1) & (p.person_rows <= linf)
+        whole = kept if whole is None else whole & kept
     return float(whole.mean()) if whole is not None and whole.size else 1.0
 
 
