@@ -49,7 +49,7 @@ import pandas as pd
 from dp.exponential import gumbel_scale
 from dp.partition_selection import keep_probability
 from dp.release import noise_variance
-from dp.spec import TOP_KINDS, VALUE_KINDS, DPReleaseSpec, QueryPlan, plan_queries
+from dp.spec import TOP_KINDS, DPReleaseSpec, QueryPlan, plan_queries
 from privpipe.errors import ConfigError, InputDataError
 
 FloatArray = npt.NDArray[np.float64]
@@ -505,12 +505,10 @@ def default_grid(
     if spec.unit is None:
         l0s, linfs = [spec.max_partitions], [spec.max_contributions]
     else:
-        l0s = _from_quantiles(
-            (np.unique(p.person, return_counts=True)[1] for p in pairs), (1, spec.max_partitions)
-        )
+        l0s = _from_quantiles((p.person_cells for p in pairs), (1, spec.max_partitions))
         linfs = _from_quantiles((p.rows for p in pairs), (1, spec.max_contributions))
     bounds: list[tuple[float, float] | None] = [None]
-    if spec.kind in VALUE_KINDS:
+    if spec.bounds is not None:  # a kind that clamps values (sums, means, ...)
         values = [d.value for d in data if d.value is not None]
         all_values = np.concatenate(values) if values else np.zeros(0)
         bounds = list(bound_candidates(spec, all_values))
@@ -637,8 +635,7 @@ def tune_release(
         unclamped: list[float] = []
         for i, (d, p, plan) in enumerate(zip(data, pairs, plans, strict=True)):
             values = None
-            if spec.kind in VALUE_KINDS:
-                assert d.value is not None and plan.sum_units is not None
+            if d.value is not None and plan.sum_units is not None:  # clamped fixed-point values
                 key = (i, plan.sum_units, plan.centre)
                 if key not in clamps:
                     clamps[key] = pair_values(

@@ -28,10 +28,10 @@ import pandas as pd
 
 from dp.cells import contributions, hash_keys, key_frame
 from dp.release import public_domain
-from dp.spec import TOP_KINDS, VALUE_KINDS
+from dp.spec import TOP_KINDS
 from dp.tuning import MEASURES, NOT_PRIVATE, QueryData, TuneResult, tune_release
 from pipelines.dp_release import DPJob, dp_jobs
-from pipelines.hierarchies import HierarchyLabeler
+from pipelines.hierarchies import HierarchyLabeler, check_static
 from pipelines.plan import Plan
 from privpipe.errors import ConfigError, InputDataError
 from transforms.driver_read import DriverRead
@@ -102,7 +102,7 @@ def _collect(plan: Plan, jobs: Sequence[DPJob], reader: DriverRead) -> list[list
                     p.unit.append(c.unit)
                 if c.group is not None:
                     p.group.append(c.group)
-                if spec.kind in VALUE_KINDS and spec.value is not None:
+                if spec.value is not None and spec.kind not in TOP_KINDS:  # numeric values
                     raw = pd.to_numeric(batch[spec.value], errors="coerce")
                     p.value.append(raw.to_numpy(dtype=np.float64))
                 if spec.kind in TOP_KINDS and spec.value is not None:
@@ -162,6 +162,7 @@ def tune(
     log: Callable[[str], None] = print,
 ) -> TuneOutput:  # fmt: skip
     """Evaluate every DP release (or ``release``) of ``plan`` and write tune.json/.csv."""
+    check_static(plan.config, plan.hierarchies, plan.config_path.name)  # as validate does
     jobs = select_jobs(plan, release)
     folder = tune_folder(plan, output)
     reader = DriverRead(plan.input_spec())
