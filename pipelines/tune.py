@@ -30,6 +30,7 @@ from dp.cells import contributions, hash_keys, key_frame
 from dp.release import public_domain
 from dp.spec import TOP_KINDS
 from dp.tuning import MEASURES, NOT_PRIVATE, QueryData, TuneResult, tune_release
+from pipelines.control import holdout_share
 from pipelines.dp_release import DPJob, dp_jobs
 from pipelines.hierarchies import HierarchyLabeler, check_static
 from pipelines.plan import Plan
@@ -184,12 +185,17 @@ def tune(
         "rows_read": reader.rows,
         "rows_rejected": reader.rejected,
         "measures": MEASURES,
-        "holdout": "not applied: tune looks at all rows (a run publishes from its members)",
+        "holdout": None
+        if holdout_share(plan) is None
+        else "attacks.control.holdout is not applied: tune looks at all rows, a run publishes "
+        "from its members only",
         "releases": {r.release: r.as_dict() for r in results},
     }
     _write(folder, doc, _table(results))
     for line in _lines(results, reader, folder):
         log(line)
+    if doc["holdout"]:
+        log(f"privpipe tune: {doc['holdout']}")
     return TuneOutput(folder, results, reader.rows, reader.rejected)
 
 
