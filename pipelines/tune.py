@@ -34,6 +34,7 @@ from pipelines.control import holdout_share
 from pipelines.dp_release import DPJob, dp_jobs
 from pipelines.hierarchies import HierarchyLabeler, check_static
 from pipelines.plan import Plan
+from pipelines.run import check_rejected
 from privpipe.errors import ConfigError, InputDataError
 from transforms.driver_read import DriverRead
 
@@ -168,6 +169,7 @@ def tune(
     folder = tune_folder(plan, output)
     reader = DriverRead(plan.input_spec())
     parts = _collect(plan, jobs, reader)
+    check_rejected(plan, reader.rows, reader.rejected_rows())  # as a run would refuse
     if reader.rows == 0:
         raise InputDataError(
             f"{', '.join(plan.input_paths)}: no row was accepted ({reader.rejected} rejected); "
