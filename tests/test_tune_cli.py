@@ -100,6 +100,11 @@ def test_tune_errors(dpp: DPProject, capsys: pytest.CaptureFixture[str]) -> None
     assert code == 2 and "inside" in err and "public" in err
     code, _, err = tune([str(dpp.config), "--bogus"], capsys)
     assert code == 2 and "tune takes no other options" in err
+    frame = dpp.frame.copy()
+    frame["salary"] = "n/a"  # dp_sum's value: typed float, so every row is rejected
+    frame.to_csv(dpp.data, index=False)
+    code, _, err = tune([str(dpp.config)], capsys)
+    assert code == 3 and "input.max_rejected_fraction" in err and "salary" in err
     dpp.data.unlink()
     code, _, err = tune([str(dpp.config)], capsys)
     assert code == 3 and "data.csv" in err
