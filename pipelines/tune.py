@@ -29,7 +29,7 @@ import pandas as pd
 from dp.cells import contributions, hash_keys, key_frame
 from dp.release import public_domain
 from dp.spec import TOP_KINDS
-from dp.tuning import MEASURES, NOT_PRIVATE, QueryData, TuneResult, tune_release
+from dp.tuning import KIND_ERRORS, MEASURES, NOT_PRIVATE, QueryData, TuneResult, tune_release
 from pipelines.control import holdout_share
 from pipelines.dp_release import DPJob, dp_jobs
 from pipelines.hierarchies import HierarchyLabeler, check_static
@@ -59,7 +59,8 @@ class _Parts:
 
 
 def select_jobs(plan: Plan, release: str | None) -> list[DPJob]:
-    """The DP releases to tune: all, or the one named (ConfigError naming the choices)."""
+    """The DP releases to tune: all of the kinds :data:`dp.tuning.KIND_ERRORS` covers, or
+    the one named (ConfigError naming the choices)."""
     jobs = dp_jobs(plan)
     name = plan.config_path.name
     if not jobs:
@@ -68,12 +69,23 @@ def select_jobs(plan: Plan, release: str | None) -> list[DPJob]:
             "dp_mean, dp_top_k, dp_mode); add one to releases"
         )
     if release is None:
-        return jobs
+        covered = [j for j in jobs if j.spec.kind in KIND_ERRORS]
+        if not covered:
+            raise ConfigError(
+                f"{name}: tune does not cover the kinds of its DP releases "
+                f"({', '.join(sorted({j.spec.kind for j in jobs}))}) yet"
+            )
+        return covered
     chosen = [j for j in jobs if j.name == release]
     if not chosen:
         raise ConfigError(
             f"--release {release}: {name} has no DP release of that name; choose one of "
             f"{', '.join(j.name for j in jobs)}"
+        )
+    if chosen[0].spec.kind not in KIND_ERRORS:
+        raise ConfigError(
+            f"--release {release}: tune does not cover kind {chosen[0].spec.kind} yet; it "
+            f"covers {', '.join(KIND_ERRORS)}"
         )
     return chosen
 
@@ -166,6 +178,7 @@ def tune(
     """Evaluate every DP release (or ``release``) of ``plan`` and write tune.json/.csv."""
     check_static(plan.config, plan.hierarchies, plan.config_path.name)  # as validate does
     jobs = select_jobs(plan, release)
+    skipped = [j.name for j in dp_jobs(plan) if j.spec.kind not in KIND_ERRORS]
     folder = tune_folder(plan, output)
     reader = DriverRead(plan.input_spec())
     parts = _collect(plan, jobs, reader)
@@ -192,10 +205,15 @@ def tune(
         else "attacks.control.holdout is not applied: tune looks at all rows, a run publishes "
         "from its members only",
         "releases": {r.release: r.as_dict() for r in results},
+        "not_covered": skipped,
     }
     _write(folder, doc, _table(results))
     for line in _lines(results, reader, folder):
         log(line)
+    if skipped:
+        log(
+            f"privpipe tune: not covered yet (kind without a tuning function): {', '.join(skipped)}"
+        )
     if doc["holdout"]:
         log(f"privpipe tune: {doc['holdout']}")
     return TuneOutput(folder, results, reader.rows, reader.rejected)

@@ -161,3 +161,19 @@ def test_tune_recommends_the_planted_bound_end_to_end(
     assert doc["recommended"]["bias"] == pytest.approx((2 * 47**2 / 20) ** 0.5)
     assert doc["current"]["bias"] == 0 and doc["current"]["queries"]["visits"]["cells"] == 20
     assert not (tmp_path / "ledger.sqlite").exists()  # tune never creates or opens it
+
+
+def test_a_kind_tune_does_not_cover_is_skipped_and_named(
+    dpp: DPProject, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kind without a tuning function (as a new kind is until it gets one)."""
+    import dp.tuning
+
+    monkeypatch.delitem(dp.tuning.KIND_ERRORS, "dp_sum")
+    code, out, err = tune([str(dpp.config)], capsys)
+    assert code == 0, err
+    assert "not covered yet (kind without a tuning function): pay" in out
+    doc = json.loads((dpp.out / "tune" / "tune.json").read_text())
+    assert "pay" not in doc["releases"] and doc["not_covered"] == ["pay"]
+    code, _, err = tune([str(dpp.config), "--release", "pay"], capsys)
+    assert code == 2 and "does not cover kind dp_sum" in err
