@@ -3,6 +3,7 @@
     privpipe run CONFIG [--output DIR] [--runner NAME] [beam options...] [-- beam options...]
     privpipe validate CONFIG
     privpipe plan CONFIG [--output DIR] [--input F] [--period N] [--only NAME[,NAME]]
+    privpipe tune CONFIG [--release NAME] [--output DIR]
     privpipe demo [--output DIR] [--rows N] [--seed S] [beam options...] [-- beam options...]
     privpipe schema
     privpipe budget init LEDGER --dataset ID --epsilon E [--delta D] [--key-file F | --key-env V]
@@ -115,6 +116,26 @@ def _parser() -> _Parser:
     pl.add_argument("--input", help="input file(s) of the run (overrides input.path)")
     pl.add_argument("--period", type=int, metavar="N", help="as for run (continual counts)")
     pl.add_argument("--only", metavar="NAME[,NAME]", help="as for run: only these releases")
+
+    tune_help = (
+        "expected error of each DP release per contribution bound, from the data: "
+        "charges nothing, publishes nothing; its output is NOT private"
+    )
+    t = sub.add_parser(
+        "tune",
+        help=tune_help,
+        description=f"{tune_help[0].upper()}{tune_help[1:]}. For a grid of max_partitions x "
+        "max_contributions_per_partition (x clamp bounds for sums and means) it reports the "
+        "expected error (RMSE over cells) split into bounding bias, bounding sampling and "
+        "noise, the share of rows and persons kept, and suggests the least error. Writes "
+        "tune.json and tune.csv for the operator only.",
+    )
+    t.add_argument("config", help="the YAML config file")
+    t.add_argument("--release", metavar="NAME", help="tune only this DP release")
+    t.add_argument(
+        "--output", metavar="DIR", help="folder for tune.json and tune.csv (default "
+        "<output.dir>/tune; never inside public/)",
+    )  # fmt: skip
 
     d = sub.add_parser("demo", help="generate the demo microdata and run configs/demo.yaml")
     d.add_argument("--output", default="demo-out", help="output folder (default demo-out)")
@@ -347,6 +368,14 @@ def _dispatch(argv: list[str]) -> int:
         if beam_args:
             raise ConfigError(f"validate takes no other options, got {' '.join(beam_args)}")
         return _validate(args.config)
+    if args.command == "tune":
+        if beam_args:
+            raise ConfigError(f"tune takes no other options, got {' '.join(beam_args)}")
+        from pipelines.plan import load_plan
+        from pipelines.tune import tune
+
+        tune(load_plan(args.config), args.release, args.output)
+        return 0
     if args.command == "run":
         return _run(
             args.config, args.output, args.runner, beam_args, input_override=args.input,
