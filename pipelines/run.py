@@ -62,7 +62,7 @@ from pipelines.dp_release import DPJob, coarsen_for, dp_jobs, open_ledger, publi
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver, check_static
 from pipelines.local_release import LocalJob, charge_local, local_jobs, publish_local
 from pipelines.output import INTERNAL, RunOutput, new_run_id
-from pipelines.plan import Plan, dp_columns
+from pipelines.plan import Plan, check_unchanged, dp_columns, input_stamps
 from pipelines.publication import (
     check_combination,
     check_private_paths,
@@ -70,7 +70,7 @@ from pipelines.publication import (
     split_document,
     uncharged_ledger,
 )
-from pipelines.runner import runner_for
+from pipelines.runner import check_runner, runner_for
 from privpipe import errors, timing
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from privpipe.timing import stage
@@ -121,6 +121,7 @@ def pipeline_options(beam_args: Sequence[str], runner: str | None) -> PipelineOp
     """Beam options from pass-through flags; DirectRunner unless told otherwise."""
     options = _Options(list(beam_args))
     std = options.view_as(StandardOptions)
+    check_runner(runner or std.runner, "--runner")  # exit 2 naming the runners (faults)
     if runner:
         std.runner = runner
     if not std.runner:
@@ -399,6 +400,7 @@ def _run(
     lcands: Sequence[LocalJob] = (),
 ) -> RunResult:
     clock = timing.current() or timing.StageClock()
+    stamps = input_stamps(plan.input_paths)  # a file changing between reads (faults)
     columns = inspect_input(spec)
     published = set(plan.config.published())
     lpub = list(ljobs)  # charged to the dataset's ledger; candidates to the audit one
@@ -407,6 +409,8 @@ def _run(
     runner_name = str(options.view_as(StandardOptions).runner)
     work_dir = plan.config.output.work_dir
     out = RunOutput(plan.output_dir, run_id, work_dir=plan.resolve(work_dir) if work_dir else None)
+    for note in out.notes:  # what recovery after a killed run did (faults)
+        log(note)
     try:
         holdout_key = None
         if holdout_share(plan) is not None:  # fresh per run, never a seed; 0600 in internal/
@@ -569,9 +573,12 @@ def _run(
             out.arrange(chosen)
         manifest["timings"] = clock.timings()  # internal only (contract.md)
         write_json(str(out.internal / "manifest.json"), manifest)
+        check_unchanged(stamps)  # what is published was read from one version of the input
         out.commit()
-    except BaseException:
+    except BaseException as exc:
         out.abort()
+        if isinstance(exc, Exception):  # the real cause when an input changed mid-run
+            check_unchanged(stamps)
         raise
     finally:  # the audit's frequency tables hold the run's tables: not past the run
         forget_summaries()

@@ -35,3 +35,10 @@ class OutputError(PrivpipeError):
     """The output folder cannot be written (exit 2: fix --output or output.dir)."""
 
     exit_code = 2
+
+
+class OutputBusy(PrivpipeError):
+    """Another live run holds the output folder (exit 1: wait for it, or use another
+    folder). Transient, so not exit 2: a scheduler may retry."""
+
+    exit_code = 1
