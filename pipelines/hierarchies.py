@@ -36,6 +36,10 @@ class HierarchyResolver:
 
     def __call__(self, value_counts: Mapping[str, pd.Series]) -> dict[str, Hierarchy]:
         """All hierarchies, each checked to cover every value in the data (exit 3 if not)."""
+        if self.configs and all(len(value_counts.get(c, ())) == 0 for c in self.configs):
+            from pipelines.rejections import NO_ROWS  # the driver re-reads to explain
+
+            raise InputDataError(f"{NO_ROWS}: every input row was rejected")
         out: dict[str, Hierarchy] = {}
         for col, hc in self.configs.items():
             counts = value_counts.get(col, pd.Series(dtype="int64"))

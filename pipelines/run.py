@@ -70,6 +70,7 @@ from pipelines.publication import (
     split_document,
     uncharged_ledger,
 )
+from pipelines.rejections import NO_ROWS, all_rejected
 from pipelines.runner import check_runner, runner_for
 from privpipe import errors, timing
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
@@ -579,6 +580,8 @@ def _run(
         out.abort()
         if isinstance(exc, Exception):  # the real cause when an input changed mid-run
             check_unchanged(stamps)
+        if isinstance(exc, InputDataError) and NO_ROWS in str(exc):  # count, first reasons
+            raise all_rejected(spec, not (jobs or sweep_jobs or ljobs or cjobs)) from None
         raise
     finally:  # the audit's frequency tables hold the run's tables: not past the run
         forget_summaries()

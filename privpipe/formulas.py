@@ -34,12 +34,12 @@ _NUMBER = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _TRIGGERED = "^'*[=+\\-@\\t\\r]"  # after any leading quotes, a trigger character
 _QUOTED_NUMBER = f"^'*{_NUMBER}$"
 _TRIGGERED_RE = re.compile(_TRIGGERED)
-_QUOTED_NUMBER_RE = re.compile(_QUOTED_NUMBER)
+_QUOTED_NUMBER_RE = re.compile(f"'*{_NUMBER}")  # fullmatch: as RE2's ^...$ (no newline)
 
 
 def needs_escape(value: str) -> bool:
     """Whether a text cell gets a leading ``'`` (see the module docstring)."""
-    return bool(_TRIGGERED_RE.match(value)) and not _QUOTED_NUMBER_RE.match(value)
+    return bool(_TRIGGERED_RE.match(value)) and not _QUOTED_NUMBER_RE.fullmatch(value)
 
 
 def escape(value: Any) -> Any:
