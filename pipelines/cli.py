@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import signal
+import sqlite3
 import sys
 import threading
 import traceback
@@ -28,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import privpipe
-from privpipe.errors import ConfigError, PrivacyRefusal, PrivpipeError
+from privpipe.errors import (
+    ConfigError,
+    IOFailure,
+    PrivacyRefusal,
+    PrivpipeError,
+    io_failure,
+)
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEMO_CONFIG = CONFIGS_DIR / "demo.yaml"
@@ -183,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # anything unexpected: exit 1, no partial output (RunOutput aborts)
         if debug:
             traceback.print_exc()
+        failure = io_failure(e)  # disk full, I/O error, sqlite: the path and the fix
+        if failure is not None:
+            print(f"privpipe: error: {failure}", file=sys.stderr)
+            return failure.exit_code
         print(
             f"privpipe: error: unexpected {type(e).__name__}: {e} "
             "(run with --debug for the traceback); nothing was published",
@@ -320,7 +331,13 @@ def _run(
             "private; the manifest records it. Never publish this output.",
             file=sys.stderr,
         )
-    result = run(plan, beam_args=beam_args, runner=runner, insecure_seed=seed)
+    try:
+        result = run(plan, beam_args=beam_args, runner=runner, insecure_seed=seed)
+    except sqlite3.OperationalError as e:  # the ledger's disk is full or read-only (faults)
+        raise IOFailure(
+            f"{plan.ledger_path}: the privacy ledger could not be written ({e}); free disk "
+            "space or fix the permissions of its folder and run again (nothing was published)"
+        ) from e
     m = result.manifest
     prof = m["profile"]
     combos = prof["qi_combinations"]

@@ -1483,10 +1483,31 @@ def _expanded_nodes(root: yaml.Node, where: str) -> int:
     return size[id(root)]
 
 
+MAX_FLOW_DEPTH = 100  # nested [ ] / { }: PyYAML's scanner is quadratic in this depth
+_QUOTED_OR_COMMENT = re.compile(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"|(?:^|(?<=\s))#[^\n]*", re.M)
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of flow collections (``[``/``{``) outside quotes and comments,
+    found in one vectorised pass before PyYAML sees the text (it takes seconds at a depth
+    of a thousand, minutes at ten thousand)."""
+    import numpy as np
+
+    bare = _QUOTED_OR_COMMENT.sub("", text).encode("utf-8", "replace")
+    codes = np.frombuffer(bare, dtype=np.uint8)
+    steps = np.isin(codes, (0x5B, 0x7B)).astype(np.int32) - np.isin(codes, (0x5D, 0x7D))
+    return int(np.cumsum(steps).max()) if steps.size else 0
+
+
 def _load_bounded(text: str, where: str) -> Any:
     """``yaml.safe_load`` that refuses, before building anything, a document whose aliases
     expand to more than :data:`MAX_YAML_NODES` nodes (a "billion laughs" bomb would
     otherwise take gigabytes once validated) or that nests too deeply."""
+    if _flow_depth(text) > MAX_FLOW_DEPTH:
+        raise ConfigError(
+            f"{where}: the YAML nests [ ] or {{ }} more than {MAX_FLOW_DEPTH} levels deep, "
+            "which no config needs; flatten it"
+        )
     loader = yaml.SafeLoader(text)
     try:
         try:

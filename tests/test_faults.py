@@ -9,44 +9,26 @@ need another process (kill -9 during a commit, two runs racing) start a small ch
 
 from __future__ import annotations
 
+import gzip
 import os
 import signal
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
-from pipelines.output import KILL_ENV, RunOutput
+from pipelines.cli import main
+from pipelines.output import RunOutput
 from privpipe.errors import OutputBusy
-
-ROOT = Path(__file__).resolve().parent.parent
-CHILD = Path(__file__).resolve().parent / "faults" / "commit_child.py"
-FILES = ("manifest.json", "report.md", "audit.json")
-
+from tests.conftest import Project
+from tests.faults import FILES, forked, stage_and_commit
 
 # ------------------------------------------------------------------ publishing (commit)
 
 
-def _child(out: Path, run_id: str, *extra: str, env: dict[str, str] | None = None) -> Any:
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), str(out), run_id, *extra],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _publish(
-    out: Path, run_id: str, kill_at: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    proc = _child(out, run_id, env={KILL_ENV: kill_at} if kill_at else None)
-    stdout, stderr = proc.communicate(timeout=30)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+def _publish(out: Path, run_id: str, kill_at: str | None = None) -> int:
+    return forked(lambda: stage_and_commit(out, run_id), kill_at)
 
 
 def _which_run(out: Path) -> str:
@@ -75,9 +57,8 @@ def test_commit_killed_at_each_step_recovers_whole(tmp_path: Path, point: str, a
     one before the commit was marked ready, the new one after), says what it did, and no
     ``.privpipe-*`` folder outlives it."""
     out = tmp_path / "out"
-    assert _publish(out, "old").returncode == 0
-    killed = _publish(out, "new", kill_at=point)
-    assert killed.returncode == -signal.SIGKILL
+    assert _publish(out, "old") == 0
+    assert _publish(out, "new", kill_at=point) == -signal.SIGKILL
     nxt = RunOutput(out, "next")
     assert nxt.notes, "recovery must say what it did"
     joined = "\n".join(nxt.notes)
@@ -89,31 +70,366 @@ def test_commit_killed_at_each_step_recovers_whole(tmp_path: Path, point: str, a
     assert _which_run(out) == after
 
 
-def test_two_runs_into_one_output_folder_one_fails_cleanly(tmp_path: Path) -> None:
-    """Two processes: the second fails at once (exit 1, names the folder, what to do) and
-    the first publishes all its files."""
+def test_two_runs_into_one_output_folder_one_fails_cleanly(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two processes: the one that comes second fails at once (exit 1, names the folder
+    and what to do) and touches nothing; the first publishes all its files."""
     out = tmp_path / "out"
-    assert _publish(out, "old").returncode == 0
-    first = _child(out, "first", "wait")
-    assert first.stdout is not None and first.stdout.readline().strip() == "staged"
-    second = _publish(out, "second")
-    assert second.returncode == OutputBusy.exit_code == 1
-    assert str(out) in second.stderr and "another privpipe run is writing" in second.stderr
-    assert "choose another folder with --output" in second.stderr
+    assert _publish(out, "old") == 0
+    staged_r, staged_w = os.pipe()
+    go_r, go_w = os.pipe()
+
+    def first() -> int:  # stages, says so, waits for the second run to have failed
+        def hold() -> None:
+            os.write(staged_w, b"s")
+            os.read(go_r, 1)
+
+        return stage_and_commit(out, "first", hold)
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(forked(first))
+    assert os.read(staged_r, 1) == b"s"
+    capfd.readouterr()
+    assert _publish(out, "second") == OutputBusy.exit_code == 1
+    err = capfd.readouterr().err
+    assert str(out) in err and "another privpipe run is writing" in err
+    assert "choose another folder with --output" in err
     assert _which_run(out) == "old"  # the loser touched nothing
-    _, stderr = first.communicate("go\n", timeout=30)
-    assert first.returncode == 0, stderr
+    os.write(go_w, b"g")
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert sorted(os.listdir(out)) == ["internal", "public"]
     assert _which_run(out) == "first"
-    assert _publish(out, "third").returncode == 0  # the lock went with the first run
+    assert _publish(out, "third") == 0  # the lock went with the first run
 
 
 def test_empty_publication_replaces_the_old_one_whole(tmp_path: Path) -> None:
     """``releases: []``: no old release, audit or report stays beside the new manifest."""
     out = tmp_path / "out"
-    assert _publish(out, "old").returncode == 0
+    assert _publish(out, "old") == 0
     run = RunOutput(out, "empty")
     (run.internal / "manifest.json").write_text('{"releases": []}')
     run.commit()
     assert os.listdir(out / "public") == []
     assert os.listdir(out / "internal") == ["manifest.json"]
+
+
+# ------------------------------------------------------------- the corpus: one table
+#
+# Each case breaks one thing in a small valid project (tests/conftest.py Project: a CSV, a
+# config, hierarchies; an earlier run's output in out/), runs `privpipe validate` or
+# `privpipe run` in-process and expects the exit code and message fragments (the file,
+# key or line, and the fix). Every case also checks that nothing was written: every
+# regular file under the project (earlier output and inputs included) is byte for byte
+# what it was, and no staging, lock or previous folder is left.
+
+
+def _yaml(p: Project, text: str) -> list[str]:
+    p.config.write_text(text)
+    return ["validate", str(p.config)]
+
+
+def _cfg(p: Project, cmd: str = "validate", *extra: str, **changes: Any) -> list[str]:
+    for key, value in changes.items():
+        parent, _, leaf = key.rpartition("__")
+        node = p.cfg
+        for part in parent.split("__") if parent else []:
+            node = node[part]
+        node[leaf] = value
+    p.save()
+    return [cmd, str(p.config), *extra]
+
+
+def _data(p: Project, content: bytes, name: str = "data.csv", **changes: Any) -> list[str]:
+    (p.root / name).write_bytes(content)
+    return _cfg(p, "run", **({"input__path": name} | changes))
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n"
+    for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def _bomb(p: Project) -> list[str]:
+    return _yaml(p, p.config.read_text() + BOMB.replace("a:", "x_a:", 1))
+
+
+def _fifo(p: Project) -> list[str]:
+    os.mkfifo(p.root / "pipe.csv")
+    return _cfg(p, "run", input__path="pipe.csv")
+
+
+def _swapped_labels(p: Project) -> list[str]:
+    (p.root / "h" / "sex.csv").write_text("Male;Female;*\nFemale;Male;*\n")
+    return _cfg(p)
+
+
+def _inside_internal(p: Project) -> list[str]:
+    (p.out / "internal" / "data.csv").write_bytes(p.data.read_bytes())
+    return _cfg(p, input__path="out/internal/data.csv")
+
+
+def _deep_glob(p: Project) -> list[str]:
+    (p.root / "in" / "x" / "y").mkdir(parents=True)
+    (p.root / "in" / "x" / "y" / "data.csv").write_bytes(p.data.read_bytes())
+    return _cfg(p, input__path="*/*/*/data.csv")
+
+
+def _glob_matches_output(p: Project) -> list[str]:
+    (p.root / "in").mkdir()
+    (p.root / "in" / "data.csv").write_bytes(p.data.read_bytes())
+    return _cfg(p, input__path="in/*", output__dir="in/out")
+
+
+def _many_columns(p: Project) -> list[str]:
+    header = ";".join(f"c{i}" for i in range(10_000))
+    return _data(p, (header + "\n" + ";".join("1" * 10_000) + "\n").encode())
+
+
+def _parquet_garbage(p: Project) -> list[str]:
+    return _data(p, b"PAR1 this is not parquet", name="data.parquet")
+
+
+def _output_is_a_file(p: Project) -> list[str]:
+    (p.root / "afile").write_text("x")
+    return _cfg(p, "run", output__dir="afile")
+
+
+def _ledger_not_sqlite(p: Project) -> list[str]:
+    (p.root / "ledger.sqlite").write_text("name,epsilon\nnot,a ledger\n")
+    return _cfg(
+        p, "run", releases=[DP_SEX], budget={"ledger": "ledger.sqlite", "lifetime_epsilon": 10}
+    )
+
+
+DP_SEX = {"name": "by_sex", "kind": "dp_histogram", "epsilon": 1.0, "group_by": ["sex"]}
+HEADER = b"id;zip;age;sex;disease\n"
+ROW = b"1;47677;29;Female;Flu\n"
+
+
+class Case(NamedTuple):
+    id: str
+    setup: Callable[[Project], list[str]]
+    code: int
+    fragments: tuple[str, ...]
+
+
+CASES = [
+    # hostile or broken YAML (validate; the same loader serves run)
+    Case("yaml-alias-bomb", _bomb, 2, ("config.yaml", "aliases", "expand to more than")),
+    Case("yaml-recursive-anchor", lambda p: _yaml(p, "name: &a [*a]\n"), 2, ("recursive",)),
+    Case(
+        "yaml-python-tag",
+        lambda p: _yaml(p, "name: !!python/object/apply:os.system [echo hi]\n"),
+        2,
+        ("config.yaml", "line 1"),
+    ),
+    Case("yaml-syntax", lambda p: _yaml(p, "name: a\n  b: [\n"), 2, ("config.yaml", "line")),
+    Case("yaml-not-a-mapping", lambda p: _yaml(p, "- a\n- b\n"), 2, ("must be a mapping",)),
+    Case(
+        "yaml-deep-nesting",
+        lambda p: _yaml(p, "a: " + "[" * 20_000),
+        2,
+        ("config.yaml", "levels deep"),
+    ),
+    Case(
+        "config-not-utf8",
+        lambda p: (p.config.write_bytes(b"name: caf\xe9\n"), ["validate", str(p.config)])[1],
+        2,
+        ("not UTF-8", "save it as UTF-8"),
+    ),
+    Case(
+        "config-missing",
+        lambda p: ["validate", str(p.root / "nope.yaml")],
+        2,
+        ("nope.yaml", "not found"),
+    ),
+    Case("unknown-key", lambda p: _cfg(p, outptu={"dir": "o"}), 2, ("outptu", "output")),
+    Case("split-mb-tiny", lambda p: _cfg(p, input__split_mb=1e-9), 2, ("input.split_mb", ">=")),
+    Case(
+        "release-name-traversal",
+        lambda p: _cfg(p, releases=[{"name": "../x", "kind": "k_anonymity", "k": 2}]),
+        2,
+        ("releases[0].name",),
+    ),
+    Case(
+        "hierarchy-labels-swapped",
+        _swapped_labels,
+        2,
+        ("hierarchies.sex", "level 1", "'Male' → 'Female'", "'Female' → 'Male'", "not raw"),
+    ),
+    Case(
+        "hierarchy-group-label-is-a-value",
+        lambda p: _cfg(p, hierarchies__sex={"groups": [{"Male": "Female", "Female": "Female"}]}),
+        2,
+        ("hierarchies.sex", "level 1", "'Male' → 'Female'"),
+    ),
+    # the output never replaces or reads the input
+    Case(
+        "output-is-input-folder",
+        lambda p: _cfg(p, output__dir="."),
+        2,
+        ("output.dir", "input.path", "folder of the input file"),
+    ),
+    Case(
+        "output-flag-is-input-folder",
+        lambda p: ["run", str(p.config), "--output", str(p.root)],
+        2,
+        ("--output", "input.path"),
+    ),
+    Case("input-inside-internal", _inside_internal, 2, ("input.path", "internal/", "output.dir")),
+    Case("glob-reaches-public", _deep_glob, 2, ("input.path", "public/", "output.dir")),
+    Case("glob-matches-output", _glob_matches_output, 2, ("input.path", "reaches the output")),
+    Case(
+        "work-dir-inside-output",
+        lambda p: _cfg(p, output__work_dir="out/tmp"),
+        2,
+        ("output.work_dir", "row-level"),
+    ),
+    Case("output-is-a-file", _output_is_a_file, 2, ("afile", "choose another folder")),
+    # arguments
+    Case(
+        "runner-unknown",
+        lambda p: ["run", str(p.config), "--runner", "NoSuchRunner"],
+        2,
+        ("--runner NoSuchRunner", "DirectRunner", "known runners"),
+    ),
+    Case(
+        "runner-typo",
+        lambda p: ["run", str(p.config), "--runner", "DirectRuner"],
+        2,
+        ("did you mean DirectRunner",),
+    ),
+    Case(
+        "validate-extra-flag",
+        lambda p: ["validate", str(p.config), "--bogus"],
+        2,
+        ("--bogus",),
+    ),
+    # inputs that cannot be read at all (found before any Beam work)
+    Case(
+        "glob-matches-nothing",
+        lambda p: _cfg(p, "run", input__path="nothing-*.csv"),
+        3,
+        ("input.path", "no file matches"),
+    ),
+    Case(
+        "input-is-a-directory",
+        lambda p: _cfg(p, "run", input__path="h"),
+        3,
+        ("is a directory", "not a regular file", "glob"),
+    ),
+    Case("input-is-a-fifo", _fifo, 3, ("pipe.csv", "FIFO", "not a regular file")),
+    Case("input-empty", lambda p: _data(p, b""), 3, ("data.csv", "empty")),
+    Case(
+        "input-gzip-named-csv",
+        lambda p: _data(p, gzip.compress(HEADER + ROW)),
+        3,
+        ("data.csv", "gzip", "decompress"),
+    ),
+    Case(
+        "header-invalid-utf8",
+        lambda p: _data(p, b"id;zip;\xff\xfeage;sex;disease\n" + ROW),
+        3,
+        ("data.csv", "line 1"),
+    ),
+    Case(
+        "header-latin1",
+        lambda p: _data(p, b"id;zip;\xe2ge;sex;disease\n" + ROW),
+        3,
+        ("data.csv", "encoding"),
+    ),
+    Case("header-nul-byte", lambda p: _data(p, b"id;zip;a\x00ge;sex;disease\n" + ROW), 3, ()),
+    Case(
+        "header-duplicate-columns",
+        lambda p: _data(p, b"id;zip;age;sex;sex;disease\n" + b"1;47677;29;F;F;Flu\n"),
+        3,
+        ("data.csv", "sex"),
+    ),
+    Case(
+        "header-odd-column-names",
+        lambda p: _data(p, b"id;zip; age ;sex;disease\n" + ROW),
+        3,
+        ("data.csv", "age"),
+    ),
+    Case(
+        "header-missing-qi",
+        lambda p: _data(p, b"id;age;sex;disease\n1;29;Female;Flu\n"),
+        3,
+        ("data.csv", "zip"),
+    ),
+    Case("header-only", lambda p: _data(p, HEADER), 3, ("data.csv", "no data rows")),
+    Case(
+        "wrong-delimiter", lambda p: _data(p, HEADER.replace(b";", b",") + ROW), 3, ("delimiter",)
+    ),
+    Case("ten-thousand-columns", _many_columns, 3, ("data.csv", "zip")),
+    Case("parquet-not-parquet", _parquet_garbage, 3, ("data.parquet",)),
+    Case(
+        "parquet-empty", lambda p: _data(p, b"", name="data.parquet"), 3, ("data.parquet", "empty")
+    ),
+    Case(
+        "jsonl-not-json",
+        lambda p: _data(p, b"id;zip\n", name="data.jsonl"),
+        3,
+        ("data.jsonl", "line 1"),
+    ),
+    Case(
+        "jsonl-array-line",
+        lambda p: _data(p, b'[1, "47677", 29, "Female", "Flu"]\n', name="data.jsonl"),
+        3,
+        ("data.jsonl", "line 1"),
+    ),
+    Case(
+        "format-says-parquet",
+        lambda p: _cfg(p, "run", input__format="parquet"),
+        3,
+        ("data.csv",),
+    ),
+    # budget
+    Case("ledger-not-sqlite", _ledger_not_sqlite, 3, ("ledger.sqlite", "not a privacy ledger")),
+    Case(
+        "ledger-missing",
+        lambda p: _cfg(
+            p, "run", releases=[DP_SEX], budget={"ledger": "none.sqlite", "lifetime_epsilon": 10}
+        ),
+        2,
+        ("none.sqlite", "budget init"),
+    ),
+]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every regular file under ``root`` (FIFOs and the ledger's sqlite journal aside)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and "state" not in path.parts:
+            out[str(path.relative_to(root))] = path.read_bytes()
+    return out
+
+
+def _earlier_output(p: Project) -> None:
+    """An earlier run's published output in out/ (as a commit leaves it)."""
+    (p.out / "public" / "old").mkdir(parents=True)
+    (p.out / "public" / "old" / "data.csv").write_text("zip,sex,disease\n4767*,*,Flu\n")
+    (p.out / "internal").mkdir()
+    (p.out / "internal" / "manifest.json").write_text('{"run_id": "old"}')
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_fault_corpus(case: Case, project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    _earlier_output(project)
+    argv = case.setup(project)
+    before = _files(project.root)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == case.code, err
+    assert err.startswith("privpipe: error: ") and "unexpected" not in err, err
+    for fragment in case.fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+    assert len(err) < 4000, "a message stays readable (no expanded value, no 10k names)"
+    assert _files(project.root) == before  # earlier output, inputs, config: untouched
+    assert not [n for n in os.listdir(project.out) if n.startswith(".privpipe")]
