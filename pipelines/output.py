@@ -243,6 +243,11 @@ class RunOutput:
         self._work_lock: IO[str] | None = None
         self._work: Path | None = None
         self._done = True  # nothing to abort until the staging folder exists
+        if out_dir.exists() and not out_dir.is_dir():
+            raise OutputError(
+                f"{out_dir}: is a file, not a folder; choose another folder with --output or "
+                f"{source}"
+            )
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             self._dir_lock = _lock_dir(out_dir)

@@ -9,20 +9,33 @@ need another process (kill -9 during a commit, two runs racing) start a small ch
 
 from __future__ import annotations
 
+import csv
+import errno
 import gzip
+import io
 import os
 import signal
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pytest
 
 from pipelines.cli import main
+from pipelines.hierarchies import label_collisions
 from pipelines.output import RunOutput
-from privpipe.errors import OutputBusy
+from pipelines.plan import check_unchanged, input_stamps
+from privpipe.errors import ConfigError, InputDataError, OutputBusy
+from privpipe.formulas import escape, escape_table, needs_escape, unescape
+from reports import load_release
 from tests.conftest import Project
 from tests.faults import FILES, forked, stage_and_commit
+from tests.ledgers import open_config_ledger, provision_ledger
+from transforms.sink import write_table
 
 # ------------------------------------------------------------------ publishing (commit)
 
@@ -289,7 +302,7 @@ CASES = [
         2,
         ("output.work_dir", "row-level"),
     ),
-    Case("output-is-a-file", _output_is_a_file, 2, ("afile", "choose another folder")),
+    Case("output-is-a-file", _output_is_a_file, 2, ("afile", "not a folder", "choose another")),
     # arguments
     Case(
         "runner-unknown",
@@ -342,7 +355,12 @@ CASES = [
         3,
         ("data.csv", "encoding"),
     ),
-    Case("header-nul-byte", lambda p: _data(p, b"id;zip;a\x00ge;sex;disease\n" + ROW), 3, ()),
+    Case(
+        "header-nul-byte",
+        lambda p: _data(p, b"id;zip;a\x00ge;sex;disease\n" + ROW),
+        3,
+        ("data.csv", "'age' not found", "'a\\x00ge'"),
+    ),
     Case(
         "header-duplicate-columns",
         lambda p: _data(p, b"id;zip;age;sex;sex;disease\n" + b"1;47677;29;F;F;Flu\n"),
@@ -433,3 +451,174 @@ def test_fault_corpus(case: Case, project: Project, capsys: pytest.CaptureFixtur
     assert len(err) < 4000, "a message stays readable (no expanded value, no 10k names)"
     assert _files(project.root) == before  # earlier output, inputs, config: untouched
     assert not [n for n in os.listdir(project.out) if n.startswith(".privpipe")]
+
+
+# ------------------------------------------------------------- faults around a run
+
+
+def test_second_run_into_a_busy_output_folder_charges_nothing(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run finding its output folder held by a live run: exit 1 before reading data or
+    charging the ledger; the earlier output is untouched."""
+    _earlier_output(project)
+    _cfg(project, releases=[DP_SEX], budget={"ledger": "ledger.sqlite", "lifetime_epsilon": 10})
+    provision_ledger(project.config)
+    before = _files(project.out)
+    live = RunOutput(project.out, "live")
+    try:
+        code = main(["run", str(project.config)])
+    finally:
+        live.abort()
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "another privpipe run is writing to this output folder" in err and "out" in err
+    assert _files(project.out) == before
+    assert open_config_ledger(project.config).history() == []
+
+
+def test_a_full_ledger_disk_is_an_io_error_naming_the_ledger(
+    project: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_: Any, **__: Any) -> Any:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    _cfg(project, releases=[DP_SEX], budget={"ledger": "ledger.sqlite", "lifetime_epsilon": 10})
+    provision_ledger(project.config)
+    monkeypatch.setattr("pipelines.run.open_ledger", full)
+    code = main(["run", str(project.config)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert str(project.root / "ledger.sqlite") in err and "disk is full" in err
+    assert "unexpected" not in err and "free disk space" in err
+
+
+def test_a_full_disk_is_an_io_error_naming_the_path(
+    project: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    where = project.out / "internal" / "manifest.json"
+
+    def full(*_: Any, **__: Any) -> Any:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
+
+    monkeypatch.setattr("pipelines.run.RunOutput", full)
+    code = main(["run", str(project.config)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert f"{where}: I/O error: No space left on device; free disk space" in err
+
+
+def test_an_input_changed_during_the_run_says_so(
+    project: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file grows while the run reads it: whatever step trips over the difference, the
+    error says the file changed (exit 3) and nothing is published."""
+    _earlier_output(project)
+    before = _files(project.out)
+
+    def grow_then_fail(*_: Any, **__: Any) -> None:
+        with open(project.data, "a") as f:
+            f.write("10;47677;31;Male;Flu\n")
+        raise InputDataError("column 'zip': value '47677' is not in hierarchies.zip")
+
+    monkeypatch.setattr("pipelines.run.build_graph", grow_then_fail)
+    code = main(["run", str(project.config)])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "data.csv: the input file changed" in err and "Run again once the file" in err
+    assert _files(project.out) == before
+
+
+def test_check_unchanged_sees_a_rewrite_of_the_same_size(tmp_path: Path) -> None:
+    f = tmp_path / "in.csv"
+    f.write_text("a\n1\n")
+    stamps = input_stamps((str(f),))
+    check_unchanged(stamps)  # nothing changed: no error
+    tmp = tmp_path / "new.csv"
+    tmp.write_text("a\n2\n")
+    os.replace(tmp, f)  # same size, a new inode
+    with pytest.raises(InputDataError, match="changed"):
+        check_unchanged(stamps)
+
+
+@pytest.mark.slow
+def test_every_row_rejected_says_all_n_and_the_reasons(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _earlier_output(project)
+    project.write_rows([f"{i};47677;x{i};Male;Flu" for i in range(9)])
+    before = _files(project.root)
+    code = main(_cfg(project, "run", releases=[{"name": "k2", "kind": "k_anonymity", "k": 2}]))
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "all 9 rows were rejected" in err and "hierarchy" not in err
+    assert "data.csv line 2: column 'age': 'x0' is not an integer" in err
+    assert "internal/rejected.csv" in err
+    assert _files(project.root) == {**before, "config.yaml": project.config.read_bytes()}
+
+
+def test_a_data_built_hierarchy_whose_labels_are_raw_values_is_refused() -> None:
+    from anonymity.hierarchy import Hierarchy
+    from pipelines.config import HierarchyConfig
+    from pipelines.hierarchies import HierarchyResolver
+
+    swapped = Hierarchy(
+        "sex", np.array([["Male", "Female", "*"], ["Female", "Male", "*"]], dtype=object)
+    )
+    resolver = HierarchyResolver({"sex": HierarchyConfig(file="h.csv")}, {"sex": swapped})
+    with pytest.raises(ConfigError, match=r"hierarchies\.sex.*level 1.*'Male' → 'Female'"):
+        resolver({"sex": pd.Series([3, 4], index=["Male", "Female"])})
+    kept = Hierarchy("sex", np.array([["Male", "Male", "*"], ["Female", "F", "*"]], dtype=object))
+    assert label_collisions(kept, "k") == []  # a value kept as itself is no collision
+
+
+def test_a_symlinked_output_folder_stays_a_link(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert _publish(link, "one") == 0
+    assert link.is_symlink() and _which_run(real) == "one"
+
+
+# ------------------------------------------------------------- formula injection
+
+
+def test_formula_cells_are_escaped_and_read_back_as_computed(tmp_path: Path) -> None:
+    """OWASP CSV injection: text cells starting with = + - @ tab CR get a leading ',
+    numbers (a numeric column, or a text cell that is a plain number) do not; the
+    published file reads back (reports.load_release: the audit, the attacks) as computed."""
+    frame = pd.DataFrame(
+        {
+            "zip": ['=HYPERLINK("x")', "+1+1", "@SUM(A1)", "\tx", "-3", "'=x", "4767*"],
+            "=cmd": ["-", "-1.5e3", "a", "b", "c", "d", "e"],
+            "n": [-3, -2, -1, 0, 1, 2, 3],
+        }
+    )
+    folder = tmp_path / "k2"
+    folder.mkdir()
+    write_table(frame, str(folder / "data.csv"), "csv")
+    text = (folder / "data.csv").read_text()
+    lines = text.splitlines()
+    assert lines[0] == "zip,'=cmd,n"
+    rows = list(csv.reader(io.StringIO(text)))[1:]
+    assert [r[0] for r in rows] == [
+        "'=HYPERLINK(\"x\")", "'+1+1", "'@SUM(A1)", "'\tx", "-3", "''=x", "4767*"
+    ]  # fmt: skip
+    assert [r[1] for r in rows] == ["'-", "-1.5e3", "a", "b", "c", "d", "e"]
+    assert [r[2] for r in rows] == ["-3", "-2", "-1", "0", "1", "2", "3"]
+    back = load_release(folder).data
+    assert list(back.columns) == list(frame.columns)
+    assert back["zip"].tolist() == frame["zip"].tolist()
+    assert back["=cmd"].tolist() == frame["=cmd"].tolist()
+
+
+def test_formula_escape_round_trips_and_needs_no_escape_for_numbers() -> None:
+    values = ["=1", "+", "-", "@", "\t", "\r", "-3", "+2.5", "-1e-3", "'", "''=a", "x", ""]
+    for v in values:
+        assert unescape(escape(v)) == v
+    table = pa.table({"v": values, "d": pa.array(values).dictionary_encode()})
+    out = escape_table(table)
+    assert out.column("v").to_pylist() == [escape(v) for v in values]
+    assert out.column("d").to_pylist() == [escape(v) for v in values]
+    assert [v for v in values if needs_escape(v)] == ["=1", "+", "-", "@", "\t", "\r", "''=a"]
