@@ -34,15 +34,16 @@ def _rejected(spec: InputSpec) -> tuple[int, int, pd.DataFrame]:
     accepted = rejected = 0
     first: list[pd.DataFrame] = []
     for info in infos:
+        splits: list[Any] = []
         if spec.format == "parquet":
             fn: Any = _ReadParquetSplitFn(spec, columns)
-            before, splits = 0, []
+            before = 0
             for g, rows in enumerate(info.row_groups):
                 splits.append((info.path, g, before))
                 before += rows
         else:
             fn = _ReadTextSplitFn(spec, columns)
-            splits = list(_text_splits(info.path, info.size, spec))
+            splits += _text_splits(info.path, info.size, spec)
         for i, split in enumerate(splits):
             for out in fn.process(split):
                 if isinstance(out, TaggedOutput):
