@@ -32,6 +32,7 @@ work folder.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import fnmatch
 import glob
@@ -83,13 +84,16 @@ def _unlock(handle: IO[str] | None) -> None:
 
 
 def _lock_dir(folder: Path) -> int | None:
-    """An exclusive ``flock`` on the folder itself (its fd; None: a live process holds it)."""
+    """An exclusive ``flock`` on the folder itself (its fd; None: a live process holds it).
+    A file system without flock (some network mounts) gives an unlocked fd: the run goes
+    on as it did before the lock existed rather than failing."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            os.close(fd)
+            return None
     return fd
 
 

@@ -61,7 +61,8 @@ def _escape_strings(arr: pa.Array) -> pa.Array:
     )
     if not pc.any(mask).as_py():
         return arr
-    return pc.if_else(mask, pc.binary_join_element_wise("'", arr, ""), arr)
+    quote, empty = pa.scalar("'", type=arr.type), pa.scalar("", type=arr.type)
+    return pc.if_else(mask, pc.binary_join_element_wise(quote, arr, empty), arr)
 
 
 def _escape_array(arr: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

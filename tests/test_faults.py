@@ -13,6 +13,7 @@ import csv
 import errno
 import gzip
 import io
+import json
 import os
 import signal
 import sqlite3
@@ -32,8 +33,9 @@ from pipelines.plan import check_unchanged, input_stamps
 from privpipe.errors import ConfigError, InputDataError, OutputBusy
 from privpipe.formulas import escape, escape_table, needs_escape, unescape
 from reports import load_release
-from tests.conftest import Project
+from tests.conftest import ROWS, Project
 from tests.faults import FILES, forked, stage_and_commit
+from tests.layout import internal_file, release_dir
 from tests.ledgers import open_config_ledger, provision_ledger
 from transforms.sink import write_table
 
@@ -617,8 +619,43 @@ def test_formula_escape_round_trips_and_needs_no_escape_for_numbers() -> None:
     values = ["=1", "+", "-", "@", "\t", "\r", "-3", "+2.5", "-1e-3", "'", "''=a", "x", ""]
     for v in values:
         assert unescape(escape(v)) == v
-    table = pa.table({"v": values, "d": pa.array(values).dictionary_encode()})
+    table = pa.table(
+        {
+            "v": values,
+            "large": pa.array(values, type=pa.large_string()),
+            "d": pa.array(values).dictionary_encode(),
+            "n": range(len(values)),
+        }
+    )
     out = escape_table(table)
-    assert out.column("v").to_pylist() == [escape(v) for v in values]
-    assert out.column("d").to_pylist() == [escape(v) for v in values]
+    for column in ("v", "large", "d"):
+        assert out.column(column).to_pylist() == [escape(v) for v in values]
+    assert out.column("n") == table.column("n")
     assert [v for v in values if needs_escape(v)] == ["=1", "+", "-", "@", "\t", "\r", "''=a"]
+
+
+@pytest.mark.slow
+def test_a_run_publishes_formula_cells_escaped_and_its_audit_reads_them(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sensitive values starting with = and - go through the anonymisation, the verifier,
+    the attacks and the audit: the run succeeds, data.csv holds them escaped, and the
+    homogeneity attack (it reads the published file) still finds the sensitive values."""
+    rows = [r.replace("Heart Disease", "=1+1").replace("Cancer", "-") for r in ROWS]
+    project.write_rows(rows)
+    argv = _cfg(
+        project,
+        "run",
+        releases=[{"name": "k2", "kind": "k_anonymity", "k": 2}],
+        attacks=["homogeneity"],
+    )
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    text = (release_dir(project.out, "k2") / "data.csv").read_text()
+    assert "'=1+1" in text and "'-" in text
+    assert "\n=" not in text and ",=" not in text and ",-\n" not in text
+    published = load_release(release_dir(project.out, "k2")).data
+    assert set(published["disease"]) <= {"=1+1", "-", "Flu", "*"}
+    audit = json.loads(internal_file(project.out, "audit.json").read_text())
+    assert "k2" in audit["releases"]
