@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -54,30 +55,96 @@ def unescape(value: Any) -> Any:
     return value
 
 
+_FIRST = np.zeros(256, dtype=bool)  # first bytes that may need an escape: lookup table
+_FIRST[np.frombuffer((TRIGGERS + "'").encode(), dtype=np.uint8)] = True
+
+
+def _parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets of the array's values, rebased to 0; their bytes) from Arrow's buffers."""
+    wide = pa.types.is_large_string(arr.type)
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(
+        offsets_buf, dtype=np.int64 if wide else np.int32, count=len(arr) + 1,
+        offset=arr.offset * (8 if wide else 4),
+    )  # fmt: skip
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0)
+    return offsets - offsets[0], data[offsets[0] : offsets[-1]]
+
+
+def _first_bytes(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """The first byte of every value (0 for an empty one)."""
+    first = np.zeros(len(offsets) - 1, dtype=np.uint8)
+    starts = offsets[:-1]
+    filled = offsets[1:] > starts
+    if filled.any():
+        first[filled] = data[starts[filled]]
+    return first
+
+
+def _prefixed(arr: pa.Array, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> Any:
+    """``arr`` with a ``'`` put in front of the values at ``rows`` (sorted), built on the
+    buffers: one copy of the bytes, whatever the number of rows."""
+    if arr.null_count and arr.offset:  # a sliced validity bitmap: let Arrow do it
+        mask = np.zeros(len(arr), dtype=bool)
+        mask[rows] = True
+        quote, empty = pa.scalar("'", type=arr.type), pa.scalar("", type=arr.type)
+        return pc.if_else(pa.array(mask), pc.binary_join_element_wise(quote, arr, empty), arr)
+    new_data = np.insert(data, offsets[rows], ord("'"))
+    added = np.zeros(len(offsets), dtype=offsets.dtype)
+    added[rows + 1] = 1
+    new_offsets = offsets + np.cumsum(added, dtype=offsets.dtype)
+    validity = arr.buffers()[0] if arr.null_count else None
+    return pa.Array.from_buffers(
+        arr.type, len(arr), [validity, pa.py_buffer(new_offsets), pa.py_buffer(new_data)],
+        null_count=arr.null_count,
+    )  # fmt: skip
+
+
 def _escape_strings(arr: pa.Array) -> pa.Array:
-    mask = pc.and_not(
-        pc.match_substring_regex(arr, _TRIGGERED),
-        pc.match_substring_regex(arr, _QUOTED_NUMBER),
-    )
-    if not pc.any(mask).as_py():
+    """Text values escaped. The first byte of every value is checked in numpy (no value
+    starts with a trigger or a quote: nothing else runs); the regexes run only on the
+    distinct values among the few that do."""
+    offsets, data = _parts(arr)
+    rows = np.flatnonzero(_FIRST[_first_bytes(offsets, data)])
+    if rows.size == 0:
         return arr
-    quote, empty = pa.scalar("'", type=arr.type), pa.scalar("", type=arr.type)
-    return pc.if_else(mask, pc.binary_join_element_wise(quote, arr, empty), arr)
+    encoded = pc.dictionary_encode(arr.take(pa.array(rows)))
+    values = encoded.dictionary
+    wanted = pc.and_not(
+        pc.match_substring_regex(values, _TRIGGERED),
+        pc.match_substring_regex(values, _QUOTED_NUMBER),
+    )
+    chosen = rows[pc.take(wanted, encoded.indices).fill_null(False).to_numpy(zero_copy_only=False)]
+    if chosen.size == 0:
+        return arr
+    return _prefixed(arr, offsets, data, chosen)
+
+
+def _escape_chunk(chunk: Any) -> Any:
+    """One chunk of a text or dictionary-of-text column escaped (itself if unchanged)."""
+    if pa.types.is_dictionary(chunk.type):
+        fixed = _escape_strings(chunk.dictionary)
+        if fixed is chunk.dictionary:
+            return chunk
+        return pa.DictionaryArray.from_arrays(chunk.indices, fixed)
+    return _escape_strings(chunk)
+
+
+def _is_text(typ: pa.DataType) -> bool:
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    return bool(pa.types.is_string(typ) or pa.types.is_large_string(typ))
 
 
 def _escape_array(arr: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    typ = arr.type
-    if pa.types.is_dictionary(typ) and (
-        pa.types.is_string(typ.value_type) or pa.types.is_large_string(typ.value_type)
-    ):
-        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
-        fixed = [
-            pa.DictionaryArray.from_arrays(c.indices, _escape_strings(c.dictionary)) for c in chunks
-        ]
-        return pa.chunked_array(fixed, type=typ) if isinstance(arr, pa.ChunkedArray) else fixed[0]
-    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        return _escape_strings(arr)
-    return arr
+    if not _is_text(arr.type):
+        return arr
+    if isinstance(arr, pa.ChunkedArray):
+        chunks = [_escape_chunk(c) for c in arr.chunks]
+        if all(a is b for a, b in zip(chunks, arr.chunks, strict=True)):
+            return arr
+        return pa.chunked_array(chunks, type=arr.type)
+    return _escape_chunk(arr)
 
 
 def escape_table(table: pa.Table) -> pa.Table:
