@@ -172,6 +172,13 @@ def _bomb(p: Project) -> list[str]:
     return _yaml(p, p.config.read_text() + BOMB.replace("a:", "x_a:", 1))
 
 
+def _aliases_in_an_error(p: Project) -> list[str]:
+    """250,000 values (under the limit) where a string is expected: the message shows a
+    few, never the expanded whole."""
+    big = "[&a [" + ", ".join(["v"] * 500) + "], " + ", ".join(["*a"] * 499) + "]"
+    return _yaml(p, p.config.read_text().replace("name: tiny", f"name: {big}"))
+
+
 def _fifo(p: Project) -> list[str]:
     os.mkfifo(p.root / "pipe.csv")
     return _cfg(p, "run", input__path="pipe.csv")
@@ -235,6 +242,7 @@ class Case(NamedTuple):
 CASES = [
     # hostile or broken YAML (validate; the same loader serves run)
     Case("yaml-alias-bomb", _bomb, 2, ("config.yaml", "aliases", "expand to more than")),
+    Case("yaml-aliases-in-an-error", _aliases_in_an_error, 2, ("name: must be a string, got [[",)),
     Case("yaml-recursive-anchor", lambda p: _yaml(p, "name: &a [*a]\n"), 2, ("recursive",)),
     Case(
         "yaml-python-tag",
