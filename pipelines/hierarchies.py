@@ -36,13 +36,14 @@ class HierarchyResolver:
 
     def __call__(self, value_counts: Mapping[str, pd.Series]) -> dict[str, Hierarchy]:
         """All hierarchies, each checked to cover every value in the data (exit 3 if not)."""
-        if self.configs and all(len(value_counts.get(c, ())) == 0 for c in self.configs):
-            from pipelines.rejections import NO_ROWS  # the driver re-reads to explain
-
-            raise InputDataError(f"{NO_ROWS}: every input row was rejected")
         out: dict[str, Hierarchy] = {}
+        no_rows = all(len(v) == 0 for v in value_counts.values())
         for col, hc in self.configs.items():
             counts = value_counts.get(col, pd.Series(dtype="int64"))
+            if no_rows and col not in self.loaded:  # a builder with nothing to build from
+                from pipelines.rejections import NO_ROWS  # the driver re-reads to explain
+
+                raise InputDataError(f"{NO_ROWS}: every input row was rejected")
             h = self.loaded.get(col) or build_from_data(col, hc, list(counts.index))
             problems = label_collisions(h, f"hierarchies.{col}")
             if problems:
