@@ -105,15 +105,17 @@ def test_two_runs_into_one_output_folder_one_fails_cleanly(
     pid = os.fork()
     if pid == 0:
         os._exit(forked(first))
-    assert os.read(staged_r, 1) == b"s"
-    capfd.readouterr()
-    assert _publish(out, "second") == OutputBusy.exit_code == 1
-    err = capfd.readouterr().err
-    assert str(out) in err and "another privpipe run is writing" in err
-    assert "choose another folder with --output" in err
-    assert _which_run(out) == "old"  # the loser touched nothing
-    os.write(go_w, b"g")
-    _, status = os.waitpid(pid, 0)
+    try:
+        assert os.read(staged_r, 1) == b"s"
+        capfd.readouterr()
+        assert _publish(out, "second") == OutputBusy.exit_code == 1
+        err = capfd.readouterr().err
+        assert str(out) in err and "another privpipe run is writing" in err
+        assert "choose another folder with --output" in err
+        assert _which_run(out) == "old"  # the loser touched nothing
+    finally:  # the first run always finishes (a failed assertion leaves no child behind)
+        os.write(go_w, b"g")
+        _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert sorted(os.listdir(out)) == ["internal", "public"]
     assert _which_run(out) == "first"
