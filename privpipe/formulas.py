@@ -72,13 +72,11 @@ def _parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _first_bytes(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
-    """The first byte of every value (0 for an empty one)."""
-    first = np.zeros(len(offsets) - 1, dtype=np.uint8)
-    starts = offsets[:-1]
-    filled = offsets[1:] > starts
-    if filled.any():
-        first[filled] = data[starts[filled]]
-    return first
+    """The byte at the start of every value: its first byte, or for an empty value the
+    next value's (a harmless false candidate: the regexes then leave it alone)."""
+    if data.size == 0:
+        return np.zeros(len(offsets) - 1, dtype=np.uint8)
+    return data[np.minimum(offsets[:-1], data.size - 1)]
 
 
 def _prefixed(arr: pa.Array, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> Any:
