@@ -76,7 +76,8 @@ def _first_bytes(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
     next value's (a harmless false candidate: the regexes then leave it alone)."""
     if data.size == 0:
         return np.zeros(len(offsets) - 1, dtype=np.uint8)
-    return data[np.minimum(offsets[:-1], data.size - 1)]
+    first: np.ndarray = data[np.minimum(offsets[:-1], data.size - 1)]
+    return first
 
 
 def _prefixed(arr: pa.Array, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> Any:
