@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import traceback
@@ -34,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import privpipe
-from privpipe.errors import ConfigError, PrivacyRefusal, PrivpipeError
+from privpipe.errors import (
+    ConfigError,
+    IOFailure,
+    PrivacyRefusal,
+    PrivpipeError,
+    io_failure,
+)
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEMO_CONFIG = CONFIGS_DIR / "demo.yaml"
@@ -290,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # anything unexpected: exit 1, no partial output (RunOutput aborts)
         if debug:
             traceback.print_exc()
+        failure = io_failure(e)  # disk full, I/O error, sqlite: the path and the fix
+        if failure is not None:
+            return _failed(failure.exit_code, f"error: {failure}", as_json)
         return _failed(
             1,
             f"error: unexpected {type(e).__name__}: {e} "
@@ -569,8 +579,14 @@ def _run(
             "private; the manifest records it. Never publish this output.",
             file=sys.stderr,
         )
-    with _progress(every):
-        result = run(plan, beam_args=beam_args, runner=runner, insecure_seed=seed, log=say)
+    try:
+        with _progress(every):
+            result = run(plan, beam_args=beam_args, runner=runner, insecure_seed=seed, log=say)
+    except sqlite3.OperationalError as e:  # the ledger's disk is full or read-only (faults)
+        raise IOFailure(
+            f"{plan.ledger_path}: the privacy ledger could not be written ({e}); free disk "
+            "space or fix the permissions of its folder and run again (nothing was published)"
+        ) from e
     m = result.manifest
     prof = m["profile"]
     combos = prof["qi_combinations"]

@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import math
 import re
+import reprlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -64,6 +65,9 @@ class _Model(BaseModel):
 # --------------------------------------------------------------------------- input
 
 
+MIN_SPLIT_MB = 1 / 16  # 64 KiB: split_mb 1e-9 turned a 5 s read into 193 s (issue 17)
+
+
 class InputConfig(_Model):
     """Where the microdata is and how to parse it."""
 
@@ -83,9 +87,10 @@ class InputConfig(_Model):
     batch_rows: int = Field(default=65_536, ge=1, description="Rows per batch on the hot path.")
     split_mb: float = Field(
         default=8,
-        gt=0,
+        ge=MIN_SPLIT_MB,
         allow_inf_nan=False,
-        description="Target size of the byte ranges read in parallel.",
+        description="Target size of the byte ranges read in parallel (at least 1/16: "
+        "smaller ranges cost more in per-range work than they save).",
     )
     multiline_records: bool = Field(
         default=False,
@@ -1459,8 +1464,15 @@ def _describe(err: Mapping[str, Any]) -> str:
     return msg[0].lower() + msg[1:] if msg else typ
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 6, 6, 6
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 60, 60, 60
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    """A short repr, bounded in time and size whatever the value (never the whole of a
+    large or alias-expanded structure)."""
+    text = _REPR.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -1493,6 +1505,87 @@ def json_schema() -> dict[str, Any]:
 # ----------------------------------------------------------------------- loading
 
 
+MAX_YAML_NODES = 1_000_000  # after aliases are expanded; a real config has thousands
+
+
+def _expanded_nodes(root: yaml.Node, where: str) -> int:
+    """How many nodes the document has once every alias is expanded (each shared node
+    counted once per reference, computed once per node): linear in the composed graph, so
+    an alias bomb is measured without being expanded."""
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if key in size:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            open_.discard(key)
+            size[key] = min(1 + sum(size[id(c)] for c in children), MAX_YAML_NODES + 1)
+            continue
+        if key in open_:
+            raise ConfigError(
+                f"{where}: line {node.start_mark.line + 1}: an alias refers to a node that "
+                "contains it (a recursive anchor); a config cannot be infinite: remove it"
+            )
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+    return size[id(root)]
+
+
+MAX_FLOW_DEPTH = 100  # nested [ ] / { }: PyYAML's scanner is quadratic in this depth
+_QUOTED_OR_COMMENT = re.compile(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"|(?:^|(?<=\s))#[^\n]*", re.M)
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of flow collections (``[``/``{``) outside quotes and comments,
+    found in one vectorised pass before PyYAML sees the text (it takes seconds at a depth
+    of a thousand, minutes at ten thousand)."""
+    import numpy as np
+
+    bare = _QUOTED_OR_COMMENT.sub("", text).encode("utf-8", "replace")
+    codes = np.frombuffer(bare, dtype=np.uint8)
+    steps = np.isin(codes, (0x5B, 0x7B)).astype(np.int32) - np.isin(codes, (0x5D, 0x7D))
+    return int(np.cumsum(steps).max()) if steps.size else 0
+
+
+def _load_bounded(text: str, where: str) -> Any:
+    """``yaml.safe_load`` that refuses, before building anything, a document whose aliases
+    expand to more than :data:`MAX_YAML_NODES` nodes (a "billion laughs" bomb would
+    otherwise take gigabytes once validated) or that nests too deeply."""
+    if _flow_depth(text) > MAX_FLOW_DEPTH:
+        raise ConfigError(
+            f"{where}: the YAML nests [ ] or {{ }} more than {MAX_FLOW_DEPTH} levels deep, "
+            "which no config needs; flatten it"
+        )
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            root = loader.get_single_node()
+        except RecursionError:
+            raise ConfigError(
+                f"{where}: the YAML nests too deeply to be a config; flatten it"
+            ) from None
+        if root is None:
+            return None
+        nodes = _expanded_nodes(root, where)
+        if nodes > MAX_YAML_NODES:
+            raise ConfigError(
+                f"{where}: its aliases (*name) expand to more than {MAX_YAML_NODES:,} values "
+                "(an alias bomb?); write the config without nested aliases"
+            )
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
 def read_config(path: str | Path) -> tuple[dict[str, Any], str]:
     """Parse the YAML file; returns the raw mapping and its sha256."""
     p = Path(path)
@@ -1508,7 +1601,7 @@ def read_config(path: str | Path) -> tuple[dict[str, Any], str]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_bounded(text, p.name)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -38,9 +38,17 @@ class HierarchyResolver:
     def __call__(self, value_counts: Mapping[str, pd.Series]) -> dict[str, Hierarchy]:
         """All hierarchies, each checked to cover every value in the data (exit 3 if not)."""
         out: dict[str, Hierarchy] = {}
+        no_rows = all(len(v) == 0 for v in value_counts.values())
         for col, hc in self.configs.items():
             counts = value_counts.get(col, pd.Series(dtype="int64"))
+            if no_rows and col not in self.loaded:  # a builder with nothing to build from
+                from pipelines.rejections import NO_ROWS  # the driver re-reads to explain
+
+                raise InputDataError(f"{NO_ROWS}: every input row was rejected")
             h = self.loaded.get(col) or build_from_data(col, hc, list(counts.index))
+            problems = label_collisions(h, f"hierarchies.{col}")
+            if problems:
+                raise ConfigError("\n".join(problems))
             h.check_covers(counts)
             out[col] = h
         return out
@@ -116,6 +124,33 @@ class HierarchyLabeler:
         return h.generalize(codes, level)
 
 
+def label_collisions(h: Hierarchy, key: str, limit: int = 3) -> list[str]:
+    """A generalised label that is another raw value of the column would be read as that
+    value (Male→Female publishes male rows as "Female"): one problem per level, with up to
+    ``limit`` examples. A label may equal its own raw value (a value kept as is)."""
+    table = h.table
+    raw = pd.Index(table[:, 0], dtype=object)
+    if not raw.is_unique:
+        return []  # the hierarchy's own validation reports duplicated raw values
+    own = np.arange(table.shape[0])
+    out: list[str] = []
+    for level in range(1, table.shape[1]):
+        hit = raw.get_indexer(pd.Index(table[:, level], dtype=object))
+        bad = np.flatnonzero((hit >= 0) & (hit != own))
+        if bad.size == 0:
+            continue
+        shown = ", ".join(f"{table[i, 0]!r} → {table[i, level]!r}" for i in bad[:limit])
+        more = f" and {bad.size - limit} more" if bad.size > limit else ""
+        source = f" ({h.source})" if h.source else ""
+        out.append(
+            f"{key}{source}: level {level} labels raw values as other raw values of "
+            f"{h.attribute!r} ({shown}{more}): a published label would be read as a "
+            "different value; give generalised values labels that are not raw values "
+            "(e.g. 'Female|Male' or '*')"
+        )
+    return out
+
+
 def _probe(hc: HierarchyConfig) -> list[object] | None:
     """One value of the declared form of a builder (to learn its height without data)."""
     if hc.mask is not None:
@@ -141,6 +176,7 @@ def static_problems(cfg: PrivpipeConfig, loaded: Mapping[str, Hierarchy]) -> lis
     heights: dict[str, int] = {col: h.height for col, h in loaded.items()}
     for col, hc in cfg.hierarchies.items():
         if col in loaded:
+            out += label_collisions(loaded[col], f"hierarchies.{col}")
             continue
         key = f"hierarchies.{col}.{hc.kind}"
         declared = types.get(col)

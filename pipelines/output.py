@@ -5,6 +5,10 @@ published releases only) and ``internal/`` (manifest, audit, report, rejected ro
 candidates). Nothing else of DIR is touched, so a ledger or an input folder kept there
 survives every run.
 
+A run holds an exclusive lock on DIR itself (``flock`` on the folder, no file left
+behind) from the moment it creates its staging folder until it commits or aborts: a second
+run into the same DIR fails at once with :class:`~privpipe.errors.OutputBusy` (exit 1),
+before it reads data or charges any budget, and never swaps folders under the first one.
 A run writes only under ``DIR/.privpipe-staging-<run id>/`` (mode 0700, holding a lock
 file for as long as the run lives). Releases are written to ``releases/<name>/`` there;
 :meth:`RunOutput.arrange` sorts them into ``public/`` and ``internal/candidates/``.
@@ -13,7 +17,11 @@ file for as long as the run lives). Releases are written to ``releases/<name>/``
 killed in the middle of those renames is finished by the next run (:func:`recover`):
 a ready staging folder of a dead run is rolled forward, an unready one deleted, and a
 leftover ``.privpipe-previous-*`` removed. A live run's folders are never touched (its
-lock is held). If the run fails, :meth:`abort` deletes the staging folder.
+lock is held). What recovery did is said in :attr:`RunOutput.notes` (the run prints it).
+If the run fails, :meth:`abort` deletes the staging folder.
+
+Tests kill a process at each step of the commit through :func:`_fault_point`, which reads
+the environment variable ``PRIVPIPE_TEST_KILL_AT`` (tests only; unset in production).
 
 Row-level scratch files (attack targets, DP aggregates, the profile) never go into DIR:
 they live in :attr:`RunOutput.work`, a private temporary folder (mode 0700, from
@@ -24,9 +32,13 @@ work folder.
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import fnmatch
+import glob
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterable
@@ -34,7 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from privpipe.errors import OutputError
+from privpipe.errors import ConfigError, OutputBusy, OutputError
 
 STAGING_PREFIX = ".privpipe-staging-"
 _OLD_PREFIX = ".privpipe-previous-"
@@ -71,6 +83,29 @@ def _unlock(handle: IO[str] | None) -> None:
         handle.close()  # closing releases the flock
 
 
+def _lock_dir(folder: Path) -> int | None:
+    """An exclusive ``flock`` on the folder itself (its fd; None: a live process holds it).
+    A file system without flock (some network mounts) gives an unlocked fd: the run goes
+    on as it did before the lock existed rather than failing."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            os.close(fd)
+            return None
+    return fd
+
+
+KILL_ENV = "PRIVPIPE_TEST_KILL_AT"
+
+
+def _fault_point(name: str) -> None:
+    """Tests only: kill -9 this process here when ``PRIVPIPE_TEST_KILL_AT`` names this point."""
+    if os.environ.get(KILL_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -96,16 +131,19 @@ def _swap_in(out_dir: Path, staging: Path, previous: Path) -> None:
             if (previous / name).exists():
                 shutil.rmtree(previous / name, ignore_errors=True)
             os.replace(target, previous / name)
+            _fault_point(f"commit:{name}-aside")
         os.replace(new, target)
+        _fault_point(f"commit:{name}-in")
     _fsync_dir(out_dir)
 
 
 def recover(out_dir: Path) -> list[str]:
-    """Finish or remove what dead runs left in ``out_dir``; returns the entries handled.
+    """Finish or remove what dead runs left in ``out_dir``; returns one sentence per entry.
 
     A staging folder whose lock is free belongs to a dead run: if it was marked ready
     (the commit had begun) its public/internal are swapped in (roll forward), else it
     is deleted. ``.privpipe-previous-*`` folders without a live staging folder go.
+    Called with DIR's lock held (:class:`RunOutput`), so no live run is in the middle.
     """
     handled: list[str] = []
     if not out_dir.is_dir():
@@ -120,8 +158,16 @@ def recover(out_dir: Path) -> list[str]:
             run_id = entry.name[len(STAGING_PREFIX) :]
             if (entry / _READY).exists():
                 _swap_in(out_dir, entry, out_dir / f"{_OLD_PREFIX}{run_id}")
+                handled.append(
+                    f"finished the publication of run {run_id}, which was killed during "
+                    "its commit (its public/ and internal/ are now in place)"
+                )
+            else:
+                handled.append(
+                    f"removed {entry.name}, left by run {run_id} which stopped before "
+                    "publishing (nothing of it was published)"
+                )
             shutil.rmtree(entry, ignore_errors=True)
-            handled.append(entry.name)
         finally:
             _unlock(handle)
     for entry in sorted(out_dir.iterdir()):
@@ -129,7 +175,9 @@ def recover(out_dir: Path) -> list[str]:
             run_id = entry.name[len(_OLD_PREFIX) :]
             if not (out_dir / f"{STAGING_PREFIX}{run_id}").exists():
                 shutil.rmtree(entry, ignore_errors=True)
-                handled.append(entry.name)
+                handled.append(
+                    f"removed {entry.name}, the replaced output a killed commit left behind"
+                )
     return handled
 
 
@@ -151,7 +199,7 @@ def recover_work(parent: Path) -> list[str]:
             continue
         try:
             shutil.rmtree(entry, ignore_errors=True)
-            handled.append(entry.name)
+            handled.append(f"removed the scratch folder {entry} of a run that was killed")
         finally:
             _unlock(handle)
     return handled
@@ -195,17 +243,39 @@ class RunOutput:
         self.out_dir = out_dir
         self.run_id = run_id
         self._lock: IO[str] | None = None
+        self._dir_lock: int | None = None
         self._work_lock: IO[str] | None = None
         self._work: Path | None = None
+        self._done = True  # nothing to abort until the staging folder exists
+        if out_dir.exists() and not out_dir.is_dir():
+            raise OutputError(
+                f"{out_dir}: is a file, not a folder; choose another folder with --output or "
+                f"{source}"
+            )
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            self.recovered = recover(out_dir)
+            self._dir_lock = _lock_dir(out_dir)
+        except OSError as e:
+            raise OutputError(
+                f"{out_dir}: output folder is not writable ({e.strerror}); choose another "
+                f"folder with --output or {source}, or fix its permissions"
+            ) from None
+        if self._dir_lock is None:
+            raise OutputBusy(
+                f"{out_dir}: another privpipe run is writing to this output folder; wait "
+                f"for it to finish or choose another folder with --output or {source} "
+                "(nothing was read, published or charged)"
+            )
+        try:
             self.staging = out_dir / f"{STAGING_PREFIX}{run_id}"
+            self.recovered = recover(out_dir)
             self.staging.mkdir(mode=0o700)
+            self._done = False
             self._lock = _lock(self.staging)
             (self.staging / "releases").mkdir()
             (self.staging / INTERNAL).mkdir()
         except OSError as e:
+            self.abort()
             raise OutputError(
                 f"{out_dir}: output folder is not writable ({e.strerror}); choose another "
                 f"folder with --output or {source}, or fix its permissions"
@@ -223,7 +293,11 @@ class RunOutput:
                 f"scratch folder ({e.strerror}); set output.work_dir to a writable folder "
                 "(one every Beam worker can see)"
             ) from None
-        self._done = False
+
+    @property
+    def notes(self) -> list[str]:
+        """What this run's start cleaned up after killed runs, one sentence each."""
+        return [f"privpipe: {self.out_dir}: {n}" for n in self.recovered]
 
     @property
     def work(self) -> Path:
@@ -266,6 +340,7 @@ class RunOutput:
 
     def commit(self) -> list[str]:
         """Swap the staged public/ and internal/ into the output folder."""
+        _fault_point("commit:start")
         if not self.public.exists():
             self.arrange(())
         self._drop_work()
@@ -276,18 +351,26 @@ class RunOutput:
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(self.staging)
+        _fault_point("commit:ready")
         previous = self.out_dir / f"{_OLD_PREFIX}{self.run_id}"
         try:
             _swap_in(self.out_dir, self.staging, previous)
         except OSError as e:
             self._roll_back(previous)
             raise OutputError(f"{self.out_dir}: could not publish the run: {e}") from None
+        _fault_point("commit:swapped")
         shutil.rmtree(previous, ignore_errors=True)
         shutil.rmtree(self.staging, ignore_errors=True)
         _unlock(self._lock)
         self._done = True
         drop_legacy(self.out_dir)
+        self._unlock_dir()
         return list(SWAPPED)
+
+    def _unlock_dir(self) -> None:
+        if self._dir_lock is not None:
+            os.close(self._dir_lock)  # closing releases the flock
+            self._dir_lock = None
 
     def _roll_back(self, previous: Path) -> None:
         """Undo a failed swap: new entries back to staging, old ones back in place."""
@@ -308,7 +391,67 @@ class RunOutput:
     def abort(self) -> None:
         """Forget everything this run wrote (scratch folder included)."""
         self._drop_work()
-        if not getattr(self, "_done", False):
+        if not self._done:
             shutil.rmtree(self.staging, ignore_errors=True)
             _unlock(self._lock)
             self._done = True
+        self._unlock_dir()
+
+
+# ------------------------------------------------------------- output apart from input
+
+
+def _parts(path: str | Path) -> tuple[str, ...]:
+    return Path(os.path.abspath(path)).parts
+
+
+def _reaches(pattern: str, folder: Path, exact: bool = False) -> bool:
+    """Whether the glob ``pattern`` can match ``folder`` (``exact``) or a path inside it
+    (``*``, ``?``, ``[...]`` match within one path segment, as :func:`glob.glob`)."""
+    p, d = _parts(pattern), _parts(folder)
+    if len(p) < len(d) or (exact and len(p) != len(d)):
+        return False
+    return all(fnmatch.fnmatchcase(d[i], p[i]) for i in range(len(d)))
+
+
+def check_output_apart(
+    out_dir: Path,
+    inputs: Iterable[str],
+    patterns: Iterable[str],
+    out_key: str = "output.dir",
+    in_key: str = "input.path",
+) -> None:
+    """ConfigError (exit 2), before anything is written, when a run could replace or read
+    its own output: DIR is an input file's folder (or an input), an input lies inside
+    DIR's public/ or internal/, or an input glob can match DIR itself or anything inside
+    its public/, internal/ or staging folders (the next run would read the last run's
+    output as input)."""
+    fix = f"; keep them apart: give {out_key} a folder of its own, outside {in_key}'s reach"
+    outs = dict.fromkeys([Path(os.path.abspath(out_dir)), Path(os.path.realpath(out_dir))])
+    for path in inputs:
+        if "://" in path:
+            continue
+        real = Path(os.path.realpath(path))
+        for out in outs:
+            if real == out or real.parent == out:
+                raise ConfigError(
+                    f"{out_key}: the output folder {out_dir} is the folder of the input file "
+                    f"{path} ({in_key}); a run writes public/, internal/ and a staging "
+                    f"folder there{fix}"
+                )
+            for name in (PUBLIC, INTERNAL):
+                if real.is_relative_to(out / name):
+                    raise ConfigError(
+                        f"{in_key}: the input file {path} lies inside the output folder's "
+                        f"{name}/ ({out_key}: {out_dir}), which every run replaces{fix}"
+                    )
+    for pattern in patterns:
+        if "://" in pattern or not glob.has_magic(pattern):
+            continue
+        for out in outs:
+            managed = [out / PUBLIC, out / INTERNAL, out / f"{STAGING_PREFIX}x"]
+            if _reaches(pattern, out, exact=True) or any(_reaches(pattern, m) for m in managed):
+                raise ConfigError(
+                    f"{in_key}: the pattern {pattern} reaches the output folder {out_dir} "
+                    f"({out_key}): a run would read its own output as input{fix}"
+                )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import glob
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from pipelines.config import (
     sweep_groups,
     validate_config,
 )
+from pipelines.output import check_output_apart
 from privpipe.errors import ConfigError, InputDataError
 from transforms.io import InputSpec
 
@@ -190,6 +192,72 @@ def select_releases(data: Any, only: Sequence[str], where: str) -> Any:
     return out
 
 
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check_regular_files(paths: list[str], key: str) -> None:
+    """InputDataError (exit 3) for a local input that is not a regular file: privpipe
+    reads an input by byte ranges and more than once, which a pipe or a folder cannot give
+    (a FIFO would look empty, a folder unreadable)."""
+    for path in paths:
+        if "://" in path:
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue  # a missing file is reported by the reader, with the same wording
+        for test, what in _NOT_REGULAR:
+            if test(mode):
+                hint = (
+                    "name the files inside it (e.g. a glob: folder/*.csv)"
+                    if what == "a directory"
+                    else "write the stream to a file first and give that file"
+                )
+                raise InputDataError(f"{path}: {key}: is {what}, not a regular file; {hint}")
+
+
+Stamp = tuple[str, int, int, int]  # path, size, mtime (ns), inode
+
+
+def input_stamps(paths: tuple[str, ...]) -> list[Stamp]:
+    """Size, modification time and inode of each local input, taken before reading."""
+    stamps = []
+    for path in paths:
+        if "://" in path:
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        stamps.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+    return stamps
+
+
+def check_unchanged(stamps: list[Stamp]) -> None:
+    """InputDataError (exit 3) when an input changed after :func:`input_stamps`: the
+    pipeline reads inputs more than once, and two reads of a changing file disagree
+    (as a hierarchy, count or suppression error that would not say why)."""
+    for path, size, mtime, ino in stamps:
+        try:
+            st = os.stat(path)
+            now: tuple[int, int, int] | None = (st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:
+            now = None
+        if now != (size, mtime, ino):
+            what = "was removed" if now is None else "changed (size, time or inode)"
+            raise InputDataError(
+                f"{path}: the input file {what} while this run was reading it; nothing was "
+                "published. Run again once the file is complete (write inputs to a temporary "
+                "name and rename them into place)"
+            )
+
+
 def load_plan(
     path: str | Path,
     output_dir: str | Path | None = None,
@@ -228,6 +296,7 @@ def load_plan(
         else:
             paths.append(str(ap))
     paths, duplicates = unique_files(paths)
+    check_regular_files(paths, "--input" if input_override is not None else "input.path")
     fmt: str | None = cfg.input.format
     if fmt is None:
         exts = {_EXTENSIONS.get(Path(q).suffix.lower()) for q in paths}
@@ -239,6 +308,11 @@ def load_plan(
         fmt = exts.pop()
     out = Path(output_dir) if output_dir else Path(os.path.expanduser(cfg.output.dir))
     out = out if out.is_absolute() else (Path.cwd() / out if output_dir else base / out)
+    check_output_apart(  # before anything is written (faults: the output never eats input)
+        out, paths, [str(base / os.path.expanduser(str(r))) for r in raw_paths],
+        "--output" if output_dir else "output.dir",
+        "--input" if input_override is not None else "input.path",
+    )  # fmt: skip
     groups = {k: tuple(v) for k, v in sweep_groups(data).items()}
     plan = Plan(
         config=cfg,

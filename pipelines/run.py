@@ -61,7 +61,7 @@ from pipelines.dp_release import DPJob, coarsen_for, open_ledger, publish
 from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
 from pipelines.local_release import LocalJob, charge_local, publish_local
 from pipelines.output import INTERNAL, RunOutput, new_run_id
-from pipelines.plan import Plan, dp_columns
+from pipelines.plan import Plan, check_unchanged, dp_columns, input_stamps
 from pipelines.preflight import run_jobs
 from pipelines.publication import (
     check_combination,
@@ -69,7 +69,8 @@ from pipelines.publication import (
     split_document,
     uncharged_ledger,
 )
-from pipelines.runner import runner_for
+from pipelines.rejections import NO_ROWS, all_rejected
+from pipelines.runner import check_runner, runner_for
 from privpipe import errors, timing
 from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from privpipe.timing import stage
@@ -120,6 +121,7 @@ def pipeline_options(beam_args: Sequence[str], runner: str | None) -> PipelineOp
     """Beam options from pass-through flags; DirectRunner unless told otherwise."""
     options = _Options(list(beam_args))
     std = options.view_as(StandardOptions)
+    check_runner(runner or std.runner, "--runner")  # exit 2 naming the runners (faults)
     if runner:
         std.runner = runner
     if not std.runner:
@@ -390,6 +392,7 @@ def _run(
     lcands: Sequence[LocalJob] = (),
 ) -> RunResult:
     clock = timing.current() or timing.StageClock()
+    stamps = input_stamps(plan.input_paths)  # a file changing between reads (faults)
     columns = inspect_input(spec)
     published = set(plan.config.published())
     lpub = list(ljobs)  # charged to the dataset's ledger; candidates to the audit one
@@ -398,6 +401,8 @@ def _run(
     runner_name = str(options.view_as(StandardOptions).runner)
     work_dir = plan.config.output.work_dir
     out = RunOutput(plan.output_dir, run_id, work_dir=plan.resolve(work_dir) if work_dir else None)
+    for note in out.notes:  # what recovery after a killed run did (faults)
+        log(note)
     try:
         holdout_key = None
         if holdout_share(plan) is not None:  # fresh per run, never a seed; 0600 in internal/
@@ -564,9 +569,14 @@ def _run(
         manifest["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         manifest["seconds"] = round(time.perf_counter() - t0, 3)
         write_json(str(out.internal / "manifest.json"), manifest)
+        check_unchanged(stamps)  # what is published was read from one version of the input
         out.commit()
-    except BaseException:
+    except BaseException as exc:
         out.abort()
+        if isinstance(exc, Exception):  # the real cause when an input changed mid-run
+            check_unchanged(stamps)
+        if isinstance(exc, InputDataError) and NO_ROWS in str(exc):  # count, first reasons
+            raise all_rejected(spec, not (jobs or sweep_jobs or ljobs or cjobs)) from None
         raise
     finally:  # the audit's frequency tables hold the run's tables: not past the run
         forget_summaries()

@@ -25,3 +25,34 @@ def runner_for(options: PipelineOptions) -> Any:
 
         return FnApiRunner()
     return None
+
+
+def check_runner(name: str | None, flag: str = "--runner") -> None:
+    """ConfigError (exit 2) naming the known runners when ``name`` is none of them (nor
+    the dotted path of a runner class): before any ledger is touched or data read."""
+    import difflib
+    import importlib
+
+    from apache_beam.runners.runner import _RUNNER_MAP
+
+    from privpipe.errors import ConfigError
+
+    if not name:
+        return
+    low = name.lower()
+    if low in _RUNNER_MAP or low + "runner" in _RUNNER_MAP:
+        return
+    if "." in name:
+        module, cls = name.rsplit(".", 1)
+        try:
+            if hasattr(importlib.import_module(module), cls):
+                return
+        except ImportError:
+            pass
+    known = list(StandardOptions.KNOWN_RUNNER_NAMES)
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    hint = f"did you mean {near[0]}? " if near else ""
+    raise ConfigError(
+        f"{flag} {name}: no such Beam runner; {hint}known runners: {', '.join(known)} "
+        "(or the dotted path of a PipelineRunner class)"
+    )

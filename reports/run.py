@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from dp.noise import planned_guarantee
+from privpipe.formulas import unescape, unescape_column
 
 __all__ = [
     "Release",
@@ -75,8 +76,12 @@ def _read_table(folder: Path) -> pd.DataFrame:
     for name in ("data.csv", "data.parquet"):
         path = folder / name
         if path.exists():
-            if name.endswith(".csv"):
-                return pd.read_csv(path, dtype=str, keep_default_na=False)
+            if name.endswith(".csv"):  # the values computed: formula escapes undone
+                frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+                frame.columns = [unescape(c) for c in frame.columns]
+                for col in frame.columns:
+                    frame[col] = unescape_column(frame[col])
+                return frame
             return pd.read_parquet(path).astype(str)
     raise FileNotFoundError(f"{folder}: no data.csv or data.parquet")
 

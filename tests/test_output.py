@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.output import STAGING_PREFIX, WORK_PREFIX, RunOutput, recover
-from privpipe.errors import OutputError
+from privpipe.errors import OutputBusy, OutputError
 
 
 def _stage(out: RunOutput, manifest: str, releases: tuple[str, ...]) -> None:
@@ -68,19 +68,22 @@ def test_abort_leaves_earlier_output_untouched(tmp_path: Path) -> None:
     assert (tmp_path / "internal" / "manifest.json").read_text() == "old"
 
 
-def test_dead_runs_are_cleaned_and_a_live_one_is_not(tmp_path: Path) -> None:
-    """A killed run's staging (row-level files included) goes; a live run's stays."""
+def test_dead_runs_are_cleaned_and_a_live_one_holds_the_folder(tmp_path: Path) -> None:
+    """A killed run's staging (row-level files included) goes; while a run lives, a second
+    run into the same folder is refused (OutputBusy) and touches nothing."""
     dead = tmp_path / f"{STAGING_PREFIX}dead"
     (dead / "internal").mkdir(parents=True)
     (dead / "internal" / "rejected.csv").write_text("raw row")
     (tmp_path / ".privpipe-previous-gone").mkdir()
     live = RunOutput(tmp_path, "live")
-    other = RunOutput(tmp_path, "other")  # recovers on creation, with `live` running
     names = os.listdir(tmp_path)
     assert f"{STAGING_PREFIX}dead" not in names and ".privpipe-previous-gone" not in names
-    assert live.staging.is_dir()
+    assert any("stopped before publishing" in n for n in live.notes)
+    with pytest.raises(OutputBusy, match="another privpipe run is writing"):
+        RunOutput(tmp_path, "other")
+    assert live.staging.is_dir() and not (tmp_path / f"{STAGING_PREFIX}other").exists()
     live.abort()
-    other.abort()
+    RunOutput(tmp_path, "other").abort()  # the lock went with the live run
 
 
 def test_commit_killed_between_renames_is_rolled_forward(tmp_path: Path) -> None:
