@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv
+from dp.spec import BOUNDED_KINDS
 from pipelines.config import (
     ColumnType,
     HierarchyConfig,
@@ -114,7 +115,7 @@ class Plan:
             if h.intervals is not None and col not in types:
                 types[col] = "float"
         for r in self.config.releases:
-            if r.kind in ("dp_sum", "dp_mean") and r.value not in types:  # type: ignore[union-attr]
+            if r.kind in BOUNDED_KINDS and r.value not in types:  # type: ignore[union-attr]
                 types[r.value] = "float"  # type: ignore[union-attr]
         return types
 
