@@ -385,6 +385,34 @@ def moment_interval(
     return np.clip(low, 0.0, top), np.clip(high, 0.0, top)
 
 
+def moment_estimate(
+    spec: DPReleaseSpec,
+    plan: QueryPlan,
+    count: np.ndarray,
+    total: np.ndarray,
+    squares: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Post-processing of the noisy N, S, Q (fixed-point units, floats): the variance
+    (Q/N − (S/N)²)·resolution², N ≥ 1, clipped to [0, m²·resolution²] (m²: the largest
+    squared centred value, the largest variance possible), and its interval; for
+    ``dp_stddev`` the square roots of the three."""
+    assert plan.count_noise and plan.sum_noise and plan.sumsq_noise
+    n = np.maximum(count, 1.0)
+    top = float(plan.sumsq_bound)
+    unit2 = float(spec.resolution) ** 2
+    var = np.clip(squares / n - (total / n) ** 2, 0.0, top) * unit2
+    halfwidths = (
+        plan.count_noise.halfwidth,
+        plan.sum_noise.halfwidth,
+        plan.sumsq_noise.halfwidth,
+    )
+    low, high = moment_interval(count, total, squares, halfwidths, top)
+    low, high = low * unit2, high * unit2
+    if spec.kind == "dp_stddev":
+        return np.sqrt(var), np.sqrt(low), np.sqrt(high)
+    return var, low, high
+
+
 def _release_moments(
     cells: pd.DataFrame,
     out: pd.DataFrame,
@@ -406,19 +434,7 @@ def _release_moments(
         noisy = noise.add_noise(values.to_numpy(), sampler)
         parts.append(exact.to_float(noisy))
     count, total, squares = parts
-    n = np.maximum(count, 1.0)
-    m = float(plan.sumsq_bound)  # (max |centred value|)² in units: the largest variance
-    unit2 = float(spec.resolution) ** 2
-    var = np.clip(squares / n - (total / n) ** 2, 0.0, m) * unit2
-    halfwidths = (
-        plan.count_noise.halfwidth,
-        plan.sum_noise.halfwidth,
-        plan.sumsq_noise.halfwidth,
-    )
-    low, high = moment_interval(count, total, squares, halfwidths, m)
-    low, high = low * unit2, high * unit2
-    if spec.kind == "dp_stddev":
-        var, low, high = np.sqrt(var), np.sqrt(low), np.sqrt(high)
+    var, low, high = moment_estimate(spec, plan, count, total, squares)
     stat = "variance" if spec.kind == "dp_variance" else "stddev"
     out[stat] = var
     out["ci_low"], out["ci_high"] = low, high
