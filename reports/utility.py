@@ -718,14 +718,17 @@ def _at_level(values: Any, hierarchy: Hierarchy | None, level: int) -> ObjArray:
     return out
 
 
-def _relative(true: FloatArray, estimate: FloatArray, within: float) -> dict[str, Any]:
-    """Error metrics of estimated against true means/sums: relative to |true|."""
+def _relative(
+    true: FloatArray, estimate: FloatArray, within: float, width: float | None = None
+) -> dict[str, Any]:
+    """Error metrics of estimated against true means/sums: relative to |true|, or to
+    ``width`` (quantiles: the bounds' width, as a quantile of 0 is common)."""
     keep = ~np.isnan(true) & ~np.isnan(estimate)
     t, e = true[keep], estimate[keep]
     if not t.size:
         return score([], [], 1.0)
     err = np.abs(e - t)
-    rel = err / np.maximum(np.abs(t), 1e-12)
+    rel = err / (np.maximum(np.abs(t), 1e-12) if width is None else max(width, 1e-12))
     return {
         "queries": int(t.size),
         "mean_absolute_error": float(err.mean()),
@@ -755,6 +758,9 @@ def own_utility(
     counts = column == "count"
     distinct = release.kind == "dp_count_distinct"
     unit = release.parameters.get("privacy_unit")
+    bounds = release.parameters.get("bounds") or [0.0, 0.0]
+    quantiles = release.kind in ("dp_quantile", "dp_median")
+    width = float(bounds[1]) - float(bounds[0]) if quantiles else None
     has_raw = (counts and (not distinct or not unit or str(unit) in raw.columns)) or (
         value is not None and str(value) in raw.columns
     )
@@ -818,11 +824,13 @@ def own_utility(
     def scored(true: FloatArray, estimate: FloatArray) -> dict[str, Any]:
         if counts:
             return score(true, estimate, floor, o.within, o.min_queries)
-        return _relative(true, estimate, o.within)
+        return _relative(true, estimate, o.within, width)
 
     what = {"count": "counts", "mean": "means", "sum": "sums"}.get(column, "statistics")
     if distinct:
         what = "distinct persons"
+    if quantiles:
+        what = "quantiles (error relative to the bounds' width)"
     truth_name = "raw" if has_raw else "bounded (the raw values are not in the audit's rows)"
     if not has_raw and bnd is None:
         own: dict[str, Any] = {"estimand": f"its published {what}", "truth": None,
