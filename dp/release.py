@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -307,22 +307,39 @@ def quantile_sensitivity(spec: DPReleaseSpec, quantile: Fraction) -> int:
     return spec.linf * max(a, d - a)
 
 
+HISTOGRAM_CHUNK = 1 << 24  # cells × candidates held at once while scoring quantiles
+
+
+def histogram_chunks(
+    partial: CellPartial, cells: pd.Series, size: int
+) -> Iterator[tuple[int, np.ndarray]]:
+    """The grid histograms of ``cells`` (in order; zeros where unseen), as (first row,
+    dense block) with at most :data:`HISTOGRAM_CHUNK` entries per block."""
+    step = max(1, HISTOGRAM_CHUNK // max(size, 1))
+    rows = np.zeros(0, dtype=np.int64)
+    bins = counts = rows
+    if partial.bins is not None and len(partial.bins) and len(cells):
+        row_of = pd.Series(np.arange(len(cells)), index=cells.to_numpy(dtype=np.uint64))
+        frame = partial.bins.rename("n").reset_index()
+        frame.columns = ["cell", "bin", "n"]
+        found = row_of.reindex(frame["cell"].to_numpy(dtype=np.uint64)).to_numpy()
+        hit = ~np.isnan(found)
+        order = np.argsort(found[hit], kind="stable")
+        rows = found[hit].astype(np.int64)[order]
+        bins = frame["bin"].to_numpy(dtype=np.int64)[hit][order]
+        counts = frame["n"].to_numpy(dtype=np.int64)[hit][order]
+    for start in range(0, len(cells), step):
+        stop = min(start + step, len(cells))
+        a, b = np.searchsorted(rows, [start, stop])
+        block = np.zeros((stop - start, size), dtype=np.int64)
+        np.add.at(block, (rows[a:b] - start, bins[a:b]), counts[a:b])
+        yield start, block
+
+
 def cell_histograms(partial: CellPartial, cells: pd.Series, size: int) -> np.ndarray:
     """The grid histogram of each of ``cells`` (rows: cells in order; zeros if unseen)."""
-    out = np.zeros((len(cells), size), dtype=np.int64)
-    if partial.bins is None or not len(partial.bins) or not len(cells):
-        return out
-    row_of = pd.Series(np.arange(len(cells)), index=cells.to_numpy(dtype=np.uint64))
-    frame = partial.bins.rename("n").reset_index()
-    frame.columns = ["cell", "bin", "n"]
-    rows = row_of.reindex(frame["cell"].to_numpy(dtype=np.uint64)).to_numpy()
-    hit = ~np.isnan(rows)
-    np.add.at(
-        out,
-        (rows[hit].astype(np.int64), frame["bin"].to_numpy(dtype=np.int64)[hit]),
-        frame["n"].to_numpy(dtype=np.int64)[hit],
-    )
-    return out
+    blocks = [b for _, b in histogram_chunks(partial, cells, size)]
+    return np.concatenate(blocks) if blocks else np.zeros((0, size), dtype=np.int64)
 
 
 def _release_quantiles(
@@ -338,15 +355,15 @@ def _release_quantiles(
     quantiles are monotone in the quantile (post-processing)."""
     assert spec.bounds is not None and plan.quantile_epsilon is not None
     lo = float(spec.bounds[0])
-    hists = cell_histograms(partial, cells["_cell"], plan.grid)
     order = sorted(range(len(spec.quantiles)), key=lambda i: spec.quantiles[i])
     picks = np.zeros((len(cells), len(spec.quantiles)), dtype=np.int64)
     eps = float(plan.quantile_epsilon)
-    for row in range(len(cells)):
-        for i, q in enumerate(spec.quantiles):
-            u = quantile_utilities(hists[row], q)
-            sens = float(quantile_sensitivity(spec, q))
-            picks[row, i] = exponential_mechanism(u, eps, sens, sampler)
+    for start, block in histogram_chunks(partial, cells["_cell"], plan.grid):
+        for offset, hist in enumerate(block):
+            for i, q in enumerate(spec.quantiles):
+                u = quantile_utilities(hist, q)
+                sens = float(quantile_sensitivity(spec, q))
+                picks[start + offset, i] = exponential_mechanism(u, eps, sens, sampler)
     values = np.sort(picks, axis=1)  # monotone: the i-th smallest pick to the i-th quantile
     names = quantile_columns(spec)
     for rank, i in enumerate(order):
