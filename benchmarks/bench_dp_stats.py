@@ -62,7 +62,7 @@ def config(tmp: Path, rows: int, stat: str) -> Path:
             "privacy_unit": "person_id",
             "max_units": 10_000_000,
             "types": {"value": "float"},
-        },  # fmt: skip
+        },
         "releases": [release(stat)],
         "budget": budget,
         "output": {"dir": str(tmp / f"out-{name}")},
@@ -144,8 +144,8 @@ def main() -> None:
                     default=["quantile", "variance"])  # fmt: skip
     ap.add_argument("--pipeline-dp", help="python of a venv with pipeline-dp installed")
     args, _ = ap.parse_known_args()
-    print(json.dumps({"benchmark": "dp_stats", "machine": machine(),
-                      "date": datetime.now(UTC).isoformat(timespec="seconds")}), flush=True)  # fmt: skip
+    date = datetime.now(UTC).isoformat(timespec="seconds")
+    print(json.dumps({"benchmark": "dp_stats", "machine": machine(), "date": date}), flush=True)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         for rows in args.rows:
