@@ -391,7 +391,7 @@ def moment_interval(
     s2_min = np.where((s_lo <= 0) & (s_hi >= 0), 0.0, np.minimum(s_lo**2, s_hi**2))
 
     def f(q: np.ndarray, s2: np.ndarray, n: np.ndarray) -> np.ndarray:
-        return q / n - s2 / (n * n)
+        return np.asarray(q / n - s2 / (n * n), dtype=np.float64)
 
     # f(N) = Q/N − S²/N² has one interior maximum, at N* = 2S²/Q: the minimum over an
     # interval of N is at an end, the maximum at an end or at N* when it lies inside
