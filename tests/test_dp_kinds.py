@@ -432,3 +432,35 @@ def test_new_kinds_run_from_yaml_match_the_pure_api_and_are_audited(
         assert own["queries"] == cells and noise["queries"] == cells, (name, own)
         if name != "persons":  # (a count's metrics over 8 cells are withheld)
             assert 0 <= noise["mean_relative_error"] < 2.0, (name, noise)
+
+
+def test_yaml_keys_of_the_new_kinds_are_checked() -> None:
+    from pipelines.config import validate_config
+    from tests.test_config import base, error_of
+
+    def with_release(**release: Any) -> dict[str, Any]:
+        data = base()
+        data["releases"] = [{"name": "r", "epsilon": 1.0, "domain": {"sex": ["F", "M"]},
+                             "group_by": ["sex"], **release}]  # fmt: skip
+        data["budget"] = {"ledger": "l.sqlite"}
+        return data
+
+    value = {"value": "age", "bounds": [0, 100]}
+    ok = validate_config(with_release(kind="dp_median", **value), "x.yaml")
+    assert ok.releases[0].quantile_list() == [0.5]  # type: ignore[union-attr]
+    ok = validate_config(with_release(kind="dp_quantile", quantiles=[0.9, 0.1], **value), "x")
+    assert ok.releases[0].quantile_list() == [0.1, 0.9]  # type: ignore[union-attr]
+    assert "use kind dp_quantile" in error_of(
+        with_release(kind="dp_median", quantiles=[0.9], **value)
+    )
+    assert "needs quantiles" in error_of(with_release(kind="dp_quantile", **value))
+    assert "listed twice" in error_of(
+        with_release(kind="dp_quantile", quantiles=[0.5, 0.5], **value)
+    )
+    assert "quantiles" in error_of(with_release(kind="dp_quantile", quantiles=[1.5], **value))
+    assert "bounds" in error_of(with_release(kind="dp_variance", value="age"))
+    assert "value" in error_of(with_release(kind="dp_stddev", bounds=[0, 1]))
+    validate_config(with_release(kind="dp_count_distinct"), "x.yaml")
+    assert "Extra inputs" in error_of(with_release(kind="dp_count_distinct", **value)) or (
+        "value" in error_of(with_release(kind="dp_count_distinct", **value))
+    )
