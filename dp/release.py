@@ -592,6 +592,34 @@ def _recorded_steps(
     return steps, problems
 
 
+def _statistic_problems(spec: DPReleaseSpec, r: QueryRelease) -> list[str]:
+    """Published quantiles on the public grid, within the bounds and monotone; a variance
+    or standard deviation within [0, its largest value] and inside its interval."""
+    assert spec.bounds is not None
+    lo, hi = (float(b) for b in spec.bounds)
+    out: list[str] = []
+    if spec.kind in QUANTILE_KINDS:
+        cols = [c for _, c in sorted(zip(spec.quantiles, quantile_columns(spec), strict=True))]
+        values = r.table[cols].to_numpy(dtype=np.float64)
+        steps = (values - lo) / spec.resolution
+        on_grid = np.allclose(steps, np.rint(steps), atol=1e-6) or spec.decimals is not None
+        if not on_grid or (values < lo - 1e-9).any() or (values > hi + 1e-9).any():
+            out.append(f"{r.name}: a quantile is not a point of the public grid")
+        if (np.diff(values, axis=1) < 0).any():
+            out.append(f"{r.name}: quantiles are not monotone")
+        return out
+    col = "variance" if spec.kind == "dp_variance" else "stddev"
+    stat, low, high = (r.table[c].to_numpy(dtype=np.float64) for c in (col, "ci_low", "ci_high"))
+    half = (hi - lo) / 2
+    top = half * half if col == "variance" else half
+    slack = 1e-9 * max(top, 1.0) + (10.0**-spec.decimals if spec.decimals is not None else 0)
+    if (stat < -slack).any() or (stat > top + slack).any():
+        out.append(f"{r.name}: a {col} outside [0, {top:g}]")
+    if (low > stat + slack).any() or (stat > high + slack).any():
+        out.append(f"{r.name}: a {col} outside its interval")
+    return out
+
+
 def verify_release(
     spec: DPReleaseSpec,
     plans: Sequence[QueryPlan],
@@ -666,6 +694,7 @@ def verify_release(
         noise = p.count_noise if spec.kind in COUNT_KINDS + DISTINCT_KINDS else p.sum_noise
         if spec.kind in MOMENT_KINDS + QUANTILE_KINDS:
             noise = None  # intervals of variances are not a fixed width; quantiles have none
+            problems += _statistic_problems(spec, r)
         if r.consistent_with is not None:  # adjusted cells: the intervals were dropped
             if r.table["count"].isna().any() or "ci_low" in r.table:
                 problems.append(f"{r.name}: adjusted cells must be counts without intervals")

@@ -119,6 +119,10 @@ class DPReleaseSpec:
             raise ConfigError(f"{self.name}: a DP release needs at least one query")
         if self.kind in BOUNDED_KINDS + TOP_KINDS and not self.value:
             raise ConfigError(f"{self.name}: {self.kind} needs a value column")
+        if self.kind == "dp_median" and not self.quantiles:
+            object.__setattr__(self, "quantiles", (Fraction(1, 2),))
+        if self.kind == "dp_median" and self.quantiles != (Fraction(1, 2),):
+            raise ConfigError(f"{self.name}.quantiles: dp_median is the quantile 0.5")
         if self.kind in QUANTILE_KINDS:
             if not self.quantiles:
                 raise ConfigError(f"{self.name}.quantiles: give at least one, e.g. [0.5]")

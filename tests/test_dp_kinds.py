@@ -335,6 +335,9 @@ def test_bad_quantile_and_moment_configs_are_config_errors() -> None:
         spec_of("dp_quantile", value="v", bounds=(0.0, 1.0), quantiles=(Fraction(3, 2),))
     with pytest.raises(ConfigError, match="quantiles"):
         spec_of("dp_quantile", value="v", bounds=(0.0, 1.0))
+    with pytest.raises(ConfigError, match="quantiles"):
+        spec_of("dp_median", value="v", bounds=(0.0, 1.0), quantiles=(Fraction(9, 10),))
+    assert spec_of("dp_median", value="v", bounds=(0.0, 1.0)).quantiles == (HALF,)
     with pytest.raises(ConfigError, match="candidates"):
         plan_queries(spec_of("dp_median", value="v", bounds=(0.0, 1e9), quantiles=(HALF,)))
     with pytest.raises(ConfigError, match="squared"):
@@ -464,3 +467,22 @@ def test_yaml_keys_of_the_new_kinds_are_checked() -> None:
     assert "Extra inputs" in error_of(with_release(kind="dp_count_distinct", **value)) or (
         "value" in error_of(with_release(kind="dp_count_distinct", **value))
     )
+
+
+def test_verifier_refuses_quantiles_off_the_grid_and_variances_outside_their_interval() -> None:
+    df = pd.DataFrame({"v": np.arange(50, dtype=float)})
+    for kind, extra, column, bad in (
+        ("dp_quantile", {"quantiles": (Fraction(1, 4), HALF)}, "q0.5", 0.5),  # off the grid
+        ("dp_quantile", {"quantiles": (Fraction(1, 4), HALF)}, "q0.5", -1.0),  # not monotone
+        ("dp_stddev", {}, "stddev", 1e6),
+    ):
+        spec = spec_of(kind, value="v", bounds=(0.0, 49.0), **extra)
+        plan = plan_queries(spec)[0]
+        rel = release_query(partial_of(df, spec), pd.DataFrame(), spec, plan, SeededTestSampler(0))
+        verify_release(spec, [plan], [rel], len(df))  # as released: fine
+        if column == "q0.5" and bad < 0:
+            rel.table["q0.5"] = rel.table["q0.25"] - 1.0
+        else:
+            rel.table[column] = bad
+        with pytest.raises(PrivacyRefusal, match=r"grid|monotone|outside"):
+            verify_release(spec, [plan], [rel], len(df))
