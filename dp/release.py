@@ -519,28 +519,45 @@ def check_delta(spec: DPReleaseSpec, rows: int, units: int | None = None) -> Non
         )
 
 
-def _row_bound(spec: DPReleaseSpec) -> Fraction:
+def _row_bound(spec: DPReleaseSpec, centre: Fraction | None = None) -> Fraction:
     """One row's largest |fixed-point value| from the config alone (exact Fractions): the
-    clamp bounds, centred for means, in resolution steps, rounded inward."""
+    clamp bounds, centred for means (variances: on ``centre``, the grid point the plan
+    used), in resolution steps, rounded inward."""
     assert spec.bounds is not None
     lo, hi = (Fraction(repr(float(b))) for b in spec.bounds)
-    centre = (lo + hi) / 2 if spec.kind in CENTRED_KINDS else Fraction(0)
+    if centre is None:
+        centre = (lo + hi) / 2 if spec.kind in CENTRED_KINDS else Fraction(0)
     steps = max(abs(lo - centre), abs(hi - centre)) / Fraction(repr(float(spec.resolution)))
     return Fraction(math.floor(steps + Fraction(1, 10**9)))
 
 
 def independent_sensitivity(
-    spec: DPReleaseSpec, mechanism: str, value: bool, power: int = 1
+    spec: DPReleaseSpec,
+    mechanism: str,
+    value: bool,
+    power: int = 1,
+    centre: Fraction | None = None,
 ) -> float:
     """The verifier's own sensitivity (not the planner's function): a person changes at most
     L0 cells by at most Linf rows each (one person once for distinct counts), and each row
     moves a count by 1, a sum by the row bound m, a sum of squares (``power`` 2) by m²;
     L1 = L0·Linf·m, L2 = √L0·Linf·m."""
-    m = _row_bound(spec) ** power if value else Fraction(1)
+    m = _row_bound(spec, centre) ** power if value else Fraction(1)
     per_cell = (1 if spec.kind in DISTINCT_KINDS else spec.linf) * m
     if mechanism == "discrete_laplace":
         return float(spec.l0 * per_cell)
     return math.sqrt(spec.l0) * float(per_cell)
+
+
+def _moment_centre(spec: DPReleaseSpec, plan: QueryPlan, problems: list[str]) -> Fraction:
+    """The centre a variance's plan used: a multiple of the resolution within the bounds."""
+    assert spec.bounds is not None
+    lo, hi = (Fraction(repr(float(b))) for b in spec.bounds)
+    centre = Fraction(repr(float(plan.centre)))
+    steps = centre / Fraction(repr(float(spec.resolution)))
+    if not lo <= centre <= hi or abs(steps - round(steps)) > Fraction(1, 10**6):
+        problems.append(f"{plan.query.name}: values centred on {float(centre)}, off the grid")
+    return centre
 
 
 def _recorded_steps(
@@ -555,12 +572,20 @@ def _recorded_steps(
         if p.selection_epsilon is not None:
             mine.append(ApproxDP.of(p.selection_epsilon, p.selection_delta or 0))
         dims = 1 if not spec.key_columns(p.query) else None
-        if p.sum_units is not None and max(abs(u) for u in p.sum_units) > _row_bound(spec):
+        centre = _moment_centre(spec, p, problems) if spec.kind in MOMENT_KINDS else None
+        bound = _row_bound(spec, centre) if spec.bounds is not None else Fraction(0)
+        if spec.kind in QUANTILE_KINDS:  # grid indices 0 .. (upper − lower)/resolution
+            assert spec.bounds is not None
+            lo, hi = (Fraction(repr(float(b))) for b in spec.bounds)
+            width = (hi - lo) / Fraction(repr(float(spec.resolution)))
+            if p.sum_units != (0, math.floor(width + Fraction(1, 10**9))):
+                problems.append(f"{p.query.name}: the grid is not the bounds' at resolution")
+        elif p.sum_units is not None and max(abs(u) for u in p.sum_units) > bound:
             problems.append(
                 f"{p.query.name}: rows are clamped to {list(p.sum_units)} steps, beyond the "
-                f"bounds' {_row_bound(spec)}"
+                f"bounds' {bound}"
             )
-        if p.sumsq_noise is not None and p.sumsq_bound > _row_bound(spec) ** 2:
+        if p.sumsq_noise is not None and p.sumsq_bound > bound**2:
             problems.append(f"{p.query.name}: squares bounded by {p.sumsq_bound} steps")
         for noise, value, power in (
             (p.count_noise, False, 1),
@@ -569,7 +594,7 @@ def _recorded_steps(
         ):
             if noise is None:
                 continue
-            sens = independent_sensitivity(spec, noise.mechanism, value, power)
+            sens = independent_sensitivity(spec, noise.mechanism, value, power, centre)
             if not math.isclose(sens, noise.sensitivity, rel_tol=1e-12):
                 problems.append(
                     f"{p.query.name}: noise calibrated to sensitivity {noise.sensitivity}, "

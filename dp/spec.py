@@ -419,11 +419,16 @@ def _moments(
     spec: DPReleaseSpec, eps: Fraction, gauss_delta: float | None
 ) -> tuple[NoiseSpec, NoiseSpec, NoiseSpec, tuple[int, int], int, float]:
     """The three noises of a variance (count, sum, sum of squares, ε/3 each) on values
-    centred on the middle of the bounds, in fixed point: one row moves the sum by at most
-    m = max |centred value| and the sum of squares by at most m² (both per row; × L0·Linf)."""
+    centred on the grid point nearest the middle of the bounds, in fixed point: one row
+    moves the sum by at most m = max |centred value| and the sum of squares by at most m²
+    (both per row; × L0·Linf)."""
     assert spec.bounds is not None
     lo, hi = spec.bounds
-    centre = (lo + hi) / 2.0
+    # the middle snapped to the grid, so values on the grid stay on it once centred (a
+    # centre half a step off would round every value by half a step, biasing the variance)
+    centre = round((lo + hi) / 2.0 / spec.resolution) * spec.resolution
+    if not lo <= centre <= hi:
+        centre = lo
     units = _fixed_point(lo - centre, hi - centre, spec.resolution)
     m = max(abs(units[0]), abs(units[1]))
     if m == 0:

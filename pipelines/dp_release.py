@@ -14,6 +14,7 @@ Order of a run with DP releases (DESIGN.md "Fail closed", issue: ledger contract
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -327,7 +328,7 @@ def _bounded_quantiles(
     lo = float((params.get("bounds") or [0.0])[0])
     step = float(params.get("resolution") or 1.0)
     quantiles = [float(q) for q in params.get("quantiles") or [0.5]]
-    size = round((float(params["bounds"][1]) - lo) / step + 1e-9) + 1
+    size = math.floor((float(params["bounds"][1]) - lo) / step + 1e-9) + 1  # dp.spec._grid_size
     hists = cell_histograms(partial, frame["_cell"], size)
     cum = np.cumsum(hists, axis=1)
     n = cum[:, -1] if size else np.zeros(len(frame))

@@ -486,3 +486,37 @@ def test_verifier_refuses_quantiles_off_the_grid_and_variances_outside_their_int
             rel.table[column] = bad
         with pytest.raises(PrivacyRefusal, match=r"grid|monotone|outside"):
             verify_release(spec, [plan], [rel], len(df))
+
+
+def test_bounded_truth_of_the_audit_is_the_statistic_of_the_kept_rows(tmp_path: Path) -> None:
+    from pipelines.dp_release import bounded_truth
+    from transforms.dp_aggregate import write_pickle
+
+    rng = np.random.default_rng(9)
+    df = pd.DataFrame(
+        {"pid": np.repeat(np.arange(60), 2).astype(str), "g": np.tile(["x", "y"], 60),
+         "v": rng.integers(0, 50, 120).astype(float)}
+    )  # fmt: skip
+    common: dict[str, Any] = dict(
+        unit="pid", queries=[Query("r", ("g",))], domains={("g", 0): ["x", "y"]},
+        max_partitions=2, value="v", bounds=(0.0, 49.0),
+    )  # fmt: skip
+    by = df.groupby("g")["v"]
+    for kind, column, expected in (
+        ("dp_median", "median", by.quantile(0.5, interpolation="lower")),
+        ("dp_variance", "variance", by.var(ddof=0)),
+        ("dp_stddev", "stddev", by.std(ddof=0)),
+        ("dp_count_distinct", "count", df.groupby("g")["pid"].nunique().astype(float)),
+    ):
+        extra = {} if kind != "dp_count_distinct" else {"value": None, "bounds": None}
+        spec = spec_of(kind, **{**common, **extra})
+        plans = plan_queries(spec)
+        c = contributions(df, spec, plans)[0]
+        cells = {"partials": [bound_and_aggregate(concat([c]), spec, 0)],
+                 "dictionaries": [c.dictionary]}  # fmt: skip
+        write_pickle(str(tmp_path / f"dp-{kind}.pickle"), cells)
+        _, doc = dp_release(df, spec, SeededTestSampler(0), rng=0)
+        truth = bounded_truth(tmp_path, kind, doc)["r"].set_index("g")[column]
+        pd.testing.assert_series_equal(
+            truth.sort_index(), expected.sort_index(), check_names=False, rtol=1e-9
+        )
