@@ -26,7 +26,7 @@ import pandas as pd
 from anonymity.hierarchy import canonical_column, canonical_factorize
 from dp import exact
 from dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
-from dp.spec import DPReleaseSpec, Query, QueryPlan
+from dp.spec import MOMENT_KINDS, QUANTILE_KINDS, DPReleaseSpec, Query, QueryPlan
 from privpipe.errors import InputDataError
 
 U64 = npt.NDArray[np.uint64]
@@ -108,7 +108,8 @@ def key_frame(
 
 
 def fixed_point_values(batch: pd.DataFrame, spec: DPReleaseSpec, plan: QueryPlan) -> I64:
-    """Each row's value clamped and rounded to integer ``resolution`` steps (centred for means)."""
+    """Each row's value clamped and rounded to integer ``resolution`` steps (centred for
+    means and variances; for quantiles the index of the nearest grid point from ``lower``)."""
     assert spec.value is not None and plan.sum_units is not None
     raw = pd.to_numeric(batch[spec.value], errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(raw)
@@ -187,7 +188,8 @@ class CellPartial:
     """Bounded per-cell aggregates of some persons; partials of disjoint persons add up."""
 
     query: int
-    # index: cell hash (uint64); count, units (int64); sum_units exact (int64 or Python ints)
+    # index: cell hash (uint64); count, units (int64); sum_units exact (int64 or Python ints);
+    # sumsq_units (variances: Σ squared fixed-point values, exact) only when moments are kept
     cells: pd.DataFrame
     rows_in: int = 0
     rows_kept: int = 0
@@ -195,10 +197,27 @@ class CellPartial:
     max_cells_per_unit: int = 0  # observed after bounding: ≤ L0
     max_groups_per_unit: int = 0  # observed after bounding: ≤ 1 with partition_by
     persons_in_several_groups: int = 0  # before bounding
+    # quantiles: bounded rows per (cell hash, grid index), the cell's histogram on the grid
+    bins: pd.Series | None = None
 
 
-def _aggregate(c: Contributions) -> pd.DataFrame:
-    """count, distinct units and value sum per cell of (already bounded) contributions."""
+def _histogram(c: Contributions) -> pd.Series:
+    """Rows per (cell, grid index) of bounded contributions (int64, MultiIndex)."""
+    assert c.value is not None
+    frame = pd.DataFrame({"cell": c.cell, "bin": c.value})
+    return frame.groupby(["cell", "bin"], sort=False).size().astype(np.int64)
+
+
+def _merge_bins(parts: Sequence[pd.Series | None]) -> pd.Series | None:
+    frames = [p for p in parts if p is not None]
+    if not frames:
+        return None
+    return pd.concat(frames).groupby(level=[0, 1], sort=False).sum().astype(np.int64)
+
+
+def _aggregate(c: Contributions, moments: bool = False) -> pd.DataFrame:
+    """count, distinct units and value sum per cell of (already bounded) contributions;
+    with ``moments`` also the exact sum of squared values (``sumsq_units``)."""
     counts = pd.Series(c.cell).value_counts(sort=False)
     cells = pd.DataFrame({"count": counts.to_numpy(dtype=np.int64)}, index=counts.index)
     cells.index.name = "cell"
@@ -211,13 +230,20 @@ def _aggregate(c: Contributions) -> pd.DataFrame:
     else:
         pairs = pd.DataFrame({"cell": c.cell, "unit": c.unit}).drop_duplicates()
         cells["units"] = pairs.groupby("cell", sort=False).size()
-    return _typed(cells[["count", "units", "sum_units"]])
+    cols = ["count", "units", "sum_units"]
+    if moments:  # |value| ≤ 2^26.5 (the planner's check), so each square is exact in int64
+        assert c.value is not None
+        cells["sumsq_units"] = exact.group_sum(c.cell, c.value * c.value).reindex(cells.index)
+        cols.append("sumsq_units")
+    return _typed(cells[cols])
 
 
 def _typed(cells: pd.DataFrame) -> pd.DataFrame:
-    """count and units as int64; sum_units int64, or Python ints when it cannot fit."""
+    """count and units as int64; sums int64, or Python ints when they cannot fit."""
     out = cells.astype({"count": np.int64, "units": np.int64})
-    out["sum_units"] = exact.as_exact(out["sum_units"].to_numpy())
+    for col in ("sum_units", "sumsq_units"):
+        if col in out:
+            out[col] = exact.as_exact(out[col].to_numpy())
     return out
 
 
@@ -266,7 +292,8 @@ def bound_and_aggregate(c: Contributions, spec: DPReleaseSpec, rng: RngLike = No
         kept = c.take(bound_units(c.unit, c.cell, spec.l0, spec.linf, gen))
     partial = CellPartial(
         query=c.query,
-        cells=_aggregate(kept),
+        cells=_aggregate(kept, moments=spec.kind in MOMENT_KINDS),
+        bins=_histogram(kept) if spec.kind in QUANTILE_KINDS else None,
         rows_in=n_in,
         rows_kept=len(kept),
         persons_in_several_groups=several,
@@ -296,8 +323,9 @@ def merge_partials(parts: Sequence[CellPartial]) -> CellPartial:
     if frames:
         counts = pd.concat([f[["count", "units"]] for f in frames])
         cells = counts.groupby(level=0, sort=False).sum()
-        sums = exact.combine([f["sum_units"] for f in frames])
-        cells["sum_units"] = sums.reindex(cells.index)
+        for col in ("sum_units", "sumsq_units"):
+            if col in frames[0]:
+                cells[col] = exact.combine([f[col] for f in frames]).reindex(cells.index)
         cells = _typed(cells)
     else:
         cells = parts[0].cells
@@ -310,6 +338,7 @@ def merge_partials(parts: Sequence[CellPartial]) -> CellPartial:
         max_cells_per_unit=max(p.max_cells_per_unit for p in parts),
         max_groups_per_unit=max(p.max_groups_per_unit for p in parts),
         persons_in_several_groups=sum(p.persons_in_several_groups for p in parts),
+        bins=_merge_bins([p.bins for p in parts]),
     )
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -42,11 +42,15 @@ from dp.cells import (
     hash_keys,
     merge_dictionaries,
 )
-from dp.exponential import top_k
+from dp.exponential import exponential_mechanism, top_k
 from dp.noise import NoiseSampler, discrete_laplace_variance, honest_document
 from dp.partition_selection import select_partitions
 from dp.spec import (
+    CENTRED_KINDS,
     COUNT_KINDS,
+    DISTINCT_KINDS,
+    MOMENT_KINDS,
+    QUANTILE_KINDS,
     TOP_KINDS,
     DPReleaseSpec,
     QueryPlan,
@@ -212,12 +216,16 @@ def release_query(
     if spec.partitions == "public":
         domain = public_domain(spec, plan, cols)
         domain["_cell"] = hash_keys(domain[cols]) if cols else np.uint64(0)
-        seen = observed[["_cell", "count", "units", "sum_units"]].astype({"sum_units": object})
+        sum_cols = ["sum_units", *(["sumsq_units"] if "sumsq_units" in observed else [])]
+        seen = observed[["_cell", "count", "units", *sum_cols]].astype(
+            dict.fromkeys(sum_cols, object)
+        )
         cells = domain.merge(seen, on="_cell", how="left")  # object: no float round trip
         for c in ("count", "units"):
             cells[c] = cells[c].fillna(0).astype(np.int64)
-        sums = cells["sum_units"].astype(object).where(cells["sum_units"].notna(), 0)
-        cells["sum_units"] = exact.as_exact(sums.to_numpy())
+        for c in sum_cols:
+            sums = cells[c].astype(object).where(cells[c].notna(), 0)
+            cells[c] = exact.as_exact(sums.to_numpy())
         selected = len(cells)
     else:
         assert plan.selection_epsilon is not None and plan.selection_delta is not None
@@ -239,6 +247,16 @@ def release_query(
         out[["count", "ci_low", "ci_high"]] = noisy[["count", "ci_low", "ci_high"]].to_numpy()
         if spec.clamp and not spec.consistent:  # else clamped after the adjustment
             out = clamp_nonnegative(out)
+    elif spec.kind in DISTINCT_KINDS:  # distinct persons: the noisy count of units
+        assert plan.count_noise is not None
+        noisy = release_cells(cells[["units"]], "units", plan.count_noise, sampler)
+        out[["count", "ci_low", "ci_high"]] = noisy[["units", "ci_low", "ci_high"]].to_numpy()
+        if spec.clamp:
+            out = clamp_nonnegative(out)
+    elif spec.kind in MOMENT_KINDS:
+        out = _release_moments(cells, out, spec, plan, sampler)
+    elif spec.kind in QUANTILE_KINDS:
+        out = _release_quantiles(cells, out, partial, spec, plan, sampler)
     elif spec.kind == "dp_sum":
         assert plan.sum_noise is not None
         r = spec.resolution
@@ -258,11 +276,188 @@ def release_query(
         lo, hi = spec.bounds
         out["mean"] = np.clip(plan.centre + total / np.maximum(count_arr, 1), lo, hi)
         out["count"] = np.maximum(count_arr, 0) if spec.clamp else count_arr
-    if spec.decimals is not None:
-        for c in ("sum", "mean", "ci_low", "ci_high"):
-            if c in out and spec.kind in ("dp_sum", "dp_mean"):
+    if spec.decimals is not None and spec.kind in ("dp_sum", "dp_mean", *MOMENT_KINDS):
+        for c in ("sum", "mean", "variance", "stddev", "ci_low", "ci_high"):
+            if c in out:
                 out[c] = out[c].round(spec.decimals)
     return QueryRelease(plan.query.name, out, tuple(cols), len(observed), selected, partial)
+
+
+def quantile_columns(spec: DPReleaseSpec) -> list[str]:
+    """data.csv's columns of a quantile release: ``median``, or ``q<quantile>`` each."""
+    if spec.kind == "dp_median":
+        return ["median"]
+    return [f"q{float(q):g}" for q in spec.quantiles]
+
+
+def quantile_utilities(histogram: np.ndarray, quantile: Fraction) -> np.ndarray:
+    """Integer utility of every grid candidate c for quantile α = a/d of the rows binned on
+    the grid: u(c) = −|(d − a)·#{x < c} − a·#{x > c}|, 0 at an exact α-quantile. One row
+    moves it by at most max(a, d − a): see :func:`quantile_sensitivity`."""
+    h = np.asarray(histogram, dtype=np.int64)
+    a, d = quantile.numerator, quantile.denominator
+    below = np.cumsum(h) - h
+    above = int(h.sum()) - below - h
+    return -np.abs((d - a) * below - a * above)
+
+
+def quantile_sensitivity(spec: DPReleaseSpec, quantile: Fraction) -> int:
+    """Δu of :func:`quantile_utilities` for one person: Linf rows, each max(a, d − a)."""
+    a, d = quantile.numerator, quantile.denominator
+    return spec.linf * max(a, d - a)
+
+
+HISTOGRAM_CHUNK = 1 << 24  # cells × candidates held at once while scoring quantiles
+
+
+def histogram_chunks(
+    partial: CellPartial, cells: pd.Series, size: int
+) -> Iterator[tuple[int, np.ndarray]]:
+    """The grid histograms of ``cells`` (in order; zeros where unseen), as (first row,
+    dense block) with at most :data:`HISTOGRAM_CHUNK` entries per block."""
+    step = max(1, HISTOGRAM_CHUNK // max(size, 1))
+    rows = np.zeros(0, dtype=np.int64)
+    bins = counts = rows
+    if partial.bins is not None and len(partial.bins) and len(cells):
+        row_of = pd.Series(np.arange(len(cells)), index=cells.to_numpy(dtype=np.uint64))
+        frame = partial.bins.rename("n").reset_index()
+        frame.columns = ["cell", "bin", "n"]
+        found = row_of.reindex(frame["cell"].to_numpy(dtype=np.uint64)).to_numpy()
+        hit = ~np.isnan(found)
+        order = np.argsort(found[hit], kind="stable")
+        rows = found[hit].astype(np.int64)[order]
+        bins = frame["bin"].to_numpy(dtype=np.int64)[hit][order]
+        counts = frame["n"].to_numpy(dtype=np.int64)[hit][order]
+    for start in range(0, len(cells), step):
+        stop = min(start + step, len(cells))
+        a, b = np.searchsorted(rows, [start, stop])
+        block = np.zeros((stop - start, size), dtype=np.int64)
+        np.add.at(block, (rows[a:b] - start, bins[a:b]), counts[a:b])
+        yield start, block
+
+
+def cell_histograms(partial: CellPartial, cells: pd.Series, size: int) -> np.ndarray:
+    """The grid histogram of each of ``cells`` (rows: cells in order; zeros if unseen)."""
+    blocks = [b for _, b in histogram_chunks(partial, cells, size)]
+    return np.concatenate(blocks) if blocks else np.zeros((0, size), dtype=np.int64)
+
+
+def _release_quantiles(
+    cells: pd.DataFrame,
+    out: pd.DataFrame,
+    partial: CellPartial,
+    spec: DPReleaseSpec,
+    plan: QueryPlan,
+    sampler: NoiseSampler,
+) -> pd.DataFrame:
+    """Each quantile of each cell by the exponential mechanism over the public grid
+    lower + i·resolution (ε/(k·L0) each, see dp.spec), then sorted per cell so the released
+    quantiles are monotone in the quantile (post-processing)."""
+    assert spec.bounds is not None and plan.quantile_epsilon is not None
+    lo = float(spec.bounds[0])
+    order = sorted(range(len(spec.quantiles)), key=lambda i: spec.quantiles[i])
+    picks = np.zeros((len(cells), len(spec.quantiles)), dtype=np.int64)
+    eps = float(plan.quantile_epsilon)
+    for start, block in histogram_chunks(partial, cells["_cell"], plan.grid):
+        for offset, hist in enumerate(block):
+            for i, q in enumerate(spec.quantiles):
+                u = quantile_utilities(hist, q)
+                sens = float(quantile_sensitivity(spec, q))
+                picks[start + offset, i] = exponential_mechanism(u, eps, sens, sampler)
+    values = np.sort(picks, axis=1)  # monotone: the i-th smallest pick to the i-th quantile
+    names = quantile_columns(spec)
+    for rank, i in enumerate(order):
+        out[names[i]] = lo + values[:, rank].astype(np.float64) * spec.resolution
+    if spec.decimals is not None:
+        out[names] = out[names].round(spec.decimals)
+    return out
+
+
+def moment_interval(
+    count: np.ndarray,
+    total: np.ndarray,
+    squares: np.ndarray,
+    halfwidths: tuple[int, int, int],
+    top: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of Q/N − (S/N)² over the box N ± t_N (N ≥ 1), S ± t_S, Q ± t_Q, clipped to
+    [0, top]: each noisy part lies within its half-width with probability ≥ 1 − β/3, so the
+    true (bounded) variance lies inside with probability ≥ 1 − β (union bound)."""
+    tn, ts, tq = (float(t) for t in halfwidths)
+    n_lo, n_hi = np.maximum(count - tn, 1.0), np.maximum(count + tn, 1.0)
+    s_lo, s_hi = total - ts, total + ts
+    q_lo, q_hi = np.maximum(squares - tq, 0.0), squares + tq
+    s2_max = np.maximum(s_lo**2, s_hi**2)
+    s2_min = np.where((s_lo <= 0) & (s_hi >= 0), 0.0, np.minimum(s_lo**2, s_hi**2))
+
+    def f(q: np.ndarray, s2: np.ndarray, n: np.ndarray) -> np.ndarray:
+        return np.asarray(q / n - s2 / (n * n), dtype=np.float64)
+
+    # f(N) = Q/N − S²/N² has one interior maximum, at N* = 2S²/Q: the minimum over an
+    # interval of N is at an end, the maximum at an end or at N* when it lies inside
+    low = np.minimum(f(q_lo, s2_max, n_lo), f(q_lo, s2_max, n_hi))
+    star = np.where(q_hi > 0, 2.0 * s2_min / np.maximum(q_hi, 1e-300), n_lo)
+    star = np.clip(star, n_lo, n_hi)
+    high = np.maximum.reduce([f(q_hi, s2_min, n_lo), f(q_hi, s2_min, n_hi), f(q_hi, s2_min, star)])
+    return np.clip(low, 0.0, top), np.clip(high, 0.0, top)
+
+
+def moment_estimate(
+    spec: DPReleaseSpec,
+    plan: QueryPlan,
+    count: np.ndarray,
+    total: np.ndarray,
+    squares: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Post-processing of the noisy N, S, Q (fixed-point units, floats): the variance
+    (Q/N − (S/N)²)·resolution², N ≥ 1, clipped to [0, m²·resolution²] (m²: the largest
+    squared centred value, the largest variance possible), and its interval; for
+    ``dp_stddev`` the square roots of the three."""
+    assert plan.count_noise and plan.sum_noise and plan.sumsq_noise
+    n = np.maximum(count, 1.0)
+    top = float(plan.sumsq_bound)
+    unit2 = float(spec.resolution) ** 2
+    var = np.clip(squares / n - (total / n) ** 2, 0.0, top) * unit2
+    halfwidths = (
+        plan.count_noise.halfwidth,
+        plan.sum_noise.halfwidth,
+        plan.sumsq_noise.halfwidth,
+    )
+    low, high = moment_interval(count, total, squares, halfwidths, top)
+    low, high = low * unit2, high * unit2
+    if spec.kind == "dp_stddev":
+        return np.sqrt(var), np.sqrt(low), np.sqrt(high)
+    return var, low, high
+
+
+def _release_moments(
+    cells: pd.DataFrame,
+    out: pd.DataFrame,
+    spec: DPReleaseSpec,
+    plan: QueryPlan,
+    sampler: NoiseSampler,
+) -> pd.DataFrame:
+    """Variance (or standard deviation) from a noisy count N, centred sum S and sum of
+    squares Q in fixed point (three integer noises): (Q/N − (S/N)²)·resolution², N ≥ 1,
+    clipped to [0, (half the bounds' width)²]; the interval covers the three noises."""
+    assert plan.count_noise and plan.sum_noise and plan.sumsq_noise
+    parts = []
+    for col, noise in (
+        ("count", plan.count_noise),
+        ("sum_units", plan.sum_noise),
+        ("sumsq_units", plan.sumsq_noise),
+    ):
+        values = cells[col] if col in cells else pd.Series(0, index=cells.index)
+        noisy = noise.add_noise(values.to_numpy(), sampler)
+        parts.append(exact.to_float(noisy))
+    count, total, squares = parts
+    var, low, high = moment_estimate(spec, plan, count, total, squares)
+    stat = "variance" if spec.kind == "dp_variance" else "stddev"
+    out[stat] = var
+    out["ci_low"], out["ci_high"] = low, high
+    counts = count.astype(np.int64)
+    out["count"] = np.maximum(counts, 0) if spec.clamp else counts
+    return out
 
 
 def _release_top(
@@ -324,25 +519,45 @@ def check_delta(spec: DPReleaseSpec, rows: int, units: int | None = None) -> Non
         )
 
 
-def _row_bound(spec: DPReleaseSpec) -> Fraction:
+def _row_bound(spec: DPReleaseSpec, centre: Fraction | None = None) -> Fraction:
     """One row's largest |fixed-point value| from the config alone (exact Fractions): the
-    clamp bounds, centred for means, in resolution steps, rounded inward."""
+    clamp bounds, centred for means (variances: on ``centre``, the grid point the plan
+    used), in resolution steps, rounded inward."""
     assert spec.bounds is not None
     lo, hi = (Fraction(repr(float(b))) for b in spec.bounds)
-    centre = (lo + hi) / 2 if spec.kind == "dp_mean" else Fraction(0)
+    if centre is None:
+        centre = (lo + hi) / 2 if spec.kind in CENTRED_KINDS else Fraction(0)
     steps = max(abs(lo - centre), abs(hi - centre)) / Fraction(repr(float(spec.resolution)))
     return Fraction(math.floor(steps + Fraction(1, 10**9)))
 
 
-def independent_sensitivity(spec: DPReleaseSpec, mechanism: str, value: bool) -> float:
+def independent_sensitivity(
+    spec: DPReleaseSpec,
+    mechanism: str,
+    value: bool,
+    power: int = 1,
+    centre: Fraction | None = None,
+) -> float:
     """The verifier's own sensitivity (not the planner's function): a person changes at most
-    L0 cells by at most Linf rows each, and each row moves a count by 1 or a sum by the row
-    bound; L1 = L0·Linf·m, L2 = √L0·Linf·m."""
-    m = _row_bound(spec) if value else Fraction(1)
-    per_cell = spec.linf * m
+    L0 cells by at most Linf rows each (one person once for distinct counts), and each row
+    moves a count by 1, a sum by the row bound m, a sum of squares (``power`` 2) by m²;
+    L1 = L0·Linf·m, L2 = √L0·Linf·m."""
+    m = _row_bound(spec, centre) ** power if value else Fraction(1)
+    per_cell = (1 if spec.kind in DISTINCT_KINDS else spec.linf) * m
     if mechanism == "discrete_laplace":
         return float(spec.l0 * per_cell)
     return math.sqrt(spec.l0) * float(per_cell)
+
+
+def _moment_centre(spec: DPReleaseSpec, plan: QueryPlan, problems: list[str]) -> Fraction:
+    """The centre a variance's plan used: a multiple of the resolution within the bounds."""
+    assert spec.bounds is not None
+    lo, hi = (Fraction(repr(float(b))) for b in spec.bounds)
+    centre = Fraction(repr(float(plan.centre)))
+    steps = centre / Fraction(repr(float(spec.resolution)))
+    if not lo <= centre <= hi or abs(steps - round(steps)) > Fraction(1, 10**6):
+        problems.append(f"{plan.query.name}: values centred on {float(centre)}, off the grid")
+    return centre
 
 
 def _recorded_steps(
@@ -357,15 +572,29 @@ def _recorded_steps(
         if p.selection_epsilon is not None:
             mine.append(ApproxDP.of(p.selection_epsilon, p.selection_delta or 0))
         dims = 1 if not spec.key_columns(p.query) else None
-        if p.sum_units is not None and max(abs(u) for u in p.sum_units) > _row_bound(spec):
+        centre = _moment_centre(spec, p, problems) if spec.kind in MOMENT_KINDS else None
+        bound = _row_bound(spec, centre) if spec.bounds is not None else Fraction(0)
+        if spec.kind in QUANTILE_KINDS:  # grid indices 0 .. (upper − lower)/resolution
+            assert spec.bounds is not None
+            lo, hi = (Fraction(repr(float(b))) for b in spec.bounds)
+            width = (hi - lo) / Fraction(repr(float(spec.resolution)))
+            if p.sum_units != (0, math.floor(width + Fraction(1, 10**9))):
+                problems.append(f"{p.query.name}: the grid is not the bounds' at resolution")
+        elif p.sum_units is not None and max(abs(u) for u in p.sum_units) > bound:
             problems.append(
                 f"{p.query.name}: rows are clamped to {list(p.sum_units)} steps, beyond the "
-                f"bounds' {_row_bound(spec)}"
+                f"bounds' {bound}"
             )
-        for noise, value in ((p.count_noise, False), (p.sum_noise, True)):
+        if p.sumsq_noise is not None and p.sumsq_bound > bound**2:
+            problems.append(f"{p.query.name}: squares bounded by {p.sumsq_bound} steps")
+        for noise, value, power in (
+            (p.count_noise, False, 1),
+            (p.sum_noise, True, 1),
+            (p.sumsq_noise, True, 2),
+        ):
             if noise is None:
                 continue
-            sens = independent_sensitivity(spec, noise.mechanism, value)
+            sens = independent_sensitivity(spec, noise.mechanism, value, power, centre)
             if not math.isclose(sens, noise.sensitivity, rel_tol=1e-12):
                 problems.append(
                     f"{p.query.name}: noise calibrated to sensitivity {noise.sensitivity}, "
@@ -378,10 +607,42 @@ def _recorded_steps(
         if p.top_epsilon is not None:
             groups_per_person = spec.l0 if p.query.group_by else 1
             mine.append(ApproxDP.of(p.top_epsilon * groups_per_person, 0))
+        if p.quantile_epsilon is not None:  # k mechanisms in each of ≤ L0 cells of a person
+            cells_per_person = spec.l0 if p.query.group_by else 1
+            per_person = p.quantile_epsilon * cells_per_person * len(spec.quantiles)
+            mine.append(ApproxDP.of(per_person, 0))
         if spec.partition_by:
             mine = [Parallel((m,)) for m in mine]  # type: ignore[arg-type]
         steps += mine
     return steps, problems
+
+
+def _statistic_problems(spec: DPReleaseSpec, r: QueryRelease) -> list[str]:
+    """Published quantiles on the public grid, within the bounds and monotone; a variance
+    or standard deviation within [0, its largest value] and inside its interval."""
+    assert spec.bounds is not None
+    lo, hi = (float(b) for b in spec.bounds)
+    out: list[str] = []
+    if spec.kind in QUANTILE_KINDS:
+        cols = [c for _, c in sorted(zip(spec.quantiles, quantile_columns(spec), strict=True))]
+        values = r.table[cols].to_numpy(dtype=np.float64)
+        steps = (values - lo) / spec.resolution
+        on_grid = np.allclose(steps, np.rint(steps), atol=1e-6) or spec.decimals is not None
+        if not on_grid or (values < lo - 1e-9).any() or (values > hi + 1e-9).any():
+            out.append(f"{r.name}: a quantile is not a point of the public grid")
+        if (np.diff(values, axis=1) < 0).any():
+            out.append(f"{r.name}: quantiles are not monotone")
+        return out
+    col = "variance" if spec.kind == "dp_variance" else "stddev"
+    stat, low, high = (r.table[c].to_numpy(dtype=np.float64) for c in (col, "ci_low", "ci_high"))
+    half = (hi - lo) / 2
+    top = half * half if col == "variance" else half
+    slack = 1e-9 * max(top, 1.0) + (10.0**-spec.decimals if spec.decimals is not None else 0)
+    if (stat < -slack).any() or (stat > top + slack).any():
+        out.append(f"{r.name}: a {col} outside [0, {top:g}]")
+    if (low > stat + slack).any() or (stat > high + slack).any():
+        out.append(f"{r.name}: a {col} outside its interval")
+    return out
 
 
 def verify_release(
@@ -455,17 +716,21 @@ def verify_release(
             seen = units.index[units.to_numpy() > 0].to_numpy(dtype=np.uint64)
             if len(np.unique(published)) != len(published) or not np.isin(published, seen).all():
                 problems.append(f"{r.name}: a published cell was not selected from the data")
-        noise = p.count_noise if spec.kind in COUNT_KINDS else p.sum_noise
+        noise = p.count_noise if spec.kind in COUNT_KINDS + DISTINCT_KINDS else p.sum_noise
+        if spec.kind in MOMENT_KINDS + QUANTILE_KINDS:
+            noise = None  # intervals of variances are not a fixed width; quantiles have none
+            problems += _statistic_problems(spec, r)
         if r.consistent_with is not None:  # adjusted cells: the intervals were dropped
             if r.table["count"].isna().any() or "ci_low" in r.table:
                 problems.append(f"{r.name}: adjusted cells must be counts without intervals")
             continue
         if noise is not None and spec.kind != "dp_mean" and len(r.table):
-            col = "count" if spec.kind in COUNT_KINDS else "sum"
-            scale = 1.0 if spec.kind in COUNT_KINDS else spec.resolution
+            counts = spec.kind in COUNT_KINDS + DISTINCT_KINDS
+            col = "count" if counts else "sum"
+            scale = 1.0 if counts else spec.resolution
             width = (r.table["ci_high"] - r.table["ci_low"]).to_numpy(dtype=np.float64)
             unclamped = np.ones(len(r.table), dtype=bool)
-            if spec.kind in COUNT_KINDS and spec.clamp:
+            if counts and spec.clamp:
                 unclamped = r.table["ci_low"].to_numpy(dtype=np.float64) > 0
             if (
                 not np.allclose(width[unclamped], 2 * noise.halfwidth * scale)
@@ -507,6 +772,7 @@ def release_document(
             "partition_by": list(spec.partition_by),
             "bound_to_one_group": spec.bound_to_one_group,
             "partitions": spec.partitions if spec.kind not in TOP_KINDS else "public",
+            "quantiles": [float(q) for q in spec.quantiles] if spec.quantiles else None,
             "selection": spec.selection if spec.is_private_selection else None,
             "value": spec.value,
             "bounds": list(spec.bounds) if spec.bounds else None,

@@ -10,6 +10,9 @@ Budget split (all exact Fractions until a float scale is computed):
 - queries share the release's ε by weight (sequential composition);
 - with private partitions a query spends ``selection_share`` of its ε on selecting cells
   (with δ), the rest on noise; ``dp_mean`` splits the noise ε between count and sum;
+  ``dp_variance``/``dp_stddev`` split it in three equal parts (count, sum, sum of squares);
+  ``dp_quantile`` splits it evenly over its quantiles (each an exponential mechanism per
+  cell, at ε/L0 per cell when group_by lets a person touch L0 cells);
 - δ: half to partition selection and half to discrete-Gaussian noise when both exist;
   selection δ is split by weight, Gaussian δ evenly over the Gaussian steps (so basic
   composition reproduces the configured (ε, δ) exactly);
@@ -40,9 +43,16 @@ from dp.budget import to_fraction
 from privpipe.errors import ConfigError
 
 COUNT_KINDS = ("dp_count", "dp_histogram")
+DISTINCT_KINDS = ("dp_count_distinct",)  # distinct persons per cell: a noisy count of units
 VALUE_KINDS = ("dp_sum", "dp_mean")
+MOMENT_KINDS = ("dp_variance", "dp_stddev")  # noisy count, sum and sum of squares
+QUANTILE_KINDS = ("dp_quantile", "dp_median")  # exponential mechanism over a public grid
+BOUNDED_KINDS = VALUE_KINDS + MOMENT_KINDS + QUANTILE_KINDS  # a value clamped to bounds
 TOP_KINDS = ("dp_top_k", "dp_mode")
-KINDS = COUNT_KINDS + VALUE_KINDS + TOP_KINDS
+KINDS = COUNT_KINDS + DISTINCT_KINDS + VALUE_KINDS + MOMENT_KINDS + QUANTILE_KINDS + TOP_KINDS
+CENTRED_KINDS = ("dp_mean", *MOMENT_KINDS)  # values centred on the middle of the bounds
+MAX_GRID = 1_000_000  # candidates of a quantile's grid: (upper − lower)/resolution + 1
+MAX_QUANTILE_DENOMINATOR = 10_000  # quantiles are exact fractions a/d with d ≤ this
 GROUP_SIZES = (2, 5, 10)  # group privacy reported for these group sizes
 # noise beyond 2^62 would saturate the int64 sampler: b ≤ 2^56 makes it a e^-64 event
 MAX_NOISE_SCALE = float(2**56)
@@ -96,6 +106,7 @@ class DPReleaseSpec:
     consistent: bool = False  # adjust finer queries to their coarser ancestors (counts)
     decimals: int | None = None  # round released sums/means (post-processing)
     max_units: int | None = None  # public bound on persons (rows without a unit): δ < 1/it
+    quantiles: tuple[Fraction, ...] = ()  # dp_quantile: the quantiles, each in (0, 1)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -106,9 +117,22 @@ class DPReleaseSpec:
             raise ConfigError(f"{self.name}: delta must be in [0, 1), got {self.delta}")
         if not self.queries:
             raise ConfigError(f"{self.name}: a DP release needs at least one query")
-        if self.kind in VALUE_KINDS + TOP_KINDS and not self.value:
+        if self.kind in BOUNDED_KINDS + TOP_KINDS and not self.value:
             raise ConfigError(f"{self.name}: {self.kind} needs a value column")
-        if self.kind in VALUE_KINDS:
+        if self.kind == "dp_median" and not self.quantiles:
+            object.__setattr__(self, "quantiles", (Fraction(1, 2),))
+        if self.kind == "dp_median" and self.quantiles != (Fraction(1, 2),):
+            raise ConfigError(f"{self.name}.quantiles: dp_median is the quantile 0.5")
+        if self.kind in QUANTILE_KINDS:
+            if not self.quantiles:
+                raise ConfigError(f"{self.name}.quantiles: give at least one, e.g. [0.5]")
+            for q in self.quantiles:
+                if not 0 < q < 1 or q.denominator > MAX_QUANTILE_DENOMINATOR:
+                    raise ConfigError(
+                        f"{self.name}.quantiles: {float(q):g} must lie strictly between 0 "
+                        "and 1 with at most 4 decimals (e.g. 0.5, 0.9, 0.99)"
+                    )
+        if self.kind in BOUNDED_KINDS:
             if self.bounds is None:
                 raise ConfigError(f"{self.name}: {self.kind} needs bounds [lower, upper]")
             lo, hi = self.bounds
@@ -183,11 +207,23 @@ class QueryPlan:
     selection_epsilon: Fraction | None = None
     selection_delta: Fraction | None = None
     top_epsilon: Fraction | None = None  # per group, exponential mechanism
+    sumsq_noise: NoiseSpec | None = None  # dp_variance/dp_stddev: the sum of squares
+    sumsq_bound: int = 0  # the largest squared fixed-point value of one row
+    quantile_epsilon: Fraction | None = None  # per cell and quantile, exponential mechanism
     steps: tuple[Step, ...] = field(default=())
+
+    @property
+    def grid(self) -> int:
+        """Candidates of a quantile's grid (lower + i·resolution, i = 0..grid−1)."""
+        return 0 if self.sum_units is None else self.sum_units[1] + 1
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"epsilon": float(self.epsilon), "delta": float(self.delta)}
-        for key, spec in (("count_noise", self.count_noise), ("sum_noise", self.sum_noise)):
+        for key, spec in (
+            ("count_noise", self.count_noise),
+            ("sum_noise", self.sum_noise),
+            ("sum_of_squares_noise", self.sumsq_noise),
+        ):
             if spec is not None:
                 out[key] = {
                     "mechanism": spec.mechanism,
@@ -203,6 +239,11 @@ class QueryPlan:
             }
         if self.top_epsilon is not None:
             out["exponential_mechanism"] = {"epsilon_per_group": float(self.top_epsilon)}
+        if self.quantile_epsilon is not None:
+            out["exponential_mechanism"] = {
+                "epsilon_per_cell_and_quantile": float(self.quantile_epsilon),
+                "candidates": self.grid,
+            }
         return out
 
 
@@ -222,7 +263,7 @@ def _noise(
 ) -> NoiseSpec:
     """The noise of one step; a scale the sampler cannot serve exactly is a ConfigError
     (at validate, before any charge), never an overflow later."""
-    beta = 1.0 - spec.confidence
+    beta = (1.0 - spec.confidence) / (3 if spec.kind in MOMENT_KINDS else 1)  # union bound
     try:
         if spec.mechanism == "discrete_laplace":
             out = noise_spec("discrete_laplace", epsilon=float(eps), l1=l1, beta=beta)
@@ -237,7 +278,7 @@ def _noise(
             f"{spec.name}.epsilon: {float(spec.epsilon):g} needs a noise scale above "
             f"{MAX_NOISE_SCALE:.3g} (2^56, the largest the integer sampler serves without "
             "saturating); raise epsilon"
-            + (", or narrow bounds / coarsen resolution" if spec.kind in VALUE_KINDS else "")
+            + (", or narrow bounds / coarsen resolution" if spec.kind in BOUNDED_KINDS else "")
         )
     return out
 
@@ -255,8 +296,8 @@ def plan_queries(spec: DPReleaseSpec) -> list[QueryPlan]:
     """One QueryPlan per query: the budget split and every noise scale (see module doc)."""
     total_w = sum((q.weight for q in spec.queries), Fraction(0))
     gauss_steps = 0
-    if spec.mechanism == "discrete_gaussian" and spec.kind not in TOP_KINDS:
-        gauss_steps = len(spec.queries) * (2 if spec.kind == "dp_mean" else 1)
+    if spec.mechanism == "discrete_gaussian" and spec.kind not in TOP_KINDS + QUANTILE_KINDS:
+        gauss_steps = len(spec.queries) * NOISY_PARTS.get(spec.kind, 1)
     private = spec.is_private_selection
     sel_delta_total = spec.delta / 2 if (private and gauss_steps) else spec.delta
     gauss_delta_total = spec.delta - sel_delta_total if private else spec.delta
@@ -279,10 +320,27 @@ def plan_queries(spec: DPReleaseSpec) -> list[QueryPlan]:
         sum_units: tuple[int, int] | None = None
         centre = 0.0
         top_eps = None
-        if spec.kind in COUNT_KINDS:
-            c1, c2 = sensitivities(l0, linf)
+        sumsq_noise = None
+        sumsq_bound = 0
+        quantile_eps = None
+        if spec.kind in COUNT_KINDS + DISTINCT_KINDS:
+            # a person counts once per cell for dp_count_distinct: Linf is 1
+            c1, c2 = sensitivities(l0, linf if spec.kind in COUNT_KINDS else 1)
             count_noise = _noise(spec, noise_eps, gauss_delta, c1, c2)
             steps.append(_as_step(count_noise, dims, f"{q.name}: count"))
+        elif spec.kind in QUANTILE_KINDS:
+            sum_units = (0, _grid_size(spec) - 1)  # grid indices: lower + i·resolution
+            centre = float(spec.bounds[0]) if spec.bounds else 0.0
+            per_group = l0 if q.group_by else 1
+            quantile_eps = noise_eps / (per_group * len(spec.quantiles))
+            steps.append(ApproxDP.of(noise_eps, 0, f"{q.name}: exponential mechanism"))
+        elif spec.kind in MOMENT_KINDS:
+            count_noise, sum_noise, sumsq_noise, sum_units, sumsq_bound, centre = _moments(
+                spec, noise_eps, gauss_delta
+            )
+            for noise, part in ((count_noise, "count"), (sum_noise, "sum")):
+                steps.append(_as_step(noise, dims, f"{q.name}: {part}"))
+            steps.append(_as_step(sumsq_noise, dims, f"{q.name}: sum of squares"))
         elif spec.kind in VALUE_KINDS:
             assert spec.bounds is not None
             lo, hi = spec.bounds
@@ -330,10 +388,69 @@ def plan_queries(spec: DPReleaseSpec) -> list[QueryPlan]:
                 selection_epsilon=sel_eps,
                 selection_delta=sel_delta,
                 top_epsilon=top_eps,
+                sumsq_noise=sumsq_noise,
+                sumsq_bound=sumsq_bound,
+                quantile_epsilon=quantile_eps,
                 steps=tuple(steps),
             )
         )
     return plans
+
+
+NOISY_PARTS = {"dp_mean": 2, "dp_variance": 3, "dp_stddev": 3}  # noise steps per query
+
+
+def _grid_size(spec: DPReleaseSpec) -> int:
+    """Candidates of the quantile grid lower + i·resolution within the bounds; ConfigError
+    beyond :data:`MAX_GRID` (the mechanism scores every candidate of every cell)."""
+    assert spec.bounds is not None
+    lo, hi = spec.bounds
+    size = math.floor((hi - lo) / spec.resolution + 1e-9) + 1
+    if size > MAX_GRID:
+        raise ConfigError(
+            f"{spec.name}.resolution: bounds {list(spec.bounds)} at resolution "
+            f"{spec.resolution:g} give {size:,} candidates (more than {MAX_GRID:,}); raise "
+            f"resolution to at least {(hi - lo) / (MAX_GRID - 1):.3g}"
+        )
+    return size
+
+
+def _moments(
+    spec: DPReleaseSpec, eps: Fraction, gauss_delta: float | None
+) -> tuple[NoiseSpec, NoiseSpec, NoiseSpec, tuple[int, int], int, float]:
+    """The three noises of a variance (count, sum, sum of squares, ε/3 each) on values
+    centred on the grid point nearest the middle of the bounds, in fixed point: one row
+    moves the sum by at most m = max |centred value| and the sum of squares by at most m²
+    (both per row; × L0·Linf)."""
+    assert spec.bounds is not None
+    lo, hi = spec.bounds
+    # the middle snapped to the grid, so values on the grid stay on it once centred (a
+    # centre half a step off would round every value by half a step, biasing the variance)
+    centre = round((lo + hi) / 2.0 / spec.resolution) * spec.resolution
+    if not lo <= centre <= hi:
+        centre = lo
+    units = _fixed_point(lo - centre, hi - centre, spec.resolution)
+    m = max(abs(units[0]), abs(units[1]))
+    if m == 0:
+        raise ConfigError(
+            f"{spec.name}: bounds {spec.bounds} round to 0 at resolution {spec.resolution}; "
+            "use a finer resolution"
+        )
+    if m * m > MAX_FIXED_POINT:
+        raise ConfigError(
+            f"{spec.name}.resolution: a squared value of bounds {list(spec.bounds)} at "
+            f"resolution {spec.resolution:g} is more than 2^53 steps; raise resolution to at "
+            f"least {(hi - lo) / 2 / 2**26:.3g} or narrow bounds"
+        )
+    third = eps / 3
+    l0, linf = spec.l0, spec.linf
+    c1, c2 = sensitivities(l0, linf)
+    s1, s2 = sensitivities(l0, linf, clamp=(float(-m), float(m)))
+    q1, q2 = sensitivities(l0, linf, clamp=(0.0, float(m * m)))
+    count = _noise(spec, third, gauss_delta, c1, c2)
+    total = _noise(spec, third, gauss_delta, s1, s2)
+    squares = _noise(spec, eps - 2 * third, gauss_delta, q1, q2)
+    return count, total, squares, units, m * m, centre
 
 
 def _coarser(bounds: tuple[float, float]) -> float:
@@ -390,7 +507,9 @@ def guarantee(spec: DPReleaseSpec, plans: Sequence[QueryPlan]) -> dict[str, Any]
         "delta": float(spec.delta),
         "composition": "parallel" if spec.partition_by else "sequential",
         "unit": spec.unit or "row",
-        "mechanism": spec.mechanism if spec.kind not in TOP_KINDS else "exponential",
+        "mechanism": spec.mechanism
+        if spec.kind not in TOP_KINDS + QUANTILE_KINDS
+        else "exponential",
         "max_partitions": spec.l0,
         "max_contributions_per_partition": spec.linf,
         "accounting": report,

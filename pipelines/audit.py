@@ -208,7 +208,10 @@ def _dp_attacks(
             epsilon=eps, delta=delta, knowledge=knowledge,
         )  # fmt: skip
     noise = first.get("count_noise")
-    if noise and doc["kind"] in ("dp_count", "dp_histogram"):
+    if noise and doc["kind"] in ("dp_count", "dp_histogram", "dp_count_distinct"):
+        # a person is counted once per cell by a distinct count: L0 cells, one each
+        distinct = doc["kind"] == "dp_count_distinct"
+        shift = int(params.get("max_partitions") or 1) if distinct else None
         for name, fn in (
             ("membership", membership_inference),
             ("differencing", differencing_attack),
@@ -227,7 +230,7 @@ def _dp_attacks(
                     delta=delta,
                     sensitivity=float(noise["sensitivity"]),
                     seed=cfg.seed,
-                    shift=person_contribution(params, noise),  # one person's whole effect
+                    shift=shift or person_contribution(params, noise),  # one person's effect
                 )
     return out
 

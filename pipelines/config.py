@@ -456,6 +456,45 @@ class DPMeanRelease(_DPValueRelease):
     )
 
 
+class DPVarianceRelease(_DPValueRelease):
+    """Variance or standard deviation of the clamped value per cell (noisy count, sum and
+    sum of squares of the centred fixed-point values, epsilon split in three)."""
+
+    kind: Literal["dp_variance", "dp_stddev"]
+
+
+class DPQuantileRelease(_DPValueRelease):
+    """Quantiles of the clamped value per cell by the exponential mechanism over the public
+    grid lower + i·resolution; the quantiles split epsilon evenly."""
+
+    kind: Literal["dp_quantile", "dp_median"]
+    quantiles: list[Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="Quantiles released per cell, e.g. [0.5, 0.9] (dp_median: [0.5]).",
+    )
+
+    def quantile_list(self) -> list[float]:
+        """The configured quantiles, ascending (dp_median: the median)."""
+        return sorted(self.quantiles) if self.quantiles else [0.5]
+
+    @model_validator(mode="after")
+    def _quantiles(self) -> DPQuantileRelease:
+        if self.kind == "dp_median" and self.quantiles not in (None, [0.5]):
+            raise ValueError("quantiles: dp_median releases the median; use kind dp_quantile")
+        if self.kind == "dp_quantile" and not self.quantiles:
+            raise ValueError("quantiles: dp_quantile needs quantiles, e.g. [0.5, 0.9]")
+        if self.quantiles and len(set(self.quantiles)) != len(self.quantiles):
+            raise ValueError("quantiles: a quantile is listed twice")
+        return self
+
+
+class DPCountDistinctRelease(_DPRelease):
+    """Distinct persons (schema.privacy_unit) per cell; without a unit, rows."""
+
+    kind: Literal["dp_count_distinct"]
+
+
 class DPTopKRelease(_DPRelease):
     kind: Literal["dp_top_k", "dp_mode"]
     value: str = Field(description="Column whose most frequent values are released.")
@@ -600,6 +639,9 @@ Release = Annotated[
     | DPHistogramRelease
     | DPSumRelease
     | DPMeanRelease
+    | DPVarianceRelease
+    | DPQuantileRelease
+    | DPCountDistinctRelease
     | DPTopKRelease
     | LocalDPRelease
     | PartyHistogramRelease
@@ -607,12 +649,33 @@ Release = Annotated[
     Field(discriminator="kind"),
 ]
 ANONYMITY_KINDS = ("k_anonymity", "l_diversity", "t_closeness")
-DP_KINDS = ("dp_count", "dp_histogram", "dp_sum", "dp_mean", "dp_top_k", "dp_mode")
+DP_KINDS = (
+    "dp_count",
+    "dp_histogram",
+    "dp_sum",
+    "dp_mean",
+    "dp_top_k",
+    "dp_mode",
+    "dp_count_distinct",
+    "dp_variance",
+    "dp_stddev",
+    "dp_quantile",
+    "dp_median",
+)
 LOCAL_KINDS = ("local_dp", "dp_party_histogram")
 CONTINUAL_KINDS = ("dp_continual_count",)
 RELEASE_KINDS = ANONYMITY_KINDS + DP_KINDS + LOCAL_KINDS + CONTINUAL_KINDS
 BUDGETED = (_DPRelease, _PublicValuesRelease, ContinualCountRelease)  # charged to the ledger
-DPRelease = DPCountRelease | DPHistogramRelease | DPSumRelease | DPMeanRelease | DPTopKRelease
+DPRelease = (
+    DPCountRelease
+    | DPHistogramRelease
+    | DPSumRelease
+    | DPMeanRelease
+    | DPVarianceRelease
+    | DPQuantileRelease
+    | DPCountDistinctRelease
+    | DPTopKRelease
+)
 STATIC_HIERARCHY_KINDS = ("file", "groups", "codes")  # known without reading data
 
 

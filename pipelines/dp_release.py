@@ -14,6 +14,7 @@ Order of a run with DP releases (DESIGN.md "Fail closed", issue: ledger contract
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,15 +35,26 @@ from dp.release import (
     QueryRelease,
     _with_labels,
     bounding_summary,
+    cell_histograms,
     post_process,
     published_table,
     release_document,
     release_query,
     verify_release,
 )
-from dp.spec import DPReleaseSpec, Query, QueryPlan, charge, plan_queries
+from dp.spec import (
+    DISTINCT_KINDS,
+    MOMENT_KINDS,
+    QUANTILE_KINDS,
+    DPReleaseSpec,
+    Query,
+    QueryPlan,
+    charge,
+    plan_queries,
+)
 from pipelines.config import (
     DPMeanRelease,
+    DPQuantileRelease,
     DPRelease,
     DPTopKRelease,
     _DPRelease,
@@ -110,6 +122,8 @@ def dp_spec(plan: Plan, r: DPRelease) -> DPReleaseSpec:
         )
     if isinstance(r, DPMeanRelease):
         extra["count_share"] = to_fraction(r.count_share, "count_share")
+    if isinstance(r, DPQuantileRelease):
+        extra["quantiles"] = tuple(to_fraction(q, "quantiles") for q in r.quantile_list())
     if isinstance(r, DPTopKRelease):
         extra.update(value=r.value, top_k=r.k)
     if getattr(r, "consistent", False):
@@ -276,6 +290,13 @@ def bounded_truth(work: Path, name: str, document: Mapping[str, Any]) -> dict[st
         frame = _with_labels(cells["partials"][q], cells["dictionaries"][q], keys)
         truth = pd.DataFrame({k: canonical_column(frame[k]) for k in keys})
         truth["count"] = frame["count"].to_numpy(dtype=np.float64)
+        kind = str(document.get("kind"))
+        if kind in DISTINCT_KINDS:  # the estimand: distinct persons per cell
+            truth["count"] = frame["units"].to_numpy(dtype=np.float64)
+        if value and bounds and kind in MOMENT_KINDS:
+            truth[kind.removeprefix("dp_")] = _bounded_moment(frame, params, kind)
+        if value and bounds and kind in QUANTILE_KINDS:
+            truth = truth.assign(**_bounded_quantiles(cells["partials"][q], frame, params, kind))
         if value and bounds and document.get("kind") in ("dp_sum", "dp_mean"):
             lo, hi = (float(b) for b in bounds)
             centre = (lo + hi) / 2 if document.get("kind") == "dp_mean" else 0.0
@@ -285,4 +306,35 @@ def bounded_truth(work: Path, name: str, document: Mapping[str, Any]) -> dict[st
             truth["sum"] = units * step + centre * counts
             truth["mean"] = centre + units * step / np.maximum(counts, 1.0)
         out[str(qname)] = truth
+    return out
+
+
+def _bounded_moment(frame: pd.DataFrame, params: Mapping[str, Any], kind: str) -> np.ndarray:
+    """The exact variance (or standard deviation) of each cell's bounded, clamped values."""
+    step = float(params.get("resolution") or 1.0)
+    n = np.maximum(frame["count"].to_numpy(dtype=np.float64), 1.0)
+    total = np.array([float(v) for v in frame["sum_units"].tolist()], dtype=np.float64)
+    column = frame["sumsq_units"] if "sumsq_units" in frame else pd.Series(0, index=frame.index)
+    squares = np.array([float(v) for v in column.tolist()], dtype=np.float64)
+    var = np.maximum(squares / n - (total / n) ** 2, 0.0) * step * step
+    return np.sqrt(var) if kind == "dp_stddev" else var
+
+
+def _bounded_quantiles(
+    partial: Any, frame: pd.DataFrame, params: Mapping[str, Any], kind: str
+) -> dict[str, np.ndarray]:
+    """The exact quantiles of each cell's bounded values on the grid: the smallest grid
+    point with at least α·n of the cell's rows at or below it (NaN for an empty cell)."""
+    lo = float((params.get("bounds") or [0.0])[0])
+    step = float(params.get("resolution") or 1.0)
+    quantiles = [float(q) for q in params.get("quantiles") or [0.5]]
+    size = math.floor((float(params["bounds"][1]) - lo) / step + 1e-9) + 1  # dp.spec._grid_size
+    hists = cell_histograms(partial, frame["_cell"], size)
+    cum = np.cumsum(hists, axis=1)
+    n = cum[:, -1] if size else np.zeros(len(frame))
+    names = ["median"] if kind == "dp_median" else [f"q{q:g}" for q in quantiles]
+    out: dict[str, np.ndarray] = {}
+    for name, q in zip(names, quantiles, strict=True):
+        index = (cum < (q * n)[:, None]).sum(axis=1)
+        out[name] = np.where(n > 0, lo + index * step, np.nan)
     return out

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv, load_code_lists
+from dp.spec import BOUNDED_KINDS
 from pipelines.config import (
     ColumnType,
     HierarchyConfig,
@@ -120,7 +121,7 @@ class Plan:
             if h.intervals is not None and col not in types:
                 types[col] = "float"
         for r in self.config.releases:
-            if r.kind in ("dp_sum", "dp_mean") and r.value not in types:  # type: ignore[union-attr]
+            if r.kind in BOUNDED_KINDS and r.value not in types:  # type: ignore[union-attr]
                 types[r.value] = "float"  # type: ignore[union-attr]
         return types
 

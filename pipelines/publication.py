@@ -47,9 +47,17 @@ from pipelines.output import INTERNAL, PUBLIC
 from pipelines.plan import Plan
 from privpipe.errors import ConfigError, PrivacyRefusal
 
-# releases whose published table has a noisy `count` per cell (dp_mean publishes the
-# noisy count it divides by): an exact count of the same cell voids that part of the noise
-COUNT_KINDS = ("dp_count", "dp_histogram", "dp_mean", "dp_continual_count")
+# releases whose published table has a noisy `count` per cell (dp_mean, dp_variance and
+# dp_stddev publish the noisy count they divide by): an exact count of the same cell voids
+# that part of the noise
+COUNT_KINDS = (
+    "dp_count",
+    "dp_histogram",
+    "dp_mean",
+    "dp_variance",
+    "dp_stddev",
+    "dp_continual_count",
+)
 
 # per kind group: the top-level keys of release.json that may be handed out
 _PUBLIC_KEYS = {

@@ -61,9 +61,10 @@ Pure core: numpy, pandas and the standard library only (no Beam).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
@@ -97,6 +98,7 @@ FloatArray: TypeAlias = npt.NDArray[np.float64]
 _RANGE: Final = re.compile(r"^\s*\[\s*([^,\[\]()]+?)\s*,\s*([^,\[\]()]+?)\s*([\])])\s*$")
 _VALUE_COLUMNS: Final = frozenset(
     {"query", "count", "ci_low", "ci_high", "sum", "mean", "rank", "estimate", "variance"}
+    | {"stddev", "median"}
 )
 _N: Final = "__n"
 COMMON_RULE: Final = (
@@ -268,6 +270,8 @@ def _release_sources(release: Release) -> tuple[list[Source], str]:
         return [_table_source(release)], "uniform spreading of generalised labels"
     if release.kind == "dp_top_k":
         return [], "a ranking: answers no count query"
+    if release.kind == "dp_count_distinct" and release.parameters.get("privacy_unit"):
+        return [], "distinct persons: answers no row-count query"
     if release.kind.startswith("dp_"):
         return _dp_sources(release), "noisy cells (coarser levels spread uniformly)"
     if release.kind in LOCAL_DP_KINDS:
@@ -669,7 +673,37 @@ def release_utility(
     return out
 
 
-_ESTIMAND: Final = {"dp_mean": "mean", "dp_sum": "sum"}
+_ESTIMAND: Final = {
+    "dp_mean": "mean",
+    "dp_sum": "sum",
+    "dp_variance": "variance",
+    "dp_stddev": "stddev",
+    "dp_median": "median",
+}
+
+
+def _estimands(release: Release) -> list[tuple[str, Callable[[Any], Any]]]:
+    """The published columns a DP release estimates and how each is computed from the raw
+    values of a cell (a pandas GroupBy): population variance/stddev, the lower quantile."""
+    if release.kind == "dp_quantile":
+        qs = [float(q) for q in release.parameters.get("quantiles") or []]
+        return [(f"q{q:g}", _lower_quantile(q)) for q in qs]
+    column = _ESTIMAND.get(release.kind, "count")
+    how: dict[str, Callable[[Any], Any]] = {
+        "mean": lambda g: g.mean(),
+        "sum": lambda g: g.sum(),
+        "variance": lambda g: g.var(ddof=0),
+        "stddev": lambda g: g.std(ddof=0),
+        "median": _lower_quantile(0.5),
+        "count": lambda g: g.size(),
+    }
+    return [(column, how[column])]
+
+
+def _lower_quantile(q: float) -> Callable[[Any], Any]:
+    """The value at position ⌊q·(n − 1)⌋ of the cell's sorted values (pandas' ``lower``);
+    the bounded truth takes the grid point at position ⌈q·n⌉ − 1, at most one apart."""
+    return lambda g: g.quantile(q, interpolation="lower")
 
 
 def _at_level(values: Any, hierarchy: Hierarchy | None, level: int) -> ObjArray:
@@ -684,14 +718,17 @@ def _at_level(values: Any, hierarchy: Hierarchy | None, level: int) -> ObjArray:
     return out
 
 
-def _relative(true: FloatArray, estimate: FloatArray, within: float) -> dict[str, Any]:
-    """Error metrics of estimated against true means/sums: relative to |true|."""
+def _relative(
+    true: FloatArray, estimate: FloatArray, within: float, width: float | None = None
+) -> dict[str, Any]:
+    """Error metrics of estimated against true means/sums: relative to |true|, or to
+    ``width`` (quantiles: the bounds' width, as a quantile of 0 is common)."""
     keep = ~np.isnan(true) & ~np.isnan(estimate)
     t, e = true[keep], estimate[keep]
     if not t.size:
         return score([], [], 1.0)
     err = np.abs(e - t)
-    rel = err / np.maximum(np.abs(t), 1e-12)
+    rel = err / (np.maximum(np.abs(t), 1e-12) if width is None else max(width, 1e-12))
     return {
         "queries": int(t.size),
         "mean_absolute_error": float(err.mean()),
@@ -715,15 +752,25 @@ def own_utility(
     if not release.kind.startswith("dp_") or release.kind == "dp_top_k":
         return {}
     o = options or UtilityOptions()
-    column = _ESTIMAND.get(release.kind, "count")
+    estimands = _estimands(release)
+    column = estimands[0][0]
     value = release.parameters.get("value")
     counts = column == "count"
-    has_raw = counts or (value is not None and str(value) in raw.columns)
+    distinct = release.kind == "dp_count_distinct"
+    unit = release.parameters.get("privacy_unit")
+    bounds = release.parameters.get("bounds") or [0.0, 0.0]
+    quantiles = release.kind in ("dp_quantile", "dp_median")
+    width = float(bounds[1]) - float(bounds[0]) if quantiles else None
+    has_raw = (counts and (not distinct or not unit or str(unit) in raw.columns)) or (
+        value is not None and str(value) in raw.columns
+    )
     est_parts: list[FloatArray] = []
     raw_parts: list[FloatArray] = []
     bnd_parts: list[FloatArray] = []
     complete = bool(bounded)
-    for qname, part, keys, levels in _dp_parts(release):
+    for (qname, part, keys, levels), (column, how) in itertools.product(
+        _dp_parts(release), estimands
+    ):
         if column not in part.columns or any(k not in raw.columns for k in keys):
             continue
         key = keys or ["__all"]
@@ -736,7 +783,11 @@ def own_utility(
             else {"__all": [""] * len(raw)}
         )
         weights = raw[WEIGHT].to_numpy(dtype=np.float64) if WEIGHT in raw.columns else None
-        if counts and weights is not None:  # a frequency table: its weights are the counts
+        if counts and distinct and unit and weights is None:  # distinct persons per cell
+            persons = pd.Series(raw[str(unit)].to_numpy())
+            true = persons.groupby([mapped[k] for k in key], sort=False).nunique()
+            true = true.astype(np.float64)
+        elif counts and weights is not None:  # a frequency table: its weights are the counts
             true = pd.Series(weights).groupby([mapped[k] for k in key], sort=False).sum()
         elif counts:
             true = mapped.groupby(key, sort=False).size().astype(np.float64)
@@ -744,12 +795,15 @@ def own_utility(
             numbers = pd.to_numeric(raw[str(value)], errors="coerce")
             by = [mapped[k] for k in key]
             if weights is None:
-                grouped = numbers.groupby(by, sort=False)
-                true = grouped.mean() if column == "mean" else grouped.sum()
-            else:  # each distinct row counts its weight (missing values count nowhere)
+                true = how(numbers.groupby(by, sort=False))
+            elif column in ("mean", "sum"):  # each distinct row counts its weight
                 w = pd.Series(np.where(numbers.notna().to_numpy(), weights, 0.0))
                 summed = (pd.Series(numbers.fillna(0.0).to_numpy()) * w).groupby(by).sum()
                 true = summed / w.groupby(by).sum() if column == "mean" else summed
+            else:  # a frequency table: the rows repeated by their weights
+                repeat = np.round(weights).astype(np.int64)
+                rows = numbers.repeat(repeat).reset_index(drop=True)
+                true = how(rows.groupby([np.repeat(b.to_numpy(), repeat) for b in by]))
         else:
             true = pd.Series(dtype=np.float64)
         true.index = pd.MultiIndex.from_frame(true.index.to_frame(index=False))
@@ -770,9 +824,13 @@ def own_utility(
     def scored(true: FloatArray, estimate: FloatArray) -> dict[str, Any]:
         if counts:
             return score(true, estimate, floor, o.within, o.min_queries)
-        return _relative(true, estimate, o.within)
+        return _relative(true, estimate, o.within, width)
 
-    what = {"count": "counts", "mean": "means", "sum": "sums"}[column]
+    what = {"count": "counts", "mean": "means", "sum": "sums"}.get(column, "statistics")
+    if distinct:
+        what = "distinct persons"
+    if quantiles:
+        what = "quantiles (error relative to the bounds' width)"
     truth_name = "raw" if has_raw else "bounded (the raw values are not in the audit's rows)"
     if not has_raw and bnd is None:
         own: dict[str, Any] = {"estimand": f"its published {what}", "truth": None,

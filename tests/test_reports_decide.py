@@ -198,6 +198,7 @@ def test_demo_recommendation_and_budget(tmp_path: Path, capsys: pytest.CaptureFi
         "dp_diagnosis",
         "dp_zip",
         "dp_salary",
+        "dp_salary_quartiles",
         "ldp_diagnosis",
         "weekly_visits",
     }
