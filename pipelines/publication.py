@@ -49,10 +49,13 @@ from privpipe.errors import ConfigError, PrivacyRefusal
 
 # releases whose published table has a noisy `count` per cell (dp_mean, dp_variance and
 # dp_stddev publish the noisy count they divide by): an exact count of the same cell voids
-# that part of the noise
+# that part of the noise. dp_count_distinct counts persons: without a privacy unit that is
+# the row count, and with one a table's rows per cell equal the persons wherever each
+# person has one row there, so it is checked like a count (the safe side)
 COUNT_KINDS = (
     "dp_count",
     "dp_histogram",
+    "dp_count_distinct",
     "dp_mean",
     "dp_variance",
     "dp_stddev",
