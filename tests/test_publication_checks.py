@@ -192,3 +192,19 @@ def test_publication_attacks_reuse_the_runs_row_order_check() -> None:
     other = check | {"agreement": 0.0, "aligned": False}
     read, _ = _tables_pairwise(*args, [other])  # type: ignore[arg-type]
     assert read[0]["agreement"] == 0.0 and not read[0]["breach"]
+
+
+def test_distinct_counts_are_checked_like_counts() -> None:
+    """A dp_count_distinct beside a table that keeps its keys: without a privacy unit the
+    table's rows per cell are the exact persons per cell, so the check must see it."""
+    from types import SimpleNamespace
+
+    from pipelines.publication import dp_count_keys
+
+    query = SimpleNamespace(name="q", group_by=("sex", "dx"), levels=(("sex", 0),))
+    for kind, checked in (("dp_count_distinct", True), ("dp_count", True), ("dp_quantile", False)):
+        job = SimpleNamespace(
+            name="r", spec=SimpleNamespace(kind=kind, partition_by=(), queries=(query,))
+        )
+        keys = dp_count_keys([job])
+        assert (keys == {"r": [("q", ["sex", "dx"], {"sex": 0})]}) is checked, kind
