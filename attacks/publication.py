@@ -28,7 +28,10 @@ import pandas as pd
 from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
 from attacks.matching import WEIGHT, records_of
 
+ROW_ORDER_ROWS = 200_000  # rows of each table the row-order attack compares (the head)
+
 __all__ = [
+    "ROW_ORDER_ROWS",
     "Alignment",
     "Reproduction",
     "Truth",
@@ -216,8 +219,15 @@ def reproduced_cells(
     """
     keys = list(keys)
     missing = tuple(k for k in keys if k not in table.columns)
-    n = len(table)
-    n_sup = int(np.count_nonzero(suppressed))
+    # a frequency table of the published rows (``WEIGHT``) counts each row its weight
+    weights = (
+        table[WEIGHT].to_numpy(dtype=np.int64)
+        if WEIGHT in table.columns
+        else np.ones(len(table), dtype=np.int64)
+    )
+    hidden = np.asarray(suppressed, dtype=bool)
+    n = int(weights.sum())
+    n_sup = int(weights[hidden].sum())
     if missing:
         return Reproduction(*names, tuple(keys), n, n_sup, n - n_sup, len(cells), 0, missing)
     mapped = pd.DataFrame(
@@ -227,12 +237,21 @@ def reproduced_cells(
         },
         index=table.index,
     )
-    keep = ~np.asarray(suppressed, dtype=bool)
-    coarse = int(np.count_nonzero(mapped[keep].isna().any(axis=1).to_numpy()))
+    keep = ~hidden
+    rough = mapped[keep].isna().any(axis=1).to_numpy()
+    coarse = int(weights[keep][rough].sum())
     if not keys:  # a total: the table's row count is the count
         exact = int(n - n_sup == records_of(truth))
         return Reproduction(*names, (), n, n_sup, 0, max(len(cells), 1), exact)
-    from_table = mapped[keep].dropna().value_counts()
+    fine = mapped[keep][~rough]
+    summed = (
+        fine.assign(**{WEIGHT: weights[keep][~rough]})
+        .groupby(keys, sort=False, observed=True)[WEIGHT]
+        .sum()
+    )
+    from_table = pd.Series(
+        summed.to_numpy(), index=pd.MultiIndex.from_frame(summed.index.to_frame(index=False))
+    )
     if true is None:
         true = true_counts(truth, keys, levels, hierarchies)
     published = cells[keys].astype(str)
@@ -378,7 +397,7 @@ def row_order_alignment(
     hierarchies: Mapping[str, Hierarchy],
     *,
     names: tuple[str, str] = ("first", "second"),
-    max_rows: int = 200_000,
+    max_rows: int = ROW_ORDER_ROWS,
     shifts: int = 8,
 ) -> Alignment:
     """Whether row i of ``first`` and of ``second`` are the same record more often than

@@ -33,6 +33,7 @@ from anonymity.hierarchy import Hierarchy
 from attacks.composition import compose_tables
 from attacks.matching import frequency_table, suppressed_rows
 from attacks.publication import (
+    ROW_ORDER_ROWS,
     Truth,
     published_levels,
     reproduced_cells,
@@ -172,6 +173,7 @@ def check_combination(
     hierarchies: Mapping[str, Hierarchy],
     dp_keys: Mapping[str, Sequence[tuple[str, Sequence[str], Mapping[str, int]]]],
     log: Callable[[str], None] = print,
+    work: Path | None = None,
 ) -> dict[str, Any]:
     """Attack the published releases as one publication; refuse (PrivacyRefusal) a linked
     combination unless the config accepts it. Returns the findings for manifest/audit.
@@ -181,14 +183,18 @@ def check_combination(
     frequency table (column ``attacks.matching.WEIGHT``), for the numerical check;
     ``dp_keys``: per DP count release, its queries as (query name, key columns, levels).
     A count not staged yet (a continual count, published last) is checked against every
-    key combination of the data.
+    key combination of the data. ``work``: the run's private folder, whose frequency tables
+    of the published rows stand for the tables (``reports.load_release``); the row-order
+    check reads the head of each table (``reports.head_rows``).
     """
-    from reports import load_release
+    from reports import head_rows, load_release
+    from transforms.audit_truth import published_counts_path
 
     qis = list(plan.config.schema_.quasi_identifiers)
     kinds = {r.name: r.kind for r in plan.config.releases}
     releases = {
-        n: loaded.get(n) or load_release(folder / n)
+        n: loaded.get(n)
+        or load_release(folder / n, None if work is None else published_counts_path(work, n))
         for n in published
         if n in loaded or (folder / n / "release.json").is_file()
     }
@@ -227,8 +233,9 @@ def check_combination(
     for i, a in enumerate(tables):
         for b in tables[i + 1 :]:
             aligned = row_order_alignment(
-                releases[a].data, releases[b].data, hierarchies, names=(a, b)
-            )
+                head_rows(releases[a], ROW_ORDER_ROWS), head_rows(releases[b], ROW_ORDER_ROWS),
+                hierarchies, names=(a, b),
+            )  # fmt: skip
             findings["row_order"].append(aligned.as_dict())
             if aligned.aligned:
                 problems.append(aligned.message())

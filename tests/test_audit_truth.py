@@ -4,6 +4,10 @@ the keyed target sample, and the attacks on a frequency table equal to those on 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -11,11 +15,12 @@ from anonymity.hierarchy import Hierarchy
 from attacks.common import public_prior
 from attacks.composition import compose_tables
 from attacks.control import keyed_hashes, new_holdout_key
-from attacks.matching import WEIGHT, expand_rows, frequency_table, records_of
-from attacks.publication import reproduced_cells
-from reports.run import Release
+from attacks.matching import WEIGHT, expand_rows, frequency_table, records_of, suppressed_rows
+from attacks.publication import reproduced_cells, row_order_alignment
+from reports.run import Release, count_rows, head_rows, load_release
 from reports.utility import own_utility
-from transforms.audit_truth import RECORDS, SmallestHashRows
+from transforms.anonymize import COUNT
+from transforms.audit_truth import RECORDS, SmallestHashRows, published_table
 
 KEY = "0123456789abcdef"
 
@@ -116,3 +121,95 @@ def test_prior_own_utility_and_expansion_weigh_each_distinct_row() -> None:
     )  # fmt: skip
     assert own_utility(dp, table, HIER, None, 1.0) == own_utility(dp, RAW, HIER, None, 1.0)
     assert own_utility(dp, table, HIER, None, 1.0)  # scored (not an empty entry)
+
+
+# --------------------------------------------------------------------------- published rows
+
+
+def _published(folder: Path, rows: pd.DataFrame, name: str = "t") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(folder / "data.csv", index=False)
+    (folder / "release.json").write_text(json.dumps({"name": name, "kind": "k_anonymity"}))
+    return folder
+
+
+def _as_rows(table: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """The rows (a frequency table's expanded), as strings, missing as "", sorted."""
+    rows = expand_rows(table).astype(object)
+    return sorted(map(tuple, rows.where(rows.notna(), "").astype(str).to_numpy()))
+
+
+def test_the_verifiers_class_counts_give_the_published_rows_frequency_table() -> None:
+    """Class counts with the person's hash (persons counted) sum to one row per distinct
+    published row; without it they are the table; missing values stay a row of their own."""
+    rows = RAW.assign(dx=RAW["dx"].where(RAW.index != 5))  # one missing sensitive value
+    classes = (
+        rows.assign(unit=np.arange(len(rows)) % 2)
+        .groupby(["age", "sex", "dx", "unit"], dropna=False)
+        .size()
+        .rename(COUNT)
+        .reset_index()
+    )
+    table = published_table(classes, ["age", "sex", "dx"])
+    assert list(table.columns) == ["age", "sex", "dx", WEIGHT]
+    assert records_of(table) == len(rows) and len(table) == 5
+    assert _as_rows(table) == _as_rows(rows)
+    direct = classes.groupby(["age", "sex", "dx"], dropna=False)[COUNT].sum().reset_index()
+    assert records_of(published_table(direct, ["age", "sex", "dx"])) == len(rows)
+
+
+def test_a_published_table_is_loaded_as_its_counts_and_its_head_keeps_the_order(
+    tmp_path: Path,
+) -> None:
+    """``load_release``: an anonymised table's data is the frequency table of its rows
+    (counted in chunks the same as at once, or the staged counts when given); ``head_rows``
+    reads the first rows in their published order, so the row-order attack still finds
+    two tables of the same records in the same order, and not after a shuffle."""
+    rows = pd.concat([RAW] * 50, ignore_index=True).assign(
+        age=lambda f: [f"{20 + i % 40}" for i in range(len(f))]
+    )
+    folder = _published(tmp_path / "t", rows)
+    whole = load_release(folder)
+    assert WEIGHT in whole.data.columns and len(whole.data) < len(rows)
+    assert _as_rows(whole.data) == _as_rows(rows)
+    chunked = count_rows(folder / "data.csv", rows=7)
+    assert _as_rows(chunked) == _as_rows(whole.data)
+    staged = tmp_path / "staged.parquet"
+    frequency_table(rows.head(10), list(rows.columns)).to_parquet(staged)
+    assert records_of(load_release(folder, staged).data) == 10  # the staged table wins
+    assert records_of(load_release(folder, tmp_path / "absent.parquet").data) == len(rows)
+    head = head_rows(whole, 120)
+    pd.testing.assert_frame_equal(head, rows.head(120).astype(object), check_dtype=False)
+    coarse = _published(tmp_path / "c", rows.assign(age="*"), "c")
+    shuffled = _published(
+        tmp_path / "s", rows.assign(age="*").iloc[::-1].reset_index(drop=True), "s"
+    )
+    same = row_order_alignment(
+        head_rows(whole, 200), head_rows(load_release(coarse), 200), {}, names=("t", "c")
+    )
+    assert same.aligned and same.rows == 200
+    other = row_order_alignment(
+        head_rows(whole, 200), head_rows(load_release(shuffled), 200), {}, names=("t", "s")
+    )
+    assert not other.aligned
+
+
+def test_reproduced_cells_on_a_published_frequency_table_is_the_table() -> None:
+    """A DP count beside a table given as the frequency table of its published rows:
+    the same figures as the rows (rows, suppressed, coarse, exact cells), and the leak
+    still found."""
+    table = RAW.assign(age=["20-21", "20-21", "*", "20-21", "20-21", "*"])
+    table.loc[[2, 5], "sex"] = "*"  # two suppressed rows
+    counts = frequency_table(table, ["age", "sex", "dx"])
+    cells = pd.DataFrame({"sex": ["F", "M"], "age": ["20", "21"]})
+    truth = frequency_table(RAW, ["age", "sex", "dx"])
+    for keys, levels in ((["sex"], {}), (["age"], {"age": 0}), ([], {})):
+        rows = reproduced_cells(
+            table, cells, truth, keys, levels, HIER, suppressed_rows(table, QIS)
+        )
+        summed = reproduced_cells(
+            counts, cells, truth, keys, levels, HIER, suppressed_rows(counts, QIS)
+        )
+        assert summed.as_dict() == rows.as_dict()
+    found = reproduced_cells(counts, cells, truth, ["sex"], {}, HIER, suppressed_rows(counts, QIS))
+    assert found.rows == 6 and found.suppressed == 2 and found.exact_cells == 1 and found.linked
