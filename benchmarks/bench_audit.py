@@ -43,9 +43,13 @@ def prepare(out: Path, data: Path, rows: int) -> None:
 
     kept: list[Path] = []
 
-    def keep_work(self: Any) -> None:  # the work folder outlives the run
-        if self._work is not None:
-            kept.append(Path(self._work))
+    def keep_work(self: Any) -> None:  # a copy of the work folder outlives the run (a
+        if self._work is not None:  # later run's recovery removes the unlocked original)
+            import shutil
+
+            shutil.copytree(self._work, out / "work", dirs_exist_ok=True)
+            shutil.rmtree(self._work, ignore_errors=True)
+            kept.append(out / "work")
 
     output.RunOutput._drop_work = keep_work  # type: ignore[method-assign]
     run.wants_audit = lambda plan: False  # type: ignore[assignment]
@@ -92,10 +96,11 @@ def replay(out: Path) -> dict[str, Any]:
     from transforms.sink import load_json
 
     work = Path((out / "work.txt").read_text().strip())
+    ran = json.loads((out / "internal" / "manifest.json").read_text())
     plan = load_plan(
-        out / "input" / "demo.yaml",
+        ran["config"],
         output_dir=out,
-        input_override=json.loads((out / "internal" / "manifest.json").read_text())["input"][0],
+        input_override=ran["input"][0],
         ledger_override=out / "budget" / "ledger.sqlite",
         key_file_override=out / "budget" / "ledger.key",
     )

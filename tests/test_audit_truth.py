@@ -5,11 +5,13 @@ the keyed target sample, and the attacks on a frequency table equal to those on 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from anonymity.hierarchy import Hierarchy
 from attacks.common import public_prior
@@ -20,6 +22,7 @@ from attacks.publication import reproduced_cells, row_order_alignment
 from reports.run import Release, count_rows, head_rows, load_release
 from reports.utility import own_utility
 from transforms.anonymize import COUNT
+from tests.layout import internal_file, release_dir
 from transforms.audit_truth import RECORDS, SmallestHashRows, published_table
 
 KEY = "0123456789abcdef"
@@ -213,3 +216,42 @@ def test_reproduced_cells_on_a_published_frequency_table_is_the_table() -> None:
         assert summed.as_dict() == rows.as_dict()
     found = reproduced_cells(counts, cells, truth, ["sex"], {}, HIER, suppressed_rows(counts, QIS))
     assert found.rows == 6 and found.suppressed == 2 and found.exact_cells == 1 and found.linked
+
+
+@pytest.mark.slow
+def test_a_run_stages_each_tables_published_counts_and_the_audit_reads_only_those(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`privpipe run`: beside each anonymised table the pipeline stages the frequency table
+    of its published rows in the private work folder (never in public/), equal to the
+    table's rows; the attacks, the publication check and the audit read those (counting a
+    published file instead fails the run here)."""
+    from pipelines.cli import main
+    from pipelines.output import RunOutput
+    from tests.test_attacks_pipeline import adult_config
+
+    kept = tmp_path / "work"
+
+    def keep(self: RunOutput) -> None:
+        if self._work is not None:
+            shutil.copytree(self._work, kept, dirs_exist_ok=True)
+            shutil.rmtree(self._work, ignore_errors=True)
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a published table was read whole: its counts were not staged")
+
+    monkeypatch.setattr(RunOutput, "_drop_work", keep)
+    monkeypatch.setattr("reports.run.count_rows", refuse)
+    releases = [
+        {"name": "k5", "kind": "k_anonymity", "k": 5, "suppression_limit": 0.05},
+        {"name": "l2", "kind": "l_diversity", "k": 2, "l": 2, "suppression_limit": 0.05},
+    ]
+    attacks = {"targets": 500, "seed": 3, "run": ["homogeneity", "linkage"]}
+    assert main(["run", str(adult_config(tmp_path, attacks, releases))]) == 0
+    out = tmp_path / "out"
+    audit = json.loads(internal_file(out, "audit.json").read_text())
+    assert set(audit["releases"]) == {"k5", "l2"} and audit["publication_attacks"]["row_linking"]
+    for name in ("k5", "l2"):
+        staged = pd.read_parquet(kept / f"published_{name}_counts.parquet")
+        assert _as_rows(staged) == _as_rows(count_rows(release_dir(out, name) / "data.csv"))
+        assert not list(out.rglob(f"published_{name}_counts*"))  # never in the output
