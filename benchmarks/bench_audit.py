@@ -26,11 +26,10 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-from collections.abc import Iterator
 
 HERE = Path(__file__).resolve().parent
 
@@ -86,9 +85,9 @@ def replay(out: Path) -> dict[str, Any]:
         run_common,
         write_audit,
     )
+    from pipelines.continual_release import continual_jobs
     from pipelines.control import load_controls
     from pipelines.dp_release import dp_jobs
-    from pipelines.continual_release import continual_jobs
     from pipelines.hierarchies import HierarchyResolver
     from pipelines.plan import load_plan
     from pipelines.publication import check_combination, dp_count_keys

@@ -37,6 +37,7 @@ from attacks.matching import WEIGHT, TargetView, expand_rows, records_of, suppre
 from attacks.publication import (
     ROW_ORDER_ROWS,
     Alignment,
+    Coded,
     Truth,
     _ancestors,
     _level_of,
@@ -52,7 +53,7 @@ from attacks.reconstruction import (
     round_to,
 )
 from pipelines.config import ANONYMITY_KINDS
-from pipelines.publication import COUNT_KINDS, split_document
+from pipelines.publication import COUNT_KINDS, coded_head, split_document
 
 if TYPE_CHECKING:
     from pipelines.plan import Plan
@@ -106,22 +107,24 @@ def _tables_pairwise(
     checked: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from pipelines.audit import summary_of
-    from reports import head_rows
 
     s = plan.config.schema_
     qis, sa = list(s.quasi_identifiers), str(s.sensitive or "")
     linking: list[dict[str, Any]] = []
     composition: list[dict[str, Any]] = []
     views: dict[str, TargetView] = {}  # each table matched to the targets once, not per pair
+    heads: dict[str, Coded] = {}  # each table's head encoded once, not per pair
     for a, b in itertools.combinations(tables, 2):
         ta, tb = releases[a].data, releases[b].data
         # the run's publication check aligned the published pairs already (same test)
         done = next((c for c in checked if list(c.get("tables") or []) == [a, b]), None)
         found = (
             row_order_alignment(
-                head_rows(releases[a], ROW_ORDER_ROWS), head_rows(releases[b], ROW_ORDER_ROWS),
-                hierarchies, names=(a, b),
-            )  # fmt: skip
+                coded_head(a, releases[a], heads),
+                coded_head(b, releases[b], heads),
+                hierarchies,
+                names=(a, b),
+            )
             if done is None
             else Alignment(
                 a, b, int(done["rows"]), tuple(done["columns"]), float(done["agreement"]),

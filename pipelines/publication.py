@@ -34,7 +34,9 @@ from attacks.composition import compose_tables
 from attacks.matching import frequency_table, suppressed_rows
 from attacks.publication import (
     ROW_ORDER_ROWS,
+    Coded,
     Truth,
+    encode_rows,
     published_levels,
     reproduced_cells,
     row_order_alignment,
@@ -187,7 +189,7 @@ def check_combination(
     of the published rows stand for the tables (``reports.load_release``); the row-order
     check reads the head of each table (``reports.head_rows``).
     """
-    from reports import head_rows, load_release
+    from reports import load_release
     from transforms.audit_truth import published_counts_path
 
     qis = list(plan.config.schema_.quasi_identifiers)
@@ -204,6 +206,7 @@ def check_combination(
     problems: list[str] = []
     pairs: list[tuple[str, str]] = []
     shared = None if raw is None else Truth(raw, hierarchies)  # once for every table
+    heads: dict[str, Coded] = {}  # each table's head, encoded once for all its pairs
     for t in tables:
         table = releases[t].data
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
@@ -233,8 +236,8 @@ def check_combination(
     for i, a in enumerate(tables):
         for b in tables[i + 1 :]:
             aligned = row_order_alignment(
-                head_rows(releases[a], ROW_ORDER_ROWS), head_rows(releases[b], ROW_ORDER_ROWS),
-                hierarchies, names=(a, b),
+                coded_head(a, releases[a], heads), coded_head(b, releases[b], heads), hierarchies,
+                names=(a, b),
             )  # fmt: skip
             findings["row_order"].append(aligned.as_dict())
             if aligned.aligned:
@@ -271,6 +274,17 @@ def check_combination(
     for p in problems:
         log(f"privpipe: WARNING linked releases published (accept_linked_releases): {p}")
     return findings
+
+
+def coded_head(name: str, release: Any, memo: dict[str, Coded]) -> Coded:
+    """The first ``ROW_ORDER_ROWS`` published rows of table ``name`` (``reports.head_rows``)
+    encoded for the row-order attack (``attacks.publication.encode_rows``), once per name
+    in ``memo``."""
+    from reports import head_rows
+
+    if name not in memo:
+        memo[name] = encode_rows(head_rows(release, ROW_ORDER_ROWS))
+    return memo[name]
 
 
 def _composition(

@@ -143,11 +143,12 @@ def count_rows(path: Path, rows: int = CHUNK_ROWS) -> pd.DataFrame:
 def head_rows(release: Release, rows: int) -> pd.DataFrame:
     """The first ``rows`` published rows of a table in their published order (read from
     its file; a release built from rows, not a frequency table, gives its own head)."""
-    if WEIGHT not in release.data.columns or release.source is None:
+    source = getattr(release, "source", None)
+    if WEIGHT not in release.data.columns or source is None:
         return release.data.iloc[:rows]
-    if release.source.suffix == ".csv":
-        return pd.read_csv(release.source, dtype=str, keep_default_na=False, nrows=rows)
-    return next(iter(_chunks(release.source, rows)), release.data.iloc[:0, :-1])
+    if source.suffix == ".csv":
+        return pd.read_csv(source, dtype=str, keep_default_na=False, nrows=rows)
+    return next(iter(_chunks(source, rows)), release.data.iloc[:0, :-1])
 
 
 def load_release(

@@ -21,8 +21,8 @@ from attacks.matching import WEIGHT, expand_rows, frequency_table, records_of, s
 from attacks.publication import reproduced_cells, row_order_alignment
 from reports.run import Release, count_rows, head_rows, load_release
 from reports.utility import own_utility
-from transforms.anonymize import COUNT
 from tests.layout import internal_file, release_dir
+from transforms.anonymize import COUNT
 from transforms.audit_truth import RECORDS, SmallestHashRows, published_table
 
 KEY = "0123456789abcdef"
