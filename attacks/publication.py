@@ -419,8 +419,8 @@ def _common_codes(
     present_b = np.bincount(cb, minlength=len(b[1])) > 0
     la, lb = a[1], b[1]
     if hierarchy is None:
-        ma = np.where(la == SUPPRESSED, None, la)
-        mb = np.where(lb == SUPPRESSED, None, lb)
+        ma, mb = la.copy(), lb.copy()
+        ma[ma == SUPPRESSED], mb[mb == SUPPRESSED] = None, None
     else:
         level = _level_of(hierarchy)
         seen = pd.unique(np.concatenate([la[present_a], lb[present_b]]))
