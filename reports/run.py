@@ -110,13 +110,18 @@ def _chunks(path: Path, rows: int) -> Any:
 
 def _strings(table: pd.DataFrame) -> pd.DataFrame:
     """A frequency table's label columns as plain strings (missing -> ``""``, as a CSV
-    reads them), ``WEIGHT`` as int64."""
+    reads them), ``WEIGHT`` as int64, rows sorted by their labels: the same table in the
+    same order whether the pipeline staged it or the file was counted (a rebuilt report
+    adds its figures up in the same order as the run's)."""
     out = {
         c: table[c].astype(object).where(table[c].notna(), "").astype(str).astype(object)
         for c in table.columns
         if c != WEIGHT
     }
-    return pd.DataFrame({**out, WEIGHT: table[WEIGHT].to_numpy(dtype=np.int64)})
+    frame = pd.DataFrame({**out, WEIGHT: table[WEIGHT].to_numpy(dtype=np.int64)})
+    if not out or not len(frame):
+        return frame
+    return frame.sort_values(list(out), kind="stable", ignore_index=True)
 
 
 def count_rows(path: Path, rows: int = CHUNK_ROWS) -> pd.DataFrame:
