@@ -153,7 +153,15 @@ def head_rows(release: Release, rows: int) -> pd.DataFrame:
         return release.data.iloc[:rows]
     if source.suffix == ".csv":
         return pd.read_csv(source, dtype=str, keep_default_na=False, nrows=rows)
-    return next(iter(_chunks(source, rows)), release.data.iloc[:0, :-1])
+    parts, have = [], 0
+    for part in _chunks(source, rows):  # a Parquet batch may end at a row group: gather
+        parts.append(part.iloc[: rows - have])
+        have += len(parts[-1])
+        if have >= rows:
+            break
+    if not parts:
+        return release.data.iloc[:0].drop(columns=[WEIGHT])
+    return pd.concat(parts, ignore_index=True)
 
 
 def load_release(
