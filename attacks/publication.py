@@ -28,11 +28,15 @@ import pandas as pd
 from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
 from attacks.matching import WEIGHT, records_of
 
+ROW_ORDER_ROWS = 200_000  # rows of each table the row-order attack compares (the head)
+
 __all__ = [
+    "ROW_ORDER_ROWS",
     "Alignment",
     "Reproduction",
     "Truth",
     "common_level",
+    "encode_rows",
     "per_distinct",
     "published_levels",
     "reproduced_cells",
@@ -216,8 +220,15 @@ def reproduced_cells(
     """
     keys = list(keys)
     missing = tuple(k for k in keys if k not in table.columns)
-    n = len(table)
-    n_sup = int(np.count_nonzero(suppressed))
+    # a frequency table of the published rows (``WEIGHT``) counts each row its weight
+    weights = (
+        table[WEIGHT].to_numpy(dtype=np.int64)
+        if WEIGHT in table.columns
+        else np.ones(len(table), dtype=np.int64)
+    )
+    hidden = np.asarray(suppressed, dtype=bool)
+    n = int(weights.sum())
+    n_sup = int(weights[hidden].sum())
     if missing:
         return Reproduction(*names, tuple(keys), n, n_sup, n - n_sup, len(cells), 0, missing)
     mapped = pd.DataFrame(
@@ -227,12 +238,21 @@ def reproduced_cells(
         },
         index=table.index,
     )
-    keep = ~np.asarray(suppressed, dtype=bool)
-    coarse = int(np.count_nonzero(mapped[keep].isna().any(axis=1).to_numpy()))
+    keep = ~hidden
+    rough = mapped[keep].isna().any(axis=1).to_numpy()
+    coarse = int(weights[keep][rough].sum())
     if not keys:  # a total: the table's row count is the count
         exact = int(n - n_sup == records_of(truth))
         return Reproduction(*names, (), n, n_sup, 0, max(len(cells), 1), exact)
-    from_table = mapped[keep].dropna().value_counts()
+    fine = mapped[keep][~rough]
+    summed = (
+        fine.assign(**{WEIGHT: weights[keep][~rough]})
+        .groupby(keys, sort=False, observed=True)[WEIGHT]
+        .sum()
+    )
+    from_table = pd.Series(
+        summed.to_numpy(), index=pd.MultiIndex.from_frame(summed.index.to_frame(index=False))
+    )
     if true is None:
         true = true_counts(truth, keys, levels, hierarchies)
     published = cells[keys].astype(str)
@@ -372,33 +392,87 @@ def _agree(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> np.ndarray:
     return ok
 
 
+Coded = dict[str, tuple[np.ndarray, np.ndarray]]  # column -> (codes per row, labels)
+
+
+def encode_rows(table: pd.DataFrame) -> Coded:
+    """Each column of ``table`` as (an int64 code per row, the distinct labels as strings):
+    encoded once per table, so every pair it is aligned with maps labels, not rows."""
+    out: Coded = {}
+    for c in table.columns:
+        codes, uniques = pd.factorize(table[c].astype(str), use_na_sentinel=False)
+        out[str(c)] = (np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object))
+    return out
+
+
+def _common_codes(
+    a: tuple[np.ndarray, np.ndarray],
+    b: tuple[np.ndarray, np.ndarray],
+    n: int,
+    hierarchy: Hierarchy | None,
+) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """``common_level`` on codes: both columns' first ``n`` rows as codes of one shared
+    factorisation of their labels at the coarsest level either uses (-1: ``*``/unknown,
+    a wildcard), and how many distinct labels the two have together (None: no label)."""
+    ca, cb = a[0][:n], b[0][:n]
+    present_a = np.bincount(ca, minlength=len(a[1])) > 0  # the labels of these n rows
+    present_b = np.bincount(cb, minlength=len(b[1])) > 0
+    la, lb = a[1], b[1]
+    if hierarchy is None:
+        ma, mb = la.copy(), lb.copy()
+        ma[ma == SUPPRESSED], mb[mb == SUPPRESSED] = None, None
+    else:
+        level = _level_of(hierarchy)
+        seen = pd.unique(np.concatenate([la[present_a], lb[present_b]]))
+        used = [level[v] for v in seen if v in level and v != SUPPRESSED]
+        up = _ancestors(hierarchy, max(used, default=0))
+        ma = np.asarray([up.get(v) for v in la], dtype=object)
+        mb = np.asarray([up.get(v) for v in lb], dtype=object)
+        ma[ma == SUPPRESSED], mb[mb == SUPPRESSED] = None, None
+    ma[~present_a], mb[~present_b] = None, None  # labels of other rows count nowhere
+    both, _ = pd.factorize(pd.Series(np.concatenate([ma, mb]), dtype=object))
+    lut_a, lut_b = both[: len(ma)], both[len(ma) :]
+    if (lut_a < 0).all() or (lut_b < 0).all():
+        return None
+    distinct = len(np.unique(lut_a[lut_a >= 0])) + len(np.unique(lut_b[lut_b >= 0]))
+    return lut_a[ca], lut_b[cb], distinct
+
+
 def row_order_alignment(
-    first: pd.DataFrame,
-    second: pd.DataFrame,
+    first: pd.DataFrame | Coded,
+    second: pd.DataFrame | Coded,
     hierarchies: Mapping[str, Hierarchy],
     *,
     names: tuple[str, str] = ("first", "second"),
-    max_rows: int = 200_000,
+    max_rows: int = ROW_ORDER_ROWS,
     shifts: int = 8,
 ) -> Alignment:
     """Whether row i of ``first`` and of ``second`` are the same record more often than
     chance. Chance is measured on the same tables with ``second`` cyclically shifted by
     ``shifts`` offsets spread over the rows (unrelated rows, same value frequencies); the
-    agreement is "aligned" when it exceeds chance by 5 standard errors plus 1 point."""
-    n = min(len(first), len(second), max_rows)
-    cols = [c for c in first.columns if c in second.columns]
-    mapped_a: dict[str, pd.Series] = {}
-    mapped_b: dict[str, pd.Series] = {}
-    for c in cols:
-        a, b = common_level(first[c].iloc[:n], second[c].iloc[:n], hierarchies.get(c))
-        if a.notna().any() and b.notna().any() and a.nunique() + b.nunique() > 2:
-            mapped_a[c], mapped_b[c] = a, b  # a column that is one label says nothing
-    used = tuple(mapped_a)
+    agreement is "aligned" when it exceeds chance by 5 standard errors plus 1 point.
+    Either table may be given encoded (``encode_rows``), which a table compared with
+    several others is once."""
+    fa_cols = first if isinstance(first, dict) else encode_rows(first.iloc[:max_rows])
+    fb_cols = second if isinstance(second, dict) else encode_rows(second.iloc[:max_rows])
+    length = [len(next(iter(t.values()))[0]) if t else 0 for t in (fa_cols, fb_cols)]
+    if isinstance(first, pd.DataFrame):
+        length[0] = len(first)
+    if isinstance(second, pd.DataFrame):
+        length[1] = len(second)
+    n = min(*length, max_rows)
+    fa: list[np.ndarray] = []
+    fb: list[np.ndarray] = []
+    used_cols: list[str] = []
+    for c in [c for c in fa_cols if c in fb_cols]:
+        found = _common_codes(fa_cols[c], fb_cols[c], n, hierarchies.get(c))
+        if found is not None and found[2] > 2:  # a column that is one label says nothing
+            fa.append(found[0])
+            fb.append(found[1])
+            used_cols.append(c)
+    used = tuple(used_cols)
     if n < 2 or not used:
         return Alignment(*names, n, used, 0.0, 0.0, 1.0)
-    pairs = [_codes(mapped_a[c].reset_index(drop=True), mapped_b[c].reset_index(drop=True))
-             for c in used]  # fmt: skip
-    fa, fb = [x for x, _ in pairs], [y for _, y in pairs]
     agreement = float(_agree(fa, fb).mean())
     offsets = sorted({max(1, (n * (j + 1)) // (shifts + 1)) % n or 1 for j in range(shifts)})
     rates = []

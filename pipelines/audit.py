@@ -327,14 +327,21 @@ def load_releases(
     staging: Path,
     kinds: Sequence[str],
     loaded: Mapping[str, Release] | None = None,
+    work: Path | None = None,
 ) -> dict[str, Release]:
-    """The staged releases of these kinds, each read once (data as published, release.json);
-    those in ``loaded`` are reused."""
+    """The staged releases of these kinds, each read once (data as published, release.json;
+    an anonymised table as the frequency table of its rows, ``reports.load_release``, the
+    one staged in the run's ``work`` folder when given); those in ``loaded`` are reused."""
     from reports import load_release
+    from transforms.audit_truth import published_counts_path
 
     done = loaded or {}
     return {
-        r.name: done.get(r.name) or load_release(staging / "releases" / r.name)
+        r.name: done.get(r.name)
+        or load_release(
+            staging / "releases" / r.name,
+            None if work is None else published_counts_path(work, r.name),
+        )
         for r in plan.config.releases
         if r.kind in kinds
     }
@@ -545,9 +552,11 @@ def run_common(
     return out
 
 
-def common_releases(plan: Plan, staging: Path, loaded: Mapping[str, Release]) -> dict[str, Release]:
+def common_releases(
+    plan: Plan, staging: Path, loaded: Mapping[str, Release], work: Path | None = None
+) -> dict[str, Release]:
     """Every staged release the common attacker reads (those read already reused)."""
-    return load_releases(plan, staging, COMMON_KINDS, loaded)
+    return load_releases(plan, staging, COMMON_KINDS, loaded, work)
 
 
 def attacker_summary(
@@ -653,7 +662,7 @@ def write_audit(
     rc = plan.config.report
     s = plan.config.schema_
     every_kind = tuple({r.kind for r in plan.config.releases})
-    releases = load_releases(plan, staging, every_kind, loaded)
+    releases = load_releases(plan, staging, every_kind, loaded, work)
     run = Run(staging, manifest, releases)
     per_release = None
     baseline = None

@@ -35,7 +35,9 @@ from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
 from attacks.composition import compose_tables
 from attacks.matching import WEIGHT, TargetView, expand_rows, records_of, suppressed_rows
 from attacks.publication import (
+    ROW_ORDER_ROWS,
     Alignment,
+    Coded,
     Truth,
     _ancestors,
     _level_of,
@@ -51,7 +53,7 @@ from attacks.reconstruction import (
     round_to,
 )
 from pipelines.config import ANONYMITY_KINDS
-from pipelines.publication import COUNT_KINDS, split_document
+from pipelines.publication import COUNT_KINDS, coded_head, split_document
 
 if TYPE_CHECKING:
     from pipelines.plan import Plan
@@ -111,12 +113,18 @@ def _tables_pairwise(
     linking: list[dict[str, Any]] = []
     composition: list[dict[str, Any]] = []
     views: dict[str, TargetView] = {}  # each table matched to the targets once, not per pair
+    heads: dict[str, Coded] = {}  # each table's head encoded once, not per pair
     for a, b in itertools.combinations(tables, 2):
         ta, tb = releases[a].data, releases[b].data
         # the run's publication check aligned the published pairs already (same test)
         done = next((c for c in checked if list(c.get("tables") or []) == [a, b]), None)
         found = (
-            row_order_alignment(ta, tb, hierarchies, names=(a, b))
+            row_order_alignment(
+                coded_head(a, releases[a], heads),
+                coded_head(b, releases[b], heads),
+                hierarchies,
+                names=(a, b),
+            )
             if done is None
             else Alignment(
                 a, b, int(done["rows"]), tuple(done["columns"]), float(done["agreement"]),
@@ -186,7 +194,8 @@ def _differencing(
             # an exact record total beside the DP cells: the table's length (suppressed
             # rows included unless dropped) is the input's exact size
             shown = records.get("suppressed_as") != "drop" or bool(records.get("dropped"))
-            exact = shown and len(table) + int(records.get("dropped") or 0) == records_of(raw)
+            length = records_of(table)  # the table's rows (a frequency table's weights)
+            exact = shown and length + int(records.get("dropped") or 0) == records_of(raw)
             cells = sum(len(_cells(releases[d], q)) for q, _, _ in queries)
             single = exact and any(not keys for _, keys, _ in queries)
             out.append(
@@ -269,7 +278,17 @@ def _artefacts(
                 continue
             hidden = suppressed_rows(r.data, [q for q in qis if q in r.data.columns])
             kept = r.data.loc[~hidden, list(levels)].astype(str)
-            frame = kept.value_counts().rename("value").reset_index()
+            weights = (
+                r.data.loc[~hidden, WEIGHT].to_numpy(dtype=np.int64)
+                if WEIGHT in r.data.columns
+                else np.ones(len(kept), dtype=np.int64)
+            )  # a frequency table of the published rows: each row counts its weight
+            frame = (
+                kept.assign(value=weights)
+                .groupby(list(levels), sort=False)["value"]
+                .sum()
+                .reset_index()
+            )
             out.append(_Artefact(n, frame, levels, "lower" if hidden.any() else "exact", 1.0))
         elif r.kind in COUNT_KINDS:
             params = public_document(r).get("parameters") or {}
@@ -578,7 +597,7 @@ def across_runs(
     (composition; ``targets``: the later run's records), and DP cells published twice
     averaged (what the two noisy answers give together, and whether the ledger charged
     both)."""
-    from reports import load_release
+    from reports import head_rows, load_release
 
     out: list[dict[str, Any]] = []
     for (la, da, ma), (lb, db, mb) in itertools.pairwise(runs):
@@ -590,7 +609,10 @@ def across_runs(
             ra, rb = load_release(pa), load_release(pb)
             runs_label = f"{la} vs {lb}"
             if ra.kind in ANONYMITY_KINDS:
-                found = row_order_alignment(ra.data, rb.data, hierarchies, names=(la, lb))
+                found = row_order_alignment(
+                    head_rows(ra, ROW_ORDER_ROWS), head_rows(rb, ROW_ORDER_ROWS), hierarchies,
+                    names=(la, lb),
+                )  # fmt: skip
                 out.append({
                     "releases": [name], "runs": runs_label, "attack": "row linking",
                     "agreement": found.agreement, "chance": found.chance,

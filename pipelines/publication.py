@@ -33,7 +33,10 @@ from anonymity.hierarchy import Hierarchy
 from attacks.composition import compose_tables
 from attacks.matching import frequency_table, suppressed_rows
 from attacks.publication import (
+    ROW_ORDER_ROWS,
+    Coded,
     Truth,
+    encode_rows,
     published_levels,
     reproduced_cells,
     row_order_alignment,
@@ -183,6 +186,7 @@ def check_combination(
     hierarchies: Mapping[str, Hierarchy],
     dp_keys: Mapping[str, Sequence[tuple[str, Sequence[str], Mapping[str, int]]]],
     log: Callable[[str], None] = print,
+    work: Path | None = None,
 ) -> dict[str, Any]:
     """Attack the published releases as one publication; refuse (PrivacyRefusal) a linked
     combination unless the config accepts it. Returns the findings for manifest/audit.
@@ -192,14 +196,18 @@ def check_combination(
     frequency table (column ``attacks.matching.WEIGHT``), for the numerical check;
     ``dp_keys``: per DP count release, its queries as (query name, key columns, levels).
     A count not staged yet (a continual count, published last) is checked against every
-    key combination of the data.
+    key combination of the data. ``work``: the run's private folder, whose frequency tables
+    of the published rows stand for the tables (``reports.load_release``); the row-order
+    check reads the head of each table (``reports.head_rows``).
     """
     from reports import load_release
+    from transforms.audit_truth import published_counts_path
 
     qis = list(plan.config.schema_.quasi_identifiers)
     kinds = {r.name: r.kind for r in plan.config.releases}
     releases = {
-        n: loaded.get(n) or load_release(folder / n)
+        n: loaded.get(n)
+        or load_release(folder / n, None if work is None else published_counts_path(work, n))
         for n in published
         if n in loaded or (folder / n / "release.json").is_file()
     }
@@ -209,6 +217,7 @@ def check_combination(
     problems: list[str] = []
     pairs: list[tuple[str, str]] = []
     shared = None if raw is None else Truth(raw, hierarchies)  # once for every table
+    heads: dict[str, Coded] = {}  # each table's head, encoded once for all its pairs
     for t in tables:
         table = releases[t].data
         suppressed = suppressed_rows(table, [q for q in qis if q in table.columns])
@@ -238,8 +247,9 @@ def check_combination(
     for i, a in enumerate(tables):
         for b in tables[i + 1 :]:
             aligned = row_order_alignment(
-                releases[a].data, releases[b].data, hierarchies, names=(a, b)
-            )
+                coded_head(a, releases[a], heads), coded_head(b, releases[b], heads), hierarchies,
+                names=(a, b),
+            )  # fmt: skip
             findings["row_order"].append(aligned.as_dict())
             if aligned.aligned:
                 problems.append(aligned.message())
@@ -275,6 +285,17 @@ def check_combination(
     for p in problems:
         log(f"privpipe: WARNING linked releases published (accept_linked_releases): {p}")
     return findings
+
+
+def coded_head(name: str, release: Any, memo: dict[str, Coded]) -> Coded:
+    """The first ``ROW_ORDER_ROWS`` published rows of table ``name`` (``reports.head_rows``)
+    encoded for the row-order attack (``attacks.publication.encode_rows``), once per name
+    in ``memo``."""
+    from reports import head_rows
+
+    if name not in memo:
+        memo[name] = encode_rows(head_rows(release, ROW_ORDER_ROWS))
+    return memo[name]
 
 
 def _composition(

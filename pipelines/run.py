@@ -199,6 +199,10 @@ def build_graph(
     if again is not None and unit and any(a.unit_by for g in sharing.values() for a in g):
         # every verifier counts persons by the same 64-bit hash of the id: hashed once here
         again = again | "HashUnits" >> beam.Map(hash_units, unit)
+    several = len(plan.config.published()) > 1
+    audited = (plan.config.attacks is not None or wants_audit(plan) or several) and bool(
+        audit_columns(plan)
+    )  # the audit's truth and each table's published counts go to the private work folder
     for group in sharing.values():
         summary = batches | f"Summarise[{group[0].name}]" >> Summarise(group[0])
         contexts: dict[str, beam.PCollection] = {}
@@ -215,9 +219,9 @@ def build_graph(
                 again,
                 summary,
                 contexts.get(name),
+                str(out.work) if audited else None,
             )
-    several = len(plan.config.published()) > 1
-    if (plan.config.attacks is not None or wants_audit(plan) or several) and audit_columns(plan):
+    if audited:
         # the truth for the audit, the attacker's targets and the publication check: the
         # accepted rows' frequency table (QIs + SA) and a keyed sample of target records
         # (in the private scratch folder, outside DIR), never every row
@@ -472,7 +476,7 @@ def _run(
         if plan.config.attacks is not None:
             log("privpipe: attacking every release (and the raw table as the baseline)")
             with stage("attacks"):
-                loaded = load_releases(plan, out.staging, ATTACKED_KINDS)
+                loaded = load_releases(plan, out.staging, ATTACKED_KINDS, work=out.work)
                 attack_results = run_attacks(
                     plan, loaded, raw, hierarchies, control=control, targets=targets
                 )
@@ -487,7 +491,7 @@ def _run(
             with stage("publication_attacks"):
                 publication |= check_combination(
                     plan, out.releases, loaded, chosen, raw, hierarchies,
-                    dp_count_keys([*jobs, *cjobs]), log,
+                    dp_count_keys([*jobs, *cjobs]), log, out.work,
                 )  # fmt: skip
         continual_summary: dict[str, Any] = {}
         if cjobs and ledger is not None:  # last: the stream's state advances durably here
@@ -541,7 +545,7 @@ def _run(
             common = None
             if plan.config.attacks is not None:  # every release staged (continual too)
                 with stage("common"):
-                    every = common_releases(plan, out.staging, loaded)
+                    every = common_releases(plan, out.staging, loaded, out.work)
                     common = run_common(
                         plan, every, raw, hierarchies, control=control, targets=targets
                     )

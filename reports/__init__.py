@@ -21,7 +21,15 @@ from reports.audit import (
     release_entry,
 )
 from reports.render import render_html, render_markdown
-from reports.run import Release, Run, dumps_audit, load_release, load_run, write_reports
+from reports.run import (
+    Release,
+    Run,
+    dumps_audit,
+    head_rows,
+    load_release,
+    load_run,
+    write_reports,
+)
 from reports.utility import UtilityOptions, cover_table, raw_release, release_utility, score
 from reports.workload import CountQuery, Truth, Workload, build_workload, true_answers
 
@@ -41,6 +49,7 @@ __all__ = [
     "dumps_audit",
     "findings",
     "guarantee_text",
+    "head_rows",
     "load_release",
     "load_run",
     "normalise_attacks",

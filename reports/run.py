@@ -5,6 +5,13 @@
 ``data.csv``/``data.parquet``) so ``privpipe report RUN_DIR`` can rebuild the audit
 from a finished run. Published tables are read as strings (labels like ``"02108"`` keep
 their zeros); numeric columns of DP releases are converted where they are read.
+
+An anonymised table is never held whole: its ``Release.data`` is the frequency table of
+its published rows (distinct rows, their number in ``attacks.matching.WEIGHT``), the one
+the pipeline staged beside it when there is one, else counted from the file in chunks
+(memory bounded by distinct published rows, not rows). What needs the rows themselves in
+their published order (the row-order attack) reads a bounded head of the file
+(:func:`head_rows`).
 ``write_reports(DIR, audit)`` writes ``audit.json``, ``report.md`` and ``report.html``,
 each through a temporary file in the same folder and ``os.replace``.
 
@@ -21,8 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from attacks.matching import WEIGHT
 from dp.noise import planned_guarantee
 from privpipe.formulas import unescape, unescape_column
 
@@ -30,6 +39,7 @@ __all__ = [
     "Release",
     "Run",
     "dumps_audit",
+    "head_rows",
     "load_release",
     "load_run",
     "release_folders",
@@ -38,6 +48,7 @@ __all__ = [
 
 ANONYMISED_KINDS = frozenset({"k_anonymity", "l_diversity", "t_closeness"})
 LOCAL_DP_KINDS = frozenset({"local_dp"})
+CHUNK_ROWS = 500_000  # rows of a published table read at once when it is counted
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,7 @@ class Release:
     kind: str
     data: pd.DataFrame
     document: Mapping[str, Any] = field(default_factory=dict)
+    source: Path | None = None  # the published data file (an anonymised table's rows)
 
     @property
     def guarantee(self) -> dict[str, Any]:
@@ -72,30 +84,123 @@ class Run:
         return str(self.manifest.get("run_id") or self.path.name)
 
 
-def _read_table(folder: Path) -> pd.DataFrame:
+def _data_file(folder: Path) -> Path:
     for name in ("data.csv", "data.parquet"):
-        path = folder / name
-        if path.exists():
-            if name.endswith(".csv"):  # the values computed: formula escapes undone
-                frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-                frame.columns = [unescape(c) for c in frame.columns]
-                for col in frame.columns:
-                    frame[col] = unescape_column(frame[col])
-                return frame
-            return pd.read_parquet(path).astype(str)
+        if (folder / name).exists():
+            return folder / name
     raise FileNotFoundError(f"{folder}: no data.csv or data.parquet")
 
 
-def load_release(folder: str | os.PathLike[str]) -> Release:
-    """One release folder (``public/<name>/`` or ``internal/candidates/<name>/``)."""
+def _computed(frame: pd.DataFrame) -> pd.DataFrame:
+    """A published CSV's cells as computed: the formula escapes (privpipe.formulas) undone."""
+    frame.columns = [unescape(c) for c in frame.columns]
+    for col in frame.columns:
+        frame[col] = unescape_column(frame[col])
+    return frame
+
+
+def _read_table(folder: Path) -> pd.DataFrame:
+    path = _data_file(folder)
+    if path.suffix == ".csv":
+        return _computed(pd.read_csv(path, dtype=str, keep_default_na=False))
+    return pd.read_parquet(path).astype(str)
+
+
+def _chunks(path: Path, rows: int) -> Any:
+    """The published file's rows, ``rows`` at a time, as strings (CSV's empty cells ``""``)."""
+    if path.suffix == ".csv":
+        for chunk in pd.read_csv(path, dtype=str, keep_default_na=False, chunksize=rows):
+            yield _computed(chunk)
+        return
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=rows):
+        yield batch.to_pandas().astype(str)
+
+
+def _strings(table: pd.DataFrame) -> pd.DataFrame:
+    """A frequency table's label columns as plain strings (missing -> ``""``, as a CSV
+    reads them), ``WEIGHT`` as int64, rows sorted by their labels: the same table in the
+    same order whether the pipeline staged it or the file was counted (a rebuilt report
+    adds its figures up in the same order as the run's)."""
+    out = {
+        c: table[c].astype(object).where(table[c].notna(), "").astype(str).astype(object)
+        for c in table.columns
+        if c != WEIGHT
+    }
+    frame = pd.DataFrame({**out, WEIGHT: table[WEIGHT].to_numpy(dtype=np.int64)})
+    if not out or not len(frame):
+        return frame
+    return frame.sort_values(list(out), kind="stable", ignore_index=True)
+
+
+def count_rows(path: Path, rows: int = CHUNK_ROWS) -> pd.DataFrame:
+    """The frequency table of a published file's rows (``WEIGHT``), read ``rows`` at a
+    time: memory bounded by the distinct rows and one chunk, never the whole table."""
+    total: pd.DataFrame | None = None
+    columns: list[str] = []
+    for chunk in _chunks(path, rows):
+        columns = [str(c) for c in chunk.columns]
+        part = chunk.groupby(columns, sort=False, dropna=False).size().rename(WEIGHT)
+        part = part.reset_index()
+        if total is not None:
+            both = pd.concat([total, part], ignore_index=True)
+            part = both.groupby(columns, sort=False, dropna=False)[WEIGHT].sum().reset_index()
+        total = part
+    if total is None:  # no rows: the header's columns
+        head = pd.read_csv(path, dtype=str, nrows=0) if path.suffix == ".csv" else None
+        cols = [unescape(c) for c in head.columns] if head is not None else []
+        return pd.DataFrame({**{c: pd.Series([], dtype=object) for c in cols},
+                             WEIGHT: np.zeros(0, np.int64)})  # fmt: skip
+    return _strings(total)
+
+
+def head_rows(release: Release, rows: int) -> pd.DataFrame:
+    """The first ``rows`` published rows of a table in their published order (read from
+    its file; a release built from rows, not a frequency table, gives its own head)."""
+    source = getattr(release, "source", None)
+    if WEIGHT not in release.data.columns or source is None:
+        return release.data.iloc[:rows]
+    if source.suffix == ".csv":
+        return _computed(pd.read_csv(source, dtype=str, keep_default_na=False, nrows=rows))
+    parts, have = [], 0
+    for part in _chunks(source, rows):  # a Parquet batch may end at a row group: gather
+        parts.append(part.iloc[: rows - have])
+        have += len(parts[-1])
+        if have >= rows:
+            break
+    if not parts:
+        return release.data.iloc[:0].drop(columns=[WEIGHT])
+    return pd.concat(parts, ignore_index=True)
+
+
+def load_release(
+    folder: str | os.PathLike[str], counts: str | os.PathLike[str] | None = None
+) -> Release:
+    """One release folder (``public/<name>/`` or ``internal/candidates/<name>/``). An
+    anonymised table's ``data`` is the frequency table of its rows: ``counts`` (the one
+    the pipeline staged, transforms.audit_truth) when it exists, else counted from the
+    file in chunks."""
     path = Path(folder)
     doc_path = path / "release.json"
     document: dict[str, Any] = json.loads(doc_path.read_text()) if doc_path.exists() else {}
+    kind = str(document.get("kind") or "unknown")
+    source = None
+    if kind in ANONYMISED_KINDS:
+        source = _data_file(path)
+        staged = Path(counts) if counts is not None else None
+        if staged is not None and staged.exists():
+            data = _strings(pd.read_parquet(staged))
+        else:
+            data = count_rows(source)
+    else:
+        data = _read_table(path)
     return Release(
         name=str(document.get("name") or path.name),
-        kind=str(document.get("kind") or "unknown"),
-        data=_read_table(path),
+        kind=kind,
+        data=data,
         document=document,
+        source=source,
     )
 
 
@@ -133,7 +238,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     for name, extra in details.items():  # a published release.json + what left it = the whole
         if name in releases and extra:
             r = releases[name]
-            releases[name] = Release(r.name, r.kind, r.data, {**r.document, **extra})
+            releases[name] = Release(r.name, r.kind, r.data, {**r.document, **extra}, r.source)
     return Run(path, manifest, releases)
 
 

@@ -4,18 +4,26 @@ the keyed target sample, and the attacks on a frequency table equal to those on 
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pandas as pd
+import pytest
 
 from anonymity.hierarchy import Hierarchy
 from attacks.common import public_prior
 from attacks.composition import compose_tables
 from attacks.control import keyed_hashes, new_holdout_key
-from attacks.matching import WEIGHT, expand_rows, frequency_table, records_of
-from attacks.publication import reproduced_cells
-from reports.run import Release
+from attacks.matching import WEIGHT, expand_rows, frequency_table, records_of, suppressed_rows
+from attacks.publication import reproduced_cells, row_order_alignment
+from reports.run import Release, count_rows, head_rows, load_release
 from reports.utility import own_utility
-from transforms.audit_truth import RECORDS, SmallestHashRows
+from tests.layout import internal_file, release_dir
+from transforms.anonymize import COUNT
+from transforms.audit_truth import RECORDS, SmallestHashRows, published_table
 
 KEY = "0123456789abcdef"
 
@@ -116,3 +124,153 @@ def test_prior_own_utility_and_expansion_weigh_each_distinct_row() -> None:
     )  # fmt: skip
     assert own_utility(dp, table, HIER, None, 1.0) == own_utility(dp, RAW, HIER, None, 1.0)
     assert own_utility(dp, table, HIER, None, 1.0)  # scored (not an empty entry)
+
+
+# --------------------------------------------------------------------------- published rows
+
+
+def _published(folder: Path, rows: pd.DataFrame, name: str = "t") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(folder / "data.csv", index=False)
+    (folder / "release.json").write_text(json.dumps({"name": name, "kind": "k_anonymity"}))
+    return folder
+
+
+def _as_rows(table: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """The rows (a frequency table's expanded), as strings, missing as "", sorted."""
+    rows = expand_rows(table).astype(object)
+    return sorted(map(tuple, rows.where(rows.notna(), "").astype(str).to_numpy()))
+
+
+def test_the_verifiers_class_counts_give_the_published_rows_frequency_table() -> None:
+    """Class counts with the person's hash (persons counted) sum to one row per distinct
+    published row; without it they are the table; missing values stay a row of their own."""
+    rows = RAW.assign(dx=RAW["dx"].where(RAW.index != 5))  # one missing sensitive value
+    classes = (
+        rows.assign(unit=np.arange(len(rows)) % 2)
+        .groupby(["age", "sex", "dx", "unit"], dropna=False)
+        .size()
+        .rename(COUNT)
+        .reset_index()
+    )
+    table = published_table(classes, ["age", "sex", "dx"])
+    assert list(table.columns) == ["age", "sex", "dx", WEIGHT]
+    assert records_of(table) == len(rows) and len(table) == 5
+    assert _as_rows(table) == _as_rows(rows)
+    direct = classes.groupby(["age", "sex", "dx"], dropna=False)[COUNT].sum().reset_index()
+    assert records_of(published_table(direct, ["age", "sex", "dx"])) == len(rows)
+
+
+def test_a_published_table_is_loaded_as_its_counts_and_its_head_keeps_the_order(
+    tmp_path: Path,
+) -> None:
+    """``load_release``: an anonymised table's data is the frequency table of its rows
+    (counted in chunks the same as at once, or the staged counts when given); ``head_rows``
+    reads the first rows in their published order, so the row-order attack still finds
+    two tables of the same records in the same order, and not after a shuffle."""
+    rows = pd.concat([RAW] * 50, ignore_index=True).assign(
+        age=lambda f: [f"{20 + i % 40}" for i in range(len(f))]
+    )
+    folder = _published(tmp_path / "t", rows)
+    whole = load_release(folder)
+    assert WEIGHT in whole.data.columns and len(whole.data) < len(rows)
+    assert _as_rows(whole.data) == _as_rows(rows)
+    chunked = count_rows(folder / "data.csv", rows=7)
+    assert _as_rows(chunked) == _as_rows(whole.data)
+    staged = tmp_path / "staged.parquet"
+    frequency_table(rows.head(10), list(rows.columns)).to_parquet(staged)
+    assert records_of(load_release(folder, staged).data) == 10  # the staged table wins
+    assert records_of(load_release(folder, tmp_path / "absent.parquet").data) == len(rows)
+    head = head_rows(whole, 120)
+    pd.testing.assert_frame_equal(head, rows.head(120).astype(object), check_dtype=False)
+    coarse = _published(tmp_path / "c", rows.assign(age="*"), "c")
+    shuffled = _published(
+        tmp_path / "s", rows.assign(age="*").iloc[::-1].reset_index(drop=True), "s"
+    )
+    same = row_order_alignment(
+        head_rows(whole, 200), head_rows(load_release(coarse), 200), {}, names=("t", "c")
+    )
+    assert same.aligned and same.rows == 200
+    other = row_order_alignment(
+        head_rows(whole, 200), head_rows(load_release(shuffled), 200), {}, names=("t", "s")
+    )
+    assert not other.aligned
+
+
+def test_reproduced_cells_on_a_published_frequency_table_is_the_table() -> None:
+    """A DP count beside a table given as the frequency table of its published rows:
+    the same figures as the rows (rows, suppressed, coarse, exact cells), and the leak
+    still found."""
+    table = RAW.assign(age=["20-21", "20-21", "*", "20-21", "20-21", "*"])
+    table.loc[[2, 5], "sex"] = "*"  # two suppressed rows
+    counts = frequency_table(table, ["age", "sex", "dx"])
+    cells = pd.DataFrame({"sex": ["F", "M"], "age": ["20", "21"]})
+    truth = frequency_table(RAW, ["age", "sex", "dx"])
+    for keys, levels in ((["sex"], {}), (["age"], {"age": 0}), ([], {})):
+        rows = reproduced_cells(
+            table, cells, truth, keys, levels, HIER, suppressed_rows(table, QIS)
+        )
+        summed = reproduced_cells(
+            counts, cells, truth, keys, levels, HIER, suppressed_rows(counts, QIS)
+        )
+        assert summed.as_dict() == rows.as_dict()
+    found = reproduced_cells(counts, cells, truth, ["sex"], {}, HIER, suppressed_rows(counts, QIS))
+    assert found.rows == 6 and found.suppressed == 2 and found.exact_cells == 1 and found.linked
+
+
+@pytest.mark.slow
+def test_a_run_stages_each_tables_published_counts_and_the_audit_reads_only_those(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`privpipe run`: beside each anonymised table the pipeline stages the frequency table
+    of its published rows in the private work folder (never in public/), equal to the
+    table's rows; the attacks, the publication check and the audit read those (counting a
+    published file instead fails the run here)."""
+    from pipelines.cli import main
+    from pipelines.output import RunOutput
+    from tests.test_attacks_pipeline import adult_config
+
+    kept = tmp_path / "work"
+
+    def keep(self: RunOutput) -> None:
+        if self._work is not None:
+            shutil.copytree(self._work, kept, dirs_exist_ok=True)
+            shutil.rmtree(self._work, ignore_errors=True)
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a published table was read whole: its counts were not staged")
+
+    monkeypatch.setattr(RunOutput, "_drop_work", keep)
+    monkeypatch.setattr("reports.run.count_rows", refuse)
+    releases = [
+        {"name": "k5", "kind": "k_anonymity", "k": 5, "suppression_limit": 0.05},
+        {"name": "l2", "kind": "l_diversity", "k": 2, "l": 2, "suppression_limit": 0.05},
+    ]
+    attacks = {"targets": 500, "seed": 3, "run": ["homogeneity", "linkage"]}
+    assert main(["run", str(adult_config(tmp_path, attacks, releases))]) == 0
+    out = tmp_path / "out"
+    audit = json.loads(internal_file(out, "audit.json").read_text())
+    assert set(audit["releases"]) == {"k5", "l2"} and audit["publication_attacks"]["row_linking"]
+    for name in ("k5", "l2"):
+        staged = pd.read_parquet(kept / f"published_{name}_counts.parquet")
+        assert _as_rows(staged) == _as_rows(count_rows(release_dir(out, name) / "data.csv"))
+        assert not list(out.rglob(f"published_{name}_counts*"))  # never in the output
+
+
+def test_a_parquet_tables_head_spans_its_row_groups(tmp_path: Path) -> None:
+    """``head_rows`` of a Parquet table gathers rows across row groups up to the number
+    asked (the row-order attack compares as many rows as before), and counting it in
+    chunks gives its frequency table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pd.concat([RAW] * 40, ignore_index=True).astype(str)
+    folder = tmp_path / "p"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pandas(rows), folder / "data.parquet", row_group_size=50)
+    (folder / "release.json").write_text(json.dumps({"name": "p", "kind": "k_anonymity"}))
+    release = load_release(folder)
+    assert _as_rows(release.data) == _as_rows(rows)
+    head = head_rows(release, 175)
+    assert len(head) == 175
+    assert head.astype(str).equals(rows.head(175).astype(str))

@@ -388,9 +388,11 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         reread: beam.PCollection | None = None,
         summary: beam.PCollection | None = None,
         context: beam.PCollection | None = None,
+        counts_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
+        self.counts_dir = counts_dir  # where the audit's table of the published rows goes
         self.context = context  # this release's plan from a ``SearchReleases`` of several
         self.summary = summary  # a ``Summarise`` of these columns shared by several releases
         self.reread = reread  # the second read of the rows, shared by several releases
@@ -440,12 +442,17 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
             FrequencyTable(dropped_columns(spec), hashed=hashed)
         )
         path = str(Path(self.directory) / "release.json")
-        return (
-            recoded
-            | "CountClasses"
-            >> beam.CombineGlobally(
-                TimedCombineFn(f"verify:{spec.name}", FrequencyTable(counted, True, hashed))
+        classes = recoded | "CountClasses" >> beam.CombineGlobally(
+            TimedCombineFn(f"verify:{spec.name}", FrequencyTable(counted, True, hashed))
+        )
+        if self.counts_dir is not None:  # the audit reads these counts, not the table
+            from transforms.audit_truth import StagePublishedCounts
+
+            _ = classes | "PublishedCounts" >> StagePublishedCounts(
+                self.counts_dir, str(spec.name), cols
             )
+        return (
+            classes
             | "Verify"
             >> beam.Map(
                 timed(f"verify:{spec.name}", verify_and_document),

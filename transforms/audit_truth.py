@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
@@ -124,4 +125,47 @@ class StageAuditTruth(beam.PTransform):  # type: ignore[misc]
         )
         return sample | "WriteTargets" >> WriteTable(
             self.directory, self.name, [*cols, RECORDS], "parquet"
+        )
+
+
+def published_counts_name(release: str) -> str:
+    """The staged table's name (``<name>.parquet`` in the work folder) for ``release``."""
+    return f"published_{release}_counts"
+
+
+def published_counts_path(work: str | Path, release: str) -> Path:
+    """Where the pipeline stages the frequency table of ``release``'s published rows."""
+    return Path(work) / f"{published_counts_name(release)}.parquet"
+
+
+def published_table(classes: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """A verifier's class counts (``FrequencyTable`` of the published columns, the person
+    id's hash too when persons are counted; column ``COUNT``) -> the distinct published
+    rows of ``columns`` with their number of rows in ``WEIGHT``."""
+    cols = list(columns)
+    if [c for c in classes.columns if c != COUNT] != cols:  # persons counted: sum them out
+        summed = classes.groupby(cols, sort=False, dropna=False, observed=True)[COUNT].sum()
+        classes = summed.reset_index()
+    out = {c: classes[c].astype("str") for c in cols}  # strings as published, missing kept
+    return pd.DataFrame({**out, WEIGHT: classes[COUNT].to_numpy(dtype=np.int64)})
+
+
+class StagePublishedCounts(beam.PTransform):  # type: ignore[misc]
+    """A release's class counts (one DataFrame: its verifier's ``FrequencyTable`` of the
+    rows written) -> ``<directory>/published_<release>_counts.parquet``: the published
+    rows' frequency table (``columns`` and ``WEIGHT``), bounded by distinct published rows."""
+
+    def __init__(self, directory: str, release: str, columns: Sequence[str]) -> None:
+        super().__init__()
+        self.directory, self.release, self.columns = directory, release, list(columns)
+
+    def expand(self, classes: PCollection) -> PCollection:
+        cols = self.columns
+        return (
+            classes
+            | "Published" >> beam.Map(published_table, cols)
+            | "WriteCounts"
+            >> WriteTable(
+                self.directory, published_counts_name(self.release), [*cols, WEIGHT], "parquet"
+            )
         )
