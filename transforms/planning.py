@@ -12,8 +12,10 @@ every release of one summary) before the planning.
 A worker is a fresh ``python`` running ``serve()`` (no fork of the threaded Beam worker,
 no re-import of the caller's ``__main__``, no Beam import): it reads the pickled summary,
 hierarchies and spec from its stdin (a pipe: the summary never touches the disk) and
-writes the pickled plan, or the exception, to its stdout. The summary is pickled once
-per call. Workers ignore Ctrl-C; the caller kills them on any error or interrupt, and
+writes the pickled plan, or the exception, to its stdout. The summary is pickled straight
+into each worker's pipe as the worker reads it: the caller never holds a pickled copy
+(at 10M demo rows the frequency table is hundreds of MB, and a held copy, plus the copy
+joined with the spec, stayed in the caller for the whole search). Workers ignore Ctrl-C; the caller kills them on any error or interrupt, and
 they exit by themselves if the caller dies: no worker outlives the call.
 
 Errors are those of the sequential order: the first release in config order whose plan
@@ -93,7 +95,7 @@ def plan_releases(
     if processes <= 0:
         return {str(s.name): plan_one(freq, s, resolver) for s in specs}
     order = sorted(range(len(specs)), key=lambda i: (-expected_effort(specs[i]), i))
-    workers = _Workers(pickle.dumps((freq, resolver), protocol=pickle.HIGHEST_PROTOCOL))
+    workers = _Workers((freq, resolver))
     pool = ThreadPoolExecutor(processes, thread_name_prefix="privpipe-plan")
     try:
         results = _schedule(pool, workers, processes, order, freq, specs, resolver)
@@ -156,8 +158,8 @@ class WorkerFailed(RuntimeError):
 class _Workers:
     """Worker processes, one per release planned away from the calling thread."""
 
-    def __init__(self, shared: bytes) -> None:
-        self.shared = shared  # the pickled summary and hierarchies
+    def __init__(self, shared: tuple[pd.DataFrame, Resolver]) -> None:
+        self.shared = shared  # the summary and hierarchies, pickled into each worker's pipe
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.killed = False
@@ -174,12 +176,16 @@ class _Workers:
                 stdout=subprocess.PIPE,
             )
             self.procs.append(proc)
-        task = self.shared + pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            out, _ = proc.communicate(task)
-        except BrokenPipeError:  # it died while reading
-            out = b""
-            proc.wait()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:  # streamed: pickle writes large arrays to the pipe without a copy of them
+            with proc.stdin as task:
+                pickle.dump(self.shared, task, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump(spec, task, protocol=pickle.HIGHEST_PROTOCOL)
+        except (BrokenPipeError, ValueError):  # it died while reading (or was killed)
+            pass
+        with proc.stdout as answer:  # the worker writes once it has read everything
+            out = answer.read()
+        proc.wait()
         if proc.returncode != 0 or not out:
             raise WorkerFailed(
                 f"release {spec.name!r}: the worker planning it exited with code "
