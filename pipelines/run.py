@@ -235,7 +235,7 @@ def build_graph(
         DPCellsJob(j.spec, tuple(j.plans), str(out.work / f"dp-{j.name}.pickle")) for j in jobs
     ] + [DPCellsJob(c.spec, tuple(c.plans), str(out.work / f"dp-{c.name}.pickle")) for c in cjobs]
     if cells:
-        _ = batches | "DP" >> AggregateDPCells(cells, labeler, seed)
+        _ = batches | "DP" >> AggregateDPCells(cells, labeler, seed, spill=str(out.work / "dp"))
     for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
         _ = batches | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
             ljob.spec,
