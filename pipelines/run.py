@@ -245,6 +245,7 @@ def build_graph(
             str(out.internal / LOCAL_REPORTS / ljob.name),
             plan.config.output.format,
             None if seed is None else seed + 31 * (ljob.index + 1),
+            spill=str(out.work / f"ldp-{ljob.name}"),
         )
     _ = (
         read["rejected"]

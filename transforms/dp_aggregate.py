@@ -113,7 +113,7 @@ class BoundShardFn(beam.DoFn):  # type: ignore[misc]
         yield j, bound_and_aggregate(merged, spec, rng)
 
 
-def spill(folder: str, part: Contributions) -> str:
+def spill(folder: str, part: Any) -> str:
     """A shard's piece as a file in ``folder`` (the run's private work folder); its path.
     The files go with the work folder when the run ends (kept until then: a retried
     bundle reads them again)."""
@@ -123,11 +123,10 @@ def spill(folder: str, part: Contributions) -> str:
     return path
 
 
-def unspill(path: str) -> Contributions:
+def unspill(path: str) -> Any:
     """What :func:`spill` wrote (our own files in the run's work folder only)."""
     with open(path, "rb") as f:
-        part: Contributions = pickle.load(f)
-    return part
+        return pickle.load(f)
 
 
 @dataclass
