@@ -240,7 +240,7 @@ def build_graph(
         DPCellsJob(j.spec, tuple(j.plans), str(out.work / f"dp-{j.name}.pickle")) for j in jobs
     ] + [DPCellsJob(c.spec, tuple(c.plans), str(out.work / f"dp-{c.name}.pickle")) for c in cjobs]
     if cells:
-        _ = batches | "DP" >> AggregateDPCells(cells, labeler, seed)
+        _ = batches | "DP" >> AggregateDPCells(cells, labeler, seed, spill=str(out.work / "dp"))
     for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
         _ = batches | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
             ljob.spec,
@@ -250,6 +250,7 @@ def build_graph(
             str(out.internal / LOCAL_REPORTS / ljob.name),
             plan.config.output.format,
             None if seed is None else seed + 31 * (ljob.index + 1),
+            spill=str(out.work / f"ldp-{ljob.name}"),
         )
     _ = (
         read["rejected"]

@@ -16,7 +16,9 @@ from tests.test_dp_pipeline import DPProject
 from transforms.dp_aggregate import AggregateDPCells, DPCellsJob, load_cells
 
 
-def _aggregate(project: DPProject, names: list[str], folder: Path, seed: int) -> dict[str, dict]:
+def _aggregate(
+    project: DPProject, names: list[str], folder: Path, seed: int, spill: str | None = None
+) -> dict[str, dict]:
     plan = load_plan(project.config)
     jobs = {j.name: j for j in dp_jobs(plan)}
     labeler = HierarchyLabeler(plan.config.hierarchies, plan.hierarchies)
@@ -26,7 +28,7 @@ def _aggregate(project: DPProject, names: list[str], folder: Path, seed: int) ->
     frame = project.frame.astype({"salary": "Int64"})
     batches = [frame.iloc[i : i + 200].reset_index(drop=True) for i in range(0, len(frame), 200)]
     with local_pipeline() as p:
-        _ = p | beam.Create(batches) | AggregateDPCells(cells, labeler, seed, shards=4)
+        _ = p | beam.Create(batches) | AggregateDPCells(cells, labeler, seed, shards=4, spill=spill)
     return {n: load_cells(folder / f"{n}.pickle") for n in names}
 
 
@@ -59,3 +61,21 @@ def test_releases_in_one_step_equal_each_release_alone(tmp_path: Path) -> None:
     # the bounds bind differently per release: the step did not mix them up
     zips, hist = together["zips"]["partials"][0], together["hist"]["partials"][0]
     assert zips.rows_kept <= 2 * 400 < hist.rows_kept
+
+
+@pytest.mark.slow
+def test_spilled_shards_give_the_cells_grouped_in_memory_give(tmp_path: Path) -> None:
+    """``spill``: the shards travel as files in a private folder, only their paths are
+    grouped; the bounded cells are those of the in-memory grouping (same seed)."""
+    project = DPProject(tmp_path, persons=300, visits=4)
+    names = [j.name for j in dp_jobs(load_plan(project.config))]
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "spilled").mkdir()
+    spill = tmp_path / "work" / "dp"
+    memory = _aggregate(project, names, tmp_path / "memory", seed=5)
+    spilled = _aggregate(project, names, tmp_path / "spilled", seed=5, spill=str(spill))
+    assert len(list(spill.iterdir())) > 0 and oct(spill.stat().st_mode & 0o777) == "0o700"
+    for name in names:
+        for a, b in zip(memory[name]["partials"], spilled[name]["partials"], strict=True):
+            assert (a.query, a.rows_in, a.rows_kept) == (b.query, b.rows_in, b.rows_kept)
+            pd.testing.assert_frame_equal(a.cells.sort_index(), b.cells.sort_index())

@@ -21,7 +21,7 @@ from privpipe.errors import PrivacyRefusal
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 from transforms import planning
 from transforms.anonymize import FrequencyTable
-from transforms.context import ReleaseContext
+from transforms.context import ReleaseContext, SlimContext
 from transforms.planning import Planned, expected_effort, plan_releases
 
 pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs ../shared/data/arx")
@@ -105,6 +105,30 @@ def test_plans_in_workers_equal_plans_in_process(freq: pd.DataFrame) -> None:
             pooled[name].context.plan.recoding.codes, here[name].context.plan.recoding.codes
         )
     assert workers() == []
+
+
+@pytest.mark.slow  # worker processes start (a few seconds)
+def test_slim_plans_are_the_full_plans_without_their_tuples(freq: pd.DataFrame) -> None:
+    """``slim=True`` (the Beam search step): in a worker and in this thread, each plan is
+    the recoder and the tuple-free figures of the full plan, and holds no per-tuple arrays."""
+    full = plan_releases(freq, SPECS, Loaded(), cores=1)
+    for cores in (1, 3):
+        slim = plan_releases(freq, SPECS, Loaded(), cores=cores, slim=True)
+        assert workers() == []
+        for name, planned in slim.items():
+            ctx, want = planned.context, full[name].context
+            assert isinstance(ctx, SlimContext) and isinstance(want, ReleaseContext)
+            assert len(ctx.without_tuples().plan.recoding.codes) == 0
+            assert len(want.plan.recoding.codes) > 0
+            assert figures(ctx.without_tuples()) == figures(want.without_tuples())
+            assert ctx.input_records == want.input_records
+            got, expect = ctx.for_recoding().recoder, want.for_recoding().recoder
+            assert got.n_tuples == expect.n_tuples
+            assert np.array_equal(got.suppressed, expect.suppressed)
+            for a, b, la, lb in zip(
+                got.label_ids, expect.label_ids, got.label_names, expect.label_names, strict=True
+            ):
+                assert np.array_equal(la[a], lb[b])  # every tuple's label, whatever the ids
 
 
 @pytest.mark.slow

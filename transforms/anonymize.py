@@ -46,6 +46,7 @@ from transforms.context import (  # noqa: F401 (re-exported: the composites' con
     RecodeContext,
     ReleaseContext,
     Resolver,
+    SlimContext,
     _value_counts,
     make_context,
 )
@@ -240,8 +241,16 @@ class RecodeFn(beam.DoFn):  # type: ignore[misc]
             yield out.reset_index(drop=True)
 
 
-def _input_records(ctx: ReleaseContext) -> int:
+def _input_records(ctx: ReleaseContext | SlimContext) -> int:
     return ctx.input_records
+
+
+def _for_recoding(ctx: ReleaseContext | SlimContext) -> RecodeContext:
+    return ctx.for_recoding()
+
+
+def _without_tuples(ctx: ReleaseContext | SlimContext) -> ReleaseContext:
+    return ctx.without_tuples()
 
 
 def published_columns(spec: AnonymizationSpec) -> list[str]:
@@ -359,19 +368,19 @@ class SearchReleases(beam.PTransform):  # type: ignore[misc]
 
 def _search_releases(
     freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
-) -> Iterator[tuple[str, ReleaseContext]]:
+) -> Iterator[tuple[str, ReleaseContext | SlimContext]]:
     with stage_ms("search"):
-        planned = plan_releases(freq, specs, resolver)
+        planned = plan_releases(freq, specs, resolver, slim=True)
     for name, p in planned.items():
         Metrics.counter(NAMESPACE, f"search:{name}").inc(round(p.seconds * 1000))
         yield name, p.context
 
 
-def _by_name(named: tuple[str, ReleaseContext], n: int, names: Sequence[str]) -> int:
+def _by_name(named: tuple[str, ReleaseContext | SlimContext], n: int, names: Sequence[str]) -> int:
     return names.index(named[0])
 
 
-def _context(name: str, context: ReleaseContext) -> ReleaseContext:
+def _context(name: str, context: SlimContext) -> SlimContext:
     return context
 
 
@@ -414,8 +423,8 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
                 timed(f"search:{spec.name}", make_context), spec, self.resolver
             )
         # the side inputs are slim views of the context (the full one is never shipped)
-        recoder = ctx | "Recoder" >> beam.Map(ReleaseContext.for_recoding)
-        figures = ctx | "Figures" >> beam.Map(ReleaseContext.without_tuples)
+        recoder = ctx | "Recoder" >> beam.Map(_for_recoding)
+        figures = ctx | "Figures" >> beam.Map(_without_tuples)
         again = self.reread
         if again is None:
             again = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))["batches"]

@@ -2,6 +2,8 @@
 
     batches ─► Contributions (hashed arrays per release and query, per batch)
             ─► [privacy unit] shard by person hash ─► GroupByKey ─► bound each shard
+               (with ``spill``: each batch's piece of a shard is a file in the run's private
+               work folder and only its path is grouped)
             ─► [no unit]      aggregate each batch (one row = one person: nothing to bound)
             ─► CombineGlobally: partials and cell dictionaries summed per release and query
             ─► one pickle per release in the run's internal folder
@@ -9,15 +11,20 @@
 All DP (and continual) releases of a run share these steps: a handful of ParDos whatever
 the number of releases.
 
-Everything is batch-wise (numpy arrays, never a DoFn per row). Noise is not drawn in the
+Everything is batch-wise (numpy arrays, never a DoFn per row). Grouping the contributions
+themselves makes the runner hold every row's contributions at once (the FnApiRunner keeps
+a GroupByKey's whole input in memory: ~1 GB more at 3M demo rows, the run's peak before
+the search); spilled, one shard of one query is in memory at a time. Noise is not drawn in the
 pipeline: the driver charges the ledger once the data has been checked and only then
 releases the cells (pipelines/dp_release.py), so a run refused for its input spends nothing.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import secrets
+import uuid
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -63,8 +70,15 @@ class ContributionsFn(beam.DoFn):  # type: ignore[misc]
     DICT = "dictionary"
     PARTIAL = "partial"
 
-    def __init__(self, jobs: Sequence[DPCellsJob], labeler: Labeler, shards: int) -> None:
+    def __init__(
+        self, jobs: Sequence[DPCellsJob], labeler: Labeler, shards: int, spill: str | None = None
+    ) -> None:
         self.jobs, self.labeler, self.shards = list(jobs), labeler, shards
+        self.spill = spill
+
+    def setup(self) -> None:
+        if self.spill is not None:
+            os.makedirs(self.spill, mode=0o700, exist_ok=True)
 
     def process(self, batch: pd.DataFrame) -> Iterator[Any]:
         for j, job in enumerate(self.jobs):
@@ -76,7 +90,8 @@ class ContributionsFn(beam.DoFn):  # type: ignore[misc]
                     yield beam.pvalue.TaggedOutput(self.PARTIAL, (j, partial))
                     continue
                 for s, rows in split_by_shard(c.unit, self.shards):
-                    yield (j, c.query, s), c.take(rows)
+                    part = c.take(rows)
+                    yield (j, c.query, s), part if self.spill is None else spill(self.spill, part)
 
 
 class BoundShardFn(beam.DoFn):  # type: ignore[misc]
@@ -90,12 +105,28 @@ class BoundShardFn(beam.DoFn):  # type: ignore[misc]
     ) -> Iterator[Any]:
         (j, query, shard), parts = element
         spec = self.specs[j]
-        merged = concat(list(parts))
+        merged = concat([unspill(p) if isinstance(p, str) else p for p in parts])
         if self.seed is None:  # unpredictable choice of kept rows
             rng = np.random.default_rng(secrets.randbits(128))
         else:  # reproducible (insecure, recorded) runs
             rng = np.random.default_rng([self.seed, zlib.crc32(spec.name.encode()), query, shard])
         yield j, bound_and_aggregate(merged, spec, rng)
+
+
+def spill(folder: str, part: Any) -> str:
+    """A shard's piece as a file in ``folder`` (the run's private work folder); its path.
+    The files go with the work folder when the run ends (kept until then: a retried
+    bundle reads them again)."""
+    path = os.path.join(folder, f"{uuid.uuid4().hex}.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(part, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+def unspill(path: str) -> Any:
+    """What :func:`spill` wrote (our own files in the run's work folder only)."""
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
 
 @dataclass
@@ -194,13 +225,16 @@ class AggregateDPCells(beam.PTransform):  # type: ignore[misc]
         seed: int | None = None,
         shards: int = SHARDS,
         stage: str = "dp",  # the timing stage of the shared step (all its releases)
+        spill: str | None = None,  # a private folder every worker sees (module docstring)
     ) -> None:
         super().__init__()
         self.jobs, self.labeler = list(jobs), labeler
         self.seed, self.shards, self.stage = seed, shards, stage
+        self.spill = spill
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
-        fn = TimedDoFn(self.stage, ContributionsFn(self.jobs, self.labeler, self.shards))
+        contributions = ContributionsFn(self.jobs, self.labeler, self.shards, self.spill)
+        fn = TimedDoFn(self.stage, contributions)
         parts = batches | "Contributions" >> beam.ParDo(fn).with_outputs(
             ContributionsFn.DICT, ContributionsFn.PARTIAL, main="sharded"
         )

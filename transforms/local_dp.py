@@ -23,6 +23,7 @@ driver adds the party's own noise (pipelines/multiparty.py).
 from __future__ import annotations
 
 import hashlib
+import os
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from dp.cells import canonical_labels, hash_units, split_by_shard
 from dp.local import FrequencyOracle, reports_to_frame, support_counts
 from dp.local_release import encode_values, one_per_person
 from dp.secure_random import RandomSource, random_source_for
-from transforms.dp_aggregate import write_pickle
+from transforms.dp_aggregate import spill, unspill, write_pickle
 from transforms.sink import WriteTable
 from transforms.timing import TimedCombineFn, TimedDoFn
 
@@ -127,8 +128,14 @@ class PerturbFn(beam.DoFn):  # type: ignore[misc]
 
     REPORTS = "reports"
 
-    def __init__(self, spec: LocalDPSpec, seed: int | None, shards: int) -> None:
-        self.spec, self.seed, self.shards = spec, seed, shards
+    def __init__(
+        self, spec: LocalDPSpec, seed: int | None, shards: int, spill: str | None = None
+    ) -> None:
+        self.spec, self.seed, self.shards, self.spill = spec, seed, shards, spill
+
+    def setup(self) -> None:
+        if self.spill is not None:
+            os.makedirs(self.spill, mode=0o700, exist_ok=True)
 
     def process(self, batch: pd.DataFrame) -> Iterator[Any]:
         s = self.spec
@@ -146,7 +153,8 @@ class PerturbFn(beam.DoFn):  # type: ignore[misc]
         if parties is not None:
             frame["party"] = parties
         for sh, rows in split_by_shard(unit, self.shards):
-            yield sh, frame.iloc[rows].reset_index(drop=True)
+            part = frame.iloc[rows].reset_index(drop=True)
+            yield sh, part if self.spill is None else spill(self.spill, part)
 
 
 class PerturbShardFn(beam.DoFn):  # type: ignore[misc]
@@ -155,9 +163,10 @@ class PerturbShardFn(beam.DoFn):  # type: ignore[misc]
     def __init__(self, spec: LocalDPSpec, seed: int | None) -> None:
         self.spec, self.seed = spec, seed
 
-    def process(self, element: tuple[int, Iterable[pd.DataFrame]]) -> Iterator[Any]:
+    def process(self, element: tuple[int, Iterable[pd.DataFrame | str]]) -> Iterator[Any]:
         shard, parts = element
-        frame = pd.concat(list(parts), ignore_index=True)
+        frames = [unspill(p) if isinstance(p, str) else p for p in parts]
+        frame = pd.concat(frames, ignore_index=True)
         # a canonical order, so a seeded run does not depend on the shuffle's order
         frame = frame.sort_values(list(frame.columns), kind="stable", ignore_index=True)
         source = _source(self.seed, zlib.crc32(self.spec.name.encode()), shard)
@@ -209,15 +218,16 @@ class PerturbLocalDP(beam.PTransform):  # type: ignore[misc]
         fmt: str = "csv",
         seed: int | None = None,
         shards: int = SHARDS,
+        spill: str | None = None,  # a private folder every worker sees: shards go as files
     ) -> None:
         super().__init__()
         self.spec, self.path, self.reports_dir, self.fmt = spec, path, reports_dir, fmt
-        self.seed, self.shards = seed, shards
+        self.seed, self.shards, self.spill = seed, shards, spill
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         stage = f"local_dp:{self.spec.name}"
         parts = batches | "Perturb" >> beam.ParDo(
-            TimedDoFn(stage, PerturbFn(self.spec, self.seed, self.shards))
+            TimedDoFn(stage, PerturbFn(self.spec, self.seed, self.shards, self.spill))
         ).with_outputs(PerturbFn.REPORTS, main="main")
         partials = parts.main
         reports = parts[PerturbFn.REPORTS]

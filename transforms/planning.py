@@ -12,9 +12,13 @@ every release of one summary) before the planning.
 A worker is a fresh ``python`` running ``serve()`` (no fork of the threaded Beam worker,
 no re-import of the caller's ``__main__``, no Beam import): it reads the pickled summary,
 hierarchies and spec from its stdin (a pipe: the summary never touches the disk) and
-writes the pickled plan, or the exception, to its stdout. The summary is pickled once
-per call. Workers ignore Ctrl-C; the caller kills them on any error or interrupt, and
-they exit by themselves if the caller dies: no worker outlives the call.
+writes the pickled plan, or the exception, to its stdout. The summary is pickled straight
+into each worker's pipe as the worker reads it: the caller never holds a pickled copy
+(15 MB at 1M demo rows, ~150 MB at 10M; a held copy, and a second one joined with the
+spec, used to stay in the caller for the whole search). With ``slim`` a plan is reduced
+to what the Beam steps after the search use (``SlimContext``) where it is made, before
+it is pickled or kept. Workers ignore Ctrl-C; the caller kills them on any error or
+interrupt, and they exit by themselves if the caller dies: no worker outlives the call.
 
 Errors are those of the sequential order: the first release in config order whose plan
 fails raises its own exception (type and message unchanged, so a refusal still exits 4);
@@ -38,7 +42,14 @@ from dataclasses import dataclass
 import pandas as pd
 
 from anonymity.spec import AnonymizationSpec
-from transforms.context import ReleaseContext, Resolved, Resolver, column_counts, make_context
+from transforms.context import (
+    ReleaseContext,
+    Resolved,
+    Resolver,
+    SlimContext,
+    column_counts,
+    make_context,
+)
 
 # expected search effort by kind (measured on the demo at 1M: t=0.3 115 s, recursive l
 # 18 s, Mondrian 10 s, k=5 8 s); only the order matters
@@ -50,7 +61,7 @@ WATCH_S = 1.0  # how often a worker checks that its caller is alive
 class Planned:
     """One release's plan and the seconds its planning took (where it ran)."""
 
-    context: ReleaseContext
+    context: ReleaseContext | SlimContext
     seconds: float
 
 
@@ -69,10 +80,15 @@ def expected_effort(spec: AnonymizationSpec) -> int:
     return _EFFORT.get(spec.kind, 0)
 
 
-def plan_one(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver) -> Planned:
-    """``make_context`` and its wall seconds."""
+def plan_one(
+    freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver, slim: bool = False
+) -> Planned:
+    """``make_context`` and its wall seconds; with ``slim`` its ``SlimContext``, made
+    right away so the full context is never kept (or pickled, in a worker)."""
     t0 = time.perf_counter()
-    context = make_context(freq, spec, resolver)
+    context: ReleaseContext | SlimContext = make_context(freq, spec, resolver)
+    if slim:
+        context = context.slim()
     return Planned(context, time.perf_counter() - t0)
 
 
@@ -81,22 +97,24 @@ def plan_releases(
     specs: Sequence[AnonymizationSpec],
     resolver: Resolver,
     cores: int | None = None,
+    slim: bool = False,
 ) -> dict[str, Planned]:
     """Every release's plan from the shared frequency table, by release name.
 
     ``cores``: how many to use (default: ``available_cores()``); 1 plans in this thread.
+    ``slim``: each plan as its ``SlimContext`` (all the Beam steps after the search use).
     """
     cores = available_cores() if cores is None else max(1, cores)
     processes = min(cores, len(specs)) - 1
     if len(specs) > 1:  # the same answer for every release: resolved once, shipped as data
         resolver = Resolved(resolver(column_counts(freq)))
     if processes <= 0:
-        return {str(s.name): plan_one(freq, s, resolver) for s in specs}
+        return {str(s.name): plan_one(freq, s, resolver, slim) for s in specs}
     order = sorted(range(len(specs)), key=lambda i: (-expected_effort(specs[i]), i))
-    workers = _Workers(pickle.dumps((freq, resolver), protocol=pickle.HIGHEST_PROTOCOL))
+    workers = _Workers((freq, resolver), slim)
     pool = ThreadPoolExecutor(processes, thread_name_prefix="privpipe-plan")
     try:
-        results = _schedule(pool, workers, processes, order, freq, specs, resolver)
+        results = _schedule(pool, workers, processes, order, freq, specs, resolver, slim)
         return {str(s.name): results[i] for i, s in enumerate(specs)}
     finally:
         workers.kill()  # none left on success; on an error or interrupt, the unneeded ones
@@ -111,6 +129,7 @@ def _schedule(
     freq: pd.DataFrame,
     specs: Sequence[AnonymizationSpec],
     resolver: Resolver,
+    slim: bool = False,
 ) -> dict[int, Planned]:
     """Fill the workers (longest first), plan the next release here meanwhile, collect."""
     results: dict[int, Planned] = {}
@@ -130,7 +149,7 @@ def _schedule(
         if pending:  # this thread is a worker too
             i = pending.popleft()
             try:
-                results[i] = plan_one(freq, specs[i], resolver)
+                results[i] = plan_one(freq, specs[i], resolver, slim)
             except Exception as e:  # raised below, in config order
                 errors[i] = e
             done = {f for f in running if f.done()}
@@ -156,8 +175,9 @@ class WorkerFailed(RuntimeError):
 class _Workers:
     """Worker processes, one per release planned away from the calling thread."""
 
-    def __init__(self, shared: bytes) -> None:
-        self.shared = shared  # the pickled summary and hierarchies
+    def __init__(self, shared: tuple[pd.DataFrame, Resolver], slim: bool = False) -> None:
+        self.shared = shared  # the summary and hierarchies, pickled into each worker's pipe
+        self.slim = slim
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.killed = False
@@ -174,12 +194,16 @@ class _Workers:
                 stdout=subprocess.PIPE,
             )
             self.procs.append(proc)
-        task = self.shared + pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            out, _ = proc.communicate(task)
-        except BrokenPipeError:  # it died while reading
-            out = b""
-            proc.wait()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:  # streamed: pickle writes large arrays to the pipe without a copy of them
+            with proc.stdin as task:
+                pickle.dump(self.shared, task, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump((spec, self.slim), task, protocol=pickle.HIGHEST_PROTOCOL)
+        except (BrokenPipeError, ValueError):  # it died while reading (or was killed)
+            pass
+        with proc.stdout as answer:  # the worker writes once it has read everything
+            out = answer.read()
+        proc.wait()
         if proc.returncode != 0 or not out:
             raise WorkerFailed(
                 f"release {spec.name!r}: the worker planning it exited with code "
@@ -202,16 +226,17 @@ class _Workers:
 
 
 def serve() -> None:
-    """A worker's main: summary, hierarchies and spec from stdin; (ok, plan | error) out."""
+    """A worker's main: summary, hierarchies, spec and slim from stdin; (ok, plan | error)
+    out."""
     caller = int(sys.argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the caller stops us (no traceback)
     threading.Thread(target=_exit_with, args=(caller,), daemon=True).start()
     stdin = sys.stdin.buffer
     freq, resolver = pickle.load(stdin)
-    spec = pickle.load(stdin)
+    spec, slim = pickle.load(stdin)
     answer: tuple[bool, object]
     try:
-        answer = (True, plan_one(freq, spec, resolver))
+        answer = (True, plan_one(freq, spec, resolver, slim))
     except Exception as e:  # the caller raises it as its own
         answer = (False, e)
     try:
