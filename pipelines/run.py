@@ -570,8 +570,8 @@ def _run(
         with stage("commit"):
             out.arrange(chosen)
         manifest["timings"] = clock.timings()  # internal only (contract.md)
-        # the whole run, audit and report included (the figures above were before them)
-        manifest["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        # the whole run, audit and report included (``finished`` stays the time the report
+        # shows: a rebuilt report must be the same)
         manifest["seconds"] = round(time.perf_counter() - t0, 3)
         write_json(str(out.internal / "manifest.json"), manifest)
         check_unchanged(stamps)  # what is published was read from one version of the input
