@@ -29,6 +29,12 @@ mean over cells). ``dp_mean``: first order (delta method) in the noisy count and
 cells with data. ``dp_top_k``/``dp_mode``: the expected shortfall, in true rows, of the first
 pick against the true mode of each group (exact exponential-mechanism law at the first pick's
 ε, on the expected bounded counts); bias = the shortfall of the noiseless pick.
+``dp_count_distinct``: persons per cell, exact (:func:`distinct_error`).
+``dp_variance``/``dp_stddev``: exact bias, APPROXIMATE (first order) sampling and noise in
+the noisy count, sum and sum of squares (:func:`moment_error`). ``dp_quantile``/
+``dp_median``: the exponential mechanism's exact law on the expected bounded grid
+histogram, in value units, on at most :data:`MAX_QUANTILE_CELLS` cells
+(:func:`quantile_error`).
 
 A kind plugs in by one function in :data:`KIND_ERRORS`: (bounded cells, plan, spec,
 query data) → :class:`QueryError`.
