@@ -33,8 +33,8 @@ pick against the true mode of each group (exact exponential-mechanism law at the
 ``dp_variance``/``dp_stddev``: exact bias, APPROXIMATE (first order) sampling and noise in
 the noisy count, sum and sum of squares (:func:`moment_error`). ``dp_quantile``/
 ``dp_median``: the exponential mechanism's exact law on the expected bounded grid
-histogram, in value units, on at most :data:`MAX_QUANTILE_CELLS` cells
-(:func:`quantile_error`).
+histogram (runs of empty grid points in closed form), in value units, on at most
+:data:`MAX_QUANTILE_CELLS` cells (:func:`quantile_error`).
 
 A kind plugs in by one function in :data:`KIND_ERRORS`: (bounded cells, plan, spec,
 query data) → :class:`QueryError`.
@@ -581,25 +581,32 @@ def distinct_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: Query
     return _linear_error(b.units, var.astype(np.float64), truth, noise, b, plan, spec, data)
 
 
-MAX_QUANTILE_CELLS = 64  # cells a quantile's error is evaluated on (a sample beyond)
-QUANTILE_ENTRIES = 1 << 20  # evaluated cells × grid candidates held at once
+MAX_QUANTILE_CELLS = 64  # cells a quantile's error is evaluated on (an even sample beyond)
 
 
 @dataclass(frozen=True)
 class QuantileRows:
-    """A quantile query's evaluated cells (all with data, or an even sample over their
-    sizes when there are more than fit :data:`MAX_QUANTILE_CELLS` and
-    :data:`QUANTILE_ENTRIES`): its rows as (class of pair, evaluated cell, grid index) →
-    rows, and the raw (unclamped) quantiles of each evaluated cell. Independent of L0/Linf."""
+    """A quantile query's evaluated cells (all with data, or an even sample over their sizes
+    beyond :data:`MAX_QUANTILE_CELLS`) as a sparse grid histogram: each (class of pair,
+    occupied grid point) → rows, and the grid as *segments* per cell — each occupied point,
+    the run of empty points before it and the run after the cell's last one — whose
+    candidates share one utility (rank counts change only at occupied points), so a cell
+    costs its occupied points, not the grid's size. Independent of L0/Linf."""
 
     cells: IntArray  # indices into the pairs' cell_ids
     cells_with_data: int  # the release's cells with data (evaluated or not)
-    klass: IntArray
-    local: IntArray  # 0 .. len(cells) − 1
-    bin: IntArray  # grid index 0 .. grid − 1
-    rows: FloatArray
+    klass: IntArray  # per entry
+    occupied_of: IntArray  # per entry: its occupied point
+    rows: FloatArray  # per entry
+    occ_local: IntArray  # per occupied point (sorted by cell, grid index): its cell 0..C−1
+    occ_start: IntArray  # per cell: its first occupied point
+    seg_kind: IntArray  # per segment (sorted by cell): 0 a point, 1 the run before, 2 after
+    seg_ref: IntArray  # per segment: its occupied point (kinds 0, 1) or its cell (kind 2)
+    seg_cell: IntArray
+    seg_start: IntArray  # per cell: its first segment
+    seg_size: FloatArray  # candidates in the segment (0: an empty run, ignored)
+    seg_mid: FloatArray  # the segment's middle grid index
     truth: FloatArray  # (cells, quantiles): the raw α-quantile of each evaluated cell
-    grid: int
     lower: float
     unclamped: float  # share of the evaluated rows the clamp leaves unchanged
 
@@ -615,24 +622,39 @@ def quantile_rows(
     row_cell = pairs.cell[pairs.row_pair]
     rows_per_cell = np.bincount(row_cell, minlength=ids.size)
     with_data = np.flatnonzero(inside & (rows_per_cell > 0))
-    most = max(1, min(MAX_QUANTILE_CELLS, QUANTILE_ENTRIES // max(size, 1)))
     chosen = with_data
-    if with_data.size > most:  # an even sample over the cells ordered by size
+    if with_data.size > MAX_QUANTILE_CELLS:  # an even sample over the cells ordered by size
         by_size = with_data[np.argsort(rows_per_cell[with_data], kind="stable")]
-        chosen = np.unique(by_size[np.rint(np.linspace(0, by_size.size - 1, most)).astype(int)])
+        pick = np.rint(np.linspace(0, by_size.size - 1, MAX_QUANTILE_CELLS)).astype(np.int64)
+        chosen = np.unique(by_size[pick])
+    n_cells = chosen.size
     local_of = np.full(ids.size, -1, dtype=np.int64)
-    local_of[chosen] = np.arange(chosen.size)
+    local_of[chosen] = np.arange(n_cells)
     row_local = local_of[row_cell]
     mine = row_local >= 0
     raw = data.value[mine]
     steps = np.rint((raw - plan.centre) / spec.resolution)
     index = np.clip(steps, 0, size - 1).astype(np.int64)
-    klass = pairs.klass[pairs.row_pair[mine]]
     local = row_local[mine]
-    key = (klass * chosen.size + local) * size + index
-    uniq, counts = np.unique(key, return_counts=True)
+    point = local * size + index  # sorted order = (cell, grid index)
+    occupied, occupied_of = np.unique(point, return_inverse=True)
+    entry, rows = np.unique(pairs.klass[pairs.row_pair[mine]] * occupied.size + occupied_of,
+                            return_counts=True)  # fmt: skip
+    occ_local, occ_bin = occupied // size, occupied % size
+    occ_start = np.searchsorted(occ_local, np.arange(n_cells))
+    first = np.zeros(occupied.size, dtype=bool)
+    first[occ_start[occ_start < occupied.size]] = True
+    prev = np.where(first, -1, np.r_[-1, occ_bin[:-1]])
+    last = np.r_[occ_bin[occ_start[1:] - 1], occ_bin[-1:]] if occupied.size else occ_bin
+    m = occupied.size
+    kind = np.r_[np.zeros(m), np.ones(m), np.full(n_cells, 2)].astype(np.int64)
+    ref = np.r_[np.arange(m), np.arange(m), np.arange(n_cells)].astype(np.int64)
+    cell = np.r_[occ_local, occ_local, np.arange(n_cells)].astype(np.int64)
+    lo = np.r_[occ_bin, prev + 1, last + 1].astype(np.float64)
+    hi = np.r_[occ_bin, occ_bin - 1, np.full(n_cells, size - 1)].astype(np.float64)
+    order = np.argsort(cell, kind="stable")
     qs = [float(q) for q in spec.quantiles]
-    truth = np.zeros((chosen.size, len(qs)))
+    truth = np.zeros((n_cells, len(qs)))
     if raw.size:
         frame = pd.DataFrame({"c": local, "v": raw})
         quant = frame.groupby("c")["v"].quantile(qs).unstack()
@@ -640,12 +662,18 @@ def quantile_rows(
     return QuantileRows(
         cells=chosen.astype(np.int64),
         cells_with_data=int(with_data.size),
-        klass=(uniq // size) // max(chosen.size, 1),
-        local=(uniq // size) % max(chosen.size, 1),
-        bin=uniq % size,
-        rows=counts.astype(np.float64),
+        klass=(entry // max(m, 1)).astype(np.int64),
+        occupied_of=(entry % max(m, 1)).astype(np.int64),
+        rows=rows.astype(np.float64),
+        occ_local=occ_local.astype(np.int64),
+        occ_start=occ_start.astype(np.int64),
+        seg_kind=kind[order],
+        seg_ref=ref[order],
+        seg_cell=cell[order],
+        seg_start=np.searchsorted(cell[order], np.arange(n_cells)).astype(np.int64),
+        seg_size=np.maximum(hi - lo + 1, 0.0)[order],
+        seg_mid=((lo + hi) / 2)[order],
         truth=truth,
-        grid=size,
         lower=float(plan.centre),
         unclamped=float((steps == index).mean()) if steps.size else 1.0,
     )
@@ -660,10 +688,10 @@ def quantile_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: Query
     selection_probabilities`' exp(ε·u/(2Δu)), ε per cell and quantile from the plan) on the
     rank utilities (:func:`dp.release.quantile_utilities`) of the cell's expected bounded
     histogram on the grid (bounding's randomness enters through that expectation only:
-    sampling is 0). bias: the noiseless pick (the best-utility grid points' middle) minus
-    the raw quantile — clamping, bounding and the grid's rounding; noise: the rest,
-    E[(pick − raw)²] − bias². Cells are evaluated on a sample when many (see
-    :class:`QuantileRows`; ``cells_evaluated``)."""
+    sampling is 0), summed in closed form over runs of empty grid points. bias: the
+    noiseless pick (the middle of the best-utility grid points) minus the raw quantile —
+    clamping, bounding and the grid's rounding; noise: the rest, E[(pick − raw)²] − bias².
+    Many cells are evaluated on a sample (:class:`QuantileRows`; ``cells_evaluated``)."""
     assert plan.quantile_epsilon is not None and b.quantile_rows is not None
     qr = b.quantile_rows
     n_cells = qr.cells.size
@@ -673,26 +701,34 @@ def quantile_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: Query
     pi = p.class_keep_probability(b.l0)
     n = p.class_rows.astype(np.float64)
     share = np.minimum(n, float(b.linf)) / n
-    weight = qr.rows * pi[qr.klass] * share[qr.klass]
-    hist = np.bincount(qr.local * qr.grid + qr.bin, weights=weight, minlength=n_cells * qr.grid)
-    hist = hist.reshape(n_cells, qr.grid)
-    below = np.cumsum(hist, axis=1) - hist
-    above = hist.sum(axis=1, keepdims=True) - below - hist
-    value = qr.lower + np.arange(qr.grid) * spec.resolution
+    h = np.bincount(qr.occupied_of, weights=qr.rows * pi[qr.klass] * share[qr.klass],
+                    minlength=qr.occ_local.size)  # fmt: skip
+    excl = np.cumsum(h) - h
+    below_occ = excl - excl[qr.occ_start][qr.occ_local]  # rows below, within the cell
+    total = np.bincount(qr.occ_local, weights=h, minlength=n_cells)
+    point, after = qr.seg_kind == 0, qr.seg_kind == 2
+    ref = qr.seg_ref
+    below = np.where(after, total[np.minimum(ref, n_cells - 1)], below_occ[np.where(after, 0, ref)])
+    mass = np.where(point, h[np.where(after, 0, ref)], 0.0)
+    above = total[qr.seg_cell] - below - mass
+    r = spec.resolution
+    size = qr.seg_size
+    value = qr.lower + qr.seg_mid * r
     bias2 = np.zeros(n_cells)
     noise2 = np.zeros(n_cells)
     for j, quant in enumerate(spec.quantiles):
         a, d = quant.numerator, quant.denominator
-        u = -np.abs((d - a) * below - a * above)
-        top = u.max(axis=1, keepdims=True)
-        scale = gumbel_scale(float(plan.quantile_epsilon), float(quantile_sensitivity(spec, quant)))
-        w = np.exp((u - top) / scale)
-        prob = w / w.sum(axis=1, keepdims=True)
-        t = qr.truth[:, j : j + 1]
-        err2 = (prob * (value - t) ** 2).sum(axis=1)
-        best = u >= top - 1e-9 * np.maximum(np.abs(top), 1.0)
-        pick = (best * value).sum(axis=1) / best.sum(axis=1)
-        bias = pick - t[:, 0]
+        u = np.where(size > 0, -np.abs((d - a) * below - a * above), -np.inf)
+        top = np.maximum.reduceat(u, qr.seg_start)
+        beta = gumbel_scale(float(plan.quantile_epsilon), float(quantile_sensitivity(spec, quant)))
+        w = np.exp((u - top[qr.seg_cell]) / beta)
+        t = qr.truth[qr.seg_cell, j]
+        # Σ over the segment's points of (v − t)²: centred on its middle, the cross term is 0
+        squares = size * (value - t) ** 2 + r * r * size * (size * size - 1) / 12
+        err2 = np.add.reduceat(w * squares, qr.seg_start) / np.add.reduceat(w * size, qr.seg_start)
+        best = (u >= top[qr.seg_cell] - 1e-9 * np.maximum(np.abs(top[qr.seg_cell]), 1.0)) * size
+        pick = np.add.reduceat(best * value, qr.seg_start) / np.add.reduceat(best, qr.seg_start)
+        bias = pick - qr.truth[:, j]
         bias2 += bias * bias
         noise2 += np.maximum(err2 - bias * bias, 0.0)
     k = len(spec.quantiles)
