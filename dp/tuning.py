@@ -491,8 +491,9 @@ def moment_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: QueryDa
     raw values (clamping and bounding; exact when bounding keeps every row, a plug-in of
     the expectations otherwise); sampling and noise: APPROXIMATE, first order (delta
     method) in N, S, Q — sampling from their exact bounding covariances, noise from the three
-    noise variances the plan calibrates (ε/3 each); the clip to [0, m²] is ignored. For
-    ``dp_stddev`` the same through √: bias √f − √truth, spread min(σ/(2√f), √σ)."""
+    noise variances the plan calibrates (ε/3 each); the clip to [0, m²] only caps each
+    part's spread at m². For ``dp_stddev`` the same through √: bias √f − √truth, spread
+    min(σ/(2√f), √σ), capped at m."""
     assert plan.count_noise is not None and plan.sum_noise is not None
     assert plan.sumsq_noise is not None and b.sum is not None and b.sum_var is not None
     assert b.cov is not None and b.moments is not None
@@ -528,6 +529,9 @@ def moment_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: QueryDa
             return out
 
         sampling, noise = through_root(sampling), through_root(noise)
+    # the release clips to [0, m²] (√ for the deviation): no part's spread exceeds that range
+    top = plan.sumsq_bound * r2 if spec.kind == "dp_variance" else math.sqrt(plan.sumsq_bound * r2)
+    sampling, noise = np.minimum(sampling, top * top), np.minimum(noise, top * top)
     w = keep / max(float(keep.sum()), 1e-300) * keep.size
     dropped = float((1.0 - keep).sum()) / max(keep.size, 1) if data.domain is None else 0.0
     return _rmse_parts(w * bias * bias, w * sampling, w * noise, 0, 0.0, dropped)

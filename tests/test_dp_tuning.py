@@ -427,3 +427,15 @@ def test_quantile_cells_are_sampled_beyond_the_cap() -> None:
     s = spec("dp_median", value="v", bounds=(0.0, 10.0))
     (q,) = tune_release(s, [d], grid=[Candidate(1, 1, (0.0, 10.0))]).results[0].queries.values()
     assert q.cells == 100 and q.cells_evaluated == MAX_QUANTILE_CELLS < 100
+
+
+def test_variance_spread_is_capped_by_the_release_clip() -> None:
+    """Three rows at ε = 0.1: the first-order noise of Q/N − (S/N)² would be ~10^5, but the
+    release clips the variance to [0, m²] = [0, 2500] (the deviation to [0, 50])."""
+    d = QueryData(cell=np.zeros(3, np.uint64), unit=np.arange(3).astype(np.uint64),
+                  value=np.array([10.0, 50.0, 90.0]), domain=np.zeros(1, np.uint64))  # fmt: skip
+    for kind, top in (("dp_variance", 2500.0), ("dp_stddev", 50.0)):
+        s = spec(kind, queries=(Query("q"),), value="v", bounds=(0.0, 100.0),
+                 epsilon=Fraction(1, 10))  # fmt: skip
+        r = tune_release(s, [d], grid=[Candidate(1, 1, (0.0, 100.0))]).results[0]
+        assert r.noise == pytest.approx(top)
