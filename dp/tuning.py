@@ -29,6 +29,12 @@ mean over cells). ``dp_mean``: first order (delta method) in the noisy count and
 cells with data. ``dp_top_k``/``dp_mode``: the expected shortfall, in true rows, of the first
 pick against the true mode of each group (exact exponential-mechanism law at the first pick's
 ε, on the expected bounded counts); bias = the shortfall of the noiseless pick.
+``dp_count_distinct``: persons per cell, exact (:func:`distinct_error`).
+``dp_variance``/``dp_stddev``: exact bias, APPROXIMATE (first order) sampling and noise in
+the noisy count, sum and sum of squares (:func:`moment_error`). ``dp_quantile``/
+``dp_median``: the exponential mechanism's exact law on the expected bounded grid
+histogram (runs of empty grid points in closed form), in value units, on at most
+:data:`MAX_QUANTILE_CELLS` cells (:func:`quantile_error`).
 
 A kind plugs in by one function in :data:`KIND_ERRORS`: (bounded cells, plan, spec,
 query data) → :class:`QueryError`.
@@ -48,8 +54,16 @@ import pandas as pd
 
 from dp.exponential import gumbel_scale
 from dp.partition_selection import keep_probability
-from dp.release import noise_variance
-from dp.spec import TOP_KINDS, DPReleaseSpec, QueryPlan, plan_queries
+from dp.release import noise_variance, quantile_sensitivity
+from dp.spec import (
+    DISTINCT_KINDS,
+    MOMENT_KINDS,
+    QUANTILE_KINDS,
+    TOP_KINDS,
+    DPReleaseSpec,
+    QueryPlan,
+    plan_queries,
+)
 from privpipe.errors import ConfigError, InputDataError
 
 FloatArray = npt.NDArray[np.float64]
@@ -215,6 +229,22 @@ class Bounded:
     cov: FloatArray | None = None  # Cov(bounded count, bounded sum)
     rows_kept: float = 0.0  # E[rows kept] / rows
     values_unclamped: float | None = None  # share of rows the clamp leaves unchanged
+    moments: Moments | None = None  # variances: the sum of squares and its covariances
+    quantile_rows: QuantileRows | None = None  # quantiles: the evaluated cells' rows
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Per cell, for variances (values centred and clamped as the run does): the bounded
+    sum of squares Q's expectation, variance and covariances with the count N and sum S,
+    and the raw (unclamped) values' centred sum and sum of squares."""
+
+    sumsq: FloatArray
+    sumsq_var: FloatArray
+    cov_count: FloatArray  # Cov(N, Q)
+    cov_sum: FloatArray  # Cov(S, Q)
+    true_sum: FloatArray  # Σ (raw − centre)
+    true_sumsq: FloatArray  # Σ (raw − centre)²
 
 
 @dataclass(frozen=True)
@@ -228,14 +258,30 @@ class PairValues:
     squares: FloatArray
     raw: FloatArray
     unclamped: float  # share of rows the clamp leaves unchanged
+    higher: HigherSums | None = None  # variances only
+
+
+@dataclass(frozen=True)
+class HigherSums:
+    """Per class, for variances: sums over its pairs of q² and s·q (q: a pair's sum of
+    squared clamped values), of the clamped values' cubes and fourth powers, and of the raw
+    values centred and squared."""
+
+    q_sq: FloatArray
+    s_q: FloatArray
+    cubes: FloatArray
+    quarts: FloatArray
+    raw_centred: FloatArray
+    raw_squares: FloatArray
 
 
 def pair_values(
-    pairs: Pairs, raw: FloatArray, centre: float, resolution: float, units: tuple[int, int]
-) -> PairValues:
+    pairs: Pairs, raw: FloatArray, centre: float, resolution: float, units: tuple[int, int],
+    moments: bool = False,
+) -> PairValues:  # fmt: skip
     """Each row clamped as the run does (:func:`dp.cells.fixed_point_values`: round
     (v − centre)/resolution, clip to ``units``, back to value units), summed per pair, then
-    per class."""
+    per class; with ``moments`` also the :class:`HigherSums` a variance needs."""
     steps = np.rint((raw - centre) / resolution)
     inside = np.clip(steps, units[0], units[1])
     clamped = inside * resolution
@@ -245,13 +291,30 @@ def pair_values(
         out: FloatArray = np.bincount(index, weights=x, minlength=n).astype(np.float64)
         return out
 
+    def per_class(x: npt.NDArray[Any]) -> FloatArray:
+        return total(pairs.klass, total(pairs.row_pair, x, npairs), nclass)
+
     s = total(pairs.row_pair, clamped, npairs)
+    sq = clamped * clamped
+    higher = None
+    if moments:
+        q = total(pairs.row_pair, sq, npairs)
+        centred = raw - centre
+        higher = HigherSums(
+            q_sq=total(pairs.klass, q * q, nclass),
+            s_q=total(pairs.klass, s * q, nclass),
+            cubes=per_class(sq * clamped),
+            quarts=per_class(sq * sq),
+            raw_centred=per_class(centred),
+            raw_squares=per_class(centred * centred),
+        )
     return PairValues(
         sum=total(pairs.klass, s, nclass),
         sum_sq=total(pairs.klass, s * s, nclass),
-        squares=total(pairs.klass, total(pairs.row_pair, clamped * clamped, npairs), nclass),
-        raw=total(pairs.klass, total(pairs.row_pair, raw, npairs), nclass),
+        squares=per_class(sq),
+        raw=per_class(raw),
         unclamped=float((steps == inside).mean()) if steps.size else 1.0,
+        higher=higher,
     )
 
 
@@ -288,6 +351,20 @@ def bounded_cells(pairs: Pairs, l0: int, linf: int, values: PairValues | None = 
     share = k / n
     spread = np.where(n > 1, k * (n - k) / np.maximum(n - 1.0, 1.0), 0.0)
     var_y = np.maximum(spread * (values.squares / n - values.sum_sq / (n * n)), 0.0)
+    moments = None
+    h = values.higher
+    if h is not None:  # Q: the sum of squares; within a pair k of n rows without replacement
+        mix = pi * (1.0 - pi) * share * share
+        var_q = np.maximum(spread * (h.quarts / n - h.q_sq / (n * n)), 0.0)
+        cov_sq = spread * (h.cubes / n - h.s_q / (n * n))
+        moments = Moments(
+            sumsq=per_cell(pi * share * values.squares),
+            sumsq_var=per_cell(pi * var_q + mix * h.q_sq),
+            cov_count=per_cell(k * pi * (1.0 - pi) * share * values.squares),
+            cov_sum=per_cell(pi * cov_sq + mix * h.s_q),
+            true_sum=per_cell(h.raw_centred),
+            true_sumsq=per_cell(h.raw_squares),
+        )
     return dataclasses.replace(
         out,
         true_sum=per_cell(values.raw),
@@ -295,6 +372,7 @@ def bounded_cells(pairs: Pairs, l0: int, linf: int, values: PairValues | None = 
         sum_var=per_cell(pi * var_y + pi * (1.0 - pi) * share * share * values.sum_sq),
         cov=per_cell(k * pi * (1.0 - pi) * share * values.sum),
         values_unclamped=values.unclamped,
+        moments=moments,
     )
 
 
@@ -310,6 +388,7 @@ class QueryError:
     cells: int
     cells_dropped: float = 0.0  # expected share of cells partition selection drops
     measure: str = "rmse"
+    cells_evaluated: int | None = None  # quantiles: the cells evaluated (a sample if fewer)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: _finite(v) for k, v in dataclasses.asdict(self).items()}
@@ -403,6 +482,61 @@ def mean_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: QueryData
     return _rmse_parts(w * bias * bias, w * np.maximum(sampling, 0.0), w * noise, 0, 0.0, dropped)
 
 
+def moment_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: QueryData) -> QueryError:
+    """dp_variance / dp_stddev, over cells with data (weighted by their keep probability
+    with private partitions). The released variance is f(N, S, Q) = Q/N − (S/N)² of the
+    noisy count N, centred sum S and sum of squares Q (value units).
+
+    bias: f at the bounded parts' exact expectations minus the variance of all the cell's
+    raw values (clamping and bounding; exact when bounding keeps every row, a plug-in of
+    the expectations otherwise); sampling and noise: APPROXIMATE, first order (delta
+    method) in N, S, Q — sampling from their exact bounding covariances, noise from the three
+    noise variances the plan calibrates (ε/3 each); the clip to [0, m²] only caps each
+    part's spread at m². For ``dp_stddev`` the same through √: bias √f − √truth, spread
+    min(σ/(2√f), √σ), capped at m."""
+    assert plan.count_noise is not None and plan.sum_noise is not None
+    assert plan.sumsq_noise is not None and b.sum is not None and b.sum_var is not None
+    assert b.cov is not None and b.moments is not None
+    mo = b.moments
+    inside, keep, _ = _published(b, plan, spec, data)
+    n = np.maximum(b.count[inside], 1e-12)
+    s, q = b.sum[inside], mo.sumsq[inside]
+    est = q / n - (s / n) ** 2
+    t_n = np.maximum(b.true_count[inside], 1.0)
+    truth = np.maximum(mo.true_sumsq[inside] / t_n - (mo.true_sum[inside] / t_n) ** 2, 0.0)
+    g_n, g_s, g_q = -q / n**2 + 2 * s * s / n**3, -2 * s / n**2, 1.0 / n
+    sampling = (
+        g_n**2 * b.count_var[inside]
+        + g_s**2 * b.sum_var[inside]
+        + g_q**2 * mo.sumsq_var[inside]
+        + 2 * g_n * g_s * b.cov[inside]
+        + 2 * g_n * g_q * mo.cov_count[inside]
+        + 2 * g_s * g_q * mo.cov_sum[inside]
+    )
+    r2 = spec.resolution**2
+    noise = (g_n**2 * noise_variance(plan.count_noise)
+             + g_s**2 * noise_variance(plan.sum_noise) * r2
+             + g_q**2 * noise_variance(plan.sumsq_noise) * r2 * r2)  # fmt: skip
+    sampling = np.maximum(sampling, 0.0)
+    bias = est - truth
+    if spec.kind == "dp_stddev":
+        root = np.sqrt(np.maximum(est, 0.0))
+        bias = root - np.sqrt(truth)
+
+        def through_root(v: FloatArray) -> FloatArray:  # |√a − √b| ≤ √|a − b| caps it
+            sd = np.minimum(np.sqrt(v) / np.maximum(2 * root, 1e-300), np.sqrt(np.sqrt(v)))
+            out: FloatArray = sd * sd
+            return out
+
+        sampling, noise = through_root(sampling), through_root(noise)
+    # the release clips to [0, m²] (√ for the deviation): no part's spread exceeds that range
+    top = plan.sumsq_bound * r2 if spec.kind == "dp_variance" else math.sqrt(plan.sumsq_bound * r2)
+    sampling, noise = np.minimum(sampling, top * top), np.minimum(noise, top * top)
+    w = keep / max(float(keep.sum()), 1e-300) * keep.size
+    dropped = float((1.0 - keep).sum()) / max(keep.size, 1) if data.domain is None else 0.0
+    return _rmse_parts(w * bias * bias, w * sampling, w * noise, 0, 0.0, dropped)
+
+
 def top_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: QueryData) -> QueryError:
     """dp_top_k / dp_mode: mean over groups with data of the first pick's expected shortfall
     in true rows against the true mode (exact exponential-mechanism law at the first pick's
@@ -436,9 +570,195 @@ def top_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: QueryData)
     return QueryError(total, bias, 0.0, total - bias, groups, measure="shortfall")
 
 
+def distinct_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: QueryData) -> QueryError:
+    """dp_count_distinct: RMSE of the noisy number of persons kept per cell against the
+    persons in the cell. A person's cell survives L0 bounding with probability π (and then
+    counts once, whatever Linf keeps of its rows), so E = Σ π and Var = Σ π(1−π), exact;
+    noise at the plan's L0 (a person moves L0 cells by one each)."""
+    assert plan.count_noise is not None
+    p = b.pairs
+    pi = p.class_keep_probability(b.l0)
+    cells = p.cell_ids.size
+    truth = np.bincount(p.class_cell, weights=p.class_size, minlength=cells).astype(np.float64)
+    var = np.bincount(p.class_cell, weights=p.class_size * pi * (1.0 - pi), minlength=cells)
+    noise = noise_variance(plan.count_noise)
+    return _linear_error(b.units, var.astype(np.float64), truth, noise, b, plan, spec, data)
+
+
+MAX_QUANTILE_CELLS = 64  # cells a quantile's error is evaluated on (an even sample beyond)
+
+
+@dataclass(frozen=True)
+class QuantileRows:
+    """A quantile query's evaluated cells (all with data, or an even sample over their sizes
+    beyond :data:`MAX_QUANTILE_CELLS`) as a sparse grid histogram: each (class of pair,
+    occupied grid point) → rows, and the grid as *segments* per cell — each occupied point,
+    the run of empty points before it and the run after the cell's last one — whose
+    candidates share one utility (rank counts change only at occupied points), so a cell
+    costs its occupied points, not the grid's size. Independent of L0/Linf."""
+
+    cells: IntArray  # indices into the pairs' cell_ids
+    cells_with_data: int  # the release's cells with data (evaluated or not)
+    klass: IntArray  # per entry
+    occupied_of: IntArray  # per entry: its occupied point
+    rows: FloatArray  # per entry
+    occ_local: IntArray  # per occupied point (sorted by cell, grid index): its cell 0..C−1
+    occ_start: IntArray  # per cell: its first occupied point
+    seg_kind: IntArray  # per segment (sorted by cell): 0 a point, 1 the run before, 2 after
+    seg_ref: IntArray  # per segment: its occupied point (kinds 0, 1) or its cell (kind 2)
+    seg_cell: IntArray
+    seg_start: IntArray  # per cell: its first segment
+    seg_size: FloatArray  # candidates in the segment (0: an empty run, ignored)
+    seg_mid: FloatArray  # the segment's middle grid index
+    truth: FloatArray  # (cells, quantiles): the raw α-quantile of each evaluated cell
+    lower: float
+    unclamped: float  # share of the evaluated rows the clamp leaves unchanged
+
+
+def quantile_rows(
+    pairs: Pairs, data: QueryData, spec: DPReleaseSpec, plan: QueryPlan
+) -> QuantileRows:
+    """Prepare :func:`quantile_error` for one query and one grid (bounds)."""
+    assert data.value is not None
+    size = plan.grid
+    ids = pairs.cell_ids
+    inside = np.ones(ids.size, bool) if data.domain is None else np.isin(ids, data.domain)
+    row_cell = pairs.cell[pairs.row_pair]
+    rows_per_cell = np.bincount(row_cell, minlength=ids.size)
+    with_data = np.flatnonzero(inside & (rows_per_cell > 0))
+    chosen = with_data
+    if with_data.size > MAX_QUANTILE_CELLS:  # an even sample over the cells ordered by size
+        by_size = with_data[np.argsort(rows_per_cell[with_data], kind="stable")]
+        pick = np.rint(np.linspace(0, by_size.size - 1, MAX_QUANTILE_CELLS)).astype(np.int64)
+        chosen = np.unique(by_size[pick])
+    n_cells = chosen.size
+    local_of = np.full(ids.size, -1, dtype=np.int64)
+    local_of[chosen] = np.arange(n_cells)
+    row_local = local_of[row_cell]
+    mine = row_local >= 0
+    raw = data.value[mine]
+    steps = np.rint((raw - plan.centre) / spec.resolution)
+    index = np.clip(steps, 0, size - 1).astype(np.int64)
+    local = row_local[mine]
+    point = local * size + index  # sorted order = (cell, grid index)
+    occupied, occupied_of = np.unique(point, return_inverse=True)
+    entry, rows = np.unique(pairs.klass[pairs.row_pair[mine]] * occupied.size + occupied_of,
+                            return_counts=True)  # fmt: skip
+    occ_local, occ_bin = occupied // size, occupied % size
+    occ_start = np.searchsorted(occ_local, np.arange(n_cells))
+    first = np.zeros(occupied.size, dtype=bool)
+    first[occ_start[occ_start < occupied.size]] = True
+    prev = np.where(first, -1, np.r_[-1, occ_bin[:-1]])
+    last = np.r_[occ_bin[occ_start[1:] - 1], occ_bin[-1:]] if occupied.size else occ_bin
+    m = occupied.size
+    kind = np.r_[np.zeros(m), np.ones(m), np.full(n_cells, 2)].astype(np.int64)
+    ref = np.r_[np.arange(m), np.arange(m), np.arange(n_cells)].astype(np.int64)
+    cell = np.r_[occ_local, occ_local, np.arange(n_cells)].astype(np.int64)
+    lo = np.r_[occ_bin, prev + 1, last + 1].astype(np.float64)
+    hi = np.r_[occ_bin, occ_bin - 1, np.full(n_cells, size - 1)].astype(np.float64)
+    order = np.argsort(cell, kind="stable")
+    qs = [float(q) for q in spec.quantiles]
+    truth = np.zeros((n_cells, len(qs)))
+    if raw.size:
+        frame = pd.DataFrame({"c": local, "v": raw})
+        quant = frame.groupby("c")["v"].quantile(qs).unstack()
+        truth[quant.index.to_numpy(dtype=np.int64)] = quant.to_numpy(dtype=np.float64)
+    return QuantileRows(
+        cells=chosen.astype(np.int64),
+        cells_with_data=int(with_data.size),
+        klass=(entry // max(m, 1)).astype(np.int64),
+        occupied_of=(entry % max(m, 1)).astype(np.int64),
+        rows=rows.astype(np.float64),
+        occ_local=occ_local.astype(np.int64),
+        occ_start=occ_start.astype(np.int64),
+        seg_kind=kind[order],
+        seg_ref=ref[order],
+        seg_cell=cell[order],
+        seg_start=np.searchsorted(cell[order], np.arange(n_cells)).astype(np.int64),
+        seg_size=np.maximum(hi - lo + 1, 0.0)[order],
+        seg_mid=((lo + hi) / 2)[order],
+        truth=truth,
+        lower=float(plan.centre),
+        unclamped=float((steps == index).mean()) if steps.size else 1.0,
+    )
+
+
+def quantile_error(b: Bounded, plan: QueryPlan, spec: DPReleaseSpec, data: QueryData) -> QueryError:
+    """dp_quantile / dp_median: RMSE in value units of the released grid point against the
+    raw α-quantile of all the cell's rows, mean over the evaluated cells (weighted by their
+    keep probability with private partitions) and the quantiles.
+
+    The exponential mechanism's exact selection law (:func:`dp.exponential.
+    selection_probabilities`' exp(ε·u/(2Δu)), ε per cell and quantile from the plan) on the
+    rank utilities (:func:`dp.release.quantile_utilities`) of the cell's expected bounded
+    histogram on the grid (bounding's randomness enters through that expectation only:
+    sampling is 0), summed in closed form over runs of empty grid points. bias: the
+    noiseless pick (the middle of the best-utility grid points) minus the raw quantile —
+    clamping, bounding and the grid's rounding; noise: the rest, E[(pick − raw)²] − bias².
+    Many cells are evaluated on a sample (:class:`QuantileRows`; ``cells_evaluated``)."""
+    assert plan.quantile_epsilon is not None and b.quantile_rows is not None
+    qr = b.quantile_rows
+    n_cells = qr.cells.size
+    if n_cells == 0:
+        return QueryError(0.0, 0.0, 0.0, 0.0, 0, cells_evaluated=0)
+    p = b.pairs
+    pi = p.class_keep_probability(b.l0)
+    n = p.class_rows.astype(np.float64)
+    share = np.minimum(n, float(b.linf)) / n
+    h = np.bincount(qr.occupied_of, weights=qr.rows * pi[qr.klass] * share[qr.klass],
+                    minlength=qr.occ_local.size)  # fmt: skip
+    excl = np.cumsum(h) - h
+    below_occ = excl - excl[qr.occ_start][qr.occ_local]  # rows below, within the cell
+    total = np.bincount(qr.occ_local, weights=h, minlength=n_cells)
+    point, after = qr.seg_kind == 0, qr.seg_kind == 2
+    ref = qr.seg_ref
+    below = np.where(after, total[np.minimum(ref, n_cells - 1)], below_occ[np.where(after, 0, ref)])
+    mass = np.where(point, h[np.where(after, 0, ref)], 0.0)
+    above = total[qr.seg_cell] - below - mass
+    r = spec.resolution
+    size = qr.seg_size
+    value = qr.lower + qr.seg_mid * r
+    bias2 = np.zeros(n_cells)
+    noise2 = np.zeros(n_cells)
+    for j, quant in enumerate(spec.quantiles):
+        a, d = quant.numerator, quant.denominator
+        u = np.where(size > 0, -np.abs((d - a) * below - a * above), -np.inf)
+        top = np.maximum.reduceat(u, qr.seg_start)
+        beta = gumbel_scale(float(plan.quantile_epsilon), float(quantile_sensitivity(spec, quant)))
+        w = np.exp((u - top[qr.seg_cell]) / beta)
+        t = qr.truth[qr.seg_cell, j]
+        # Σ over the segment's points of (v − t)²: centred on its middle, the cross term is 0
+        squares = size * (value - t) ** 2 + r * r * size * (size * size - 1) / 12
+        err2 = np.add.reduceat(w * squares, qr.seg_start) / np.add.reduceat(w * size, qr.seg_start)
+        best = (u >= top[qr.seg_cell] - 1e-9 * np.maximum(np.abs(top[qr.seg_cell]), 1.0)) * size
+        pick = np.add.reduceat(best * value, qr.seg_start) / np.add.reduceat(best, qr.seg_start)
+        bias = pick - qr.truth[:, j]
+        bias2 += bias * bias
+        noise2 += np.maximum(err2 - bias * bias, 0.0)
+    k = len(spec.quantiles)
+    keep = np.ones(n_cells)
+    if data.domain is None:
+        assert plan.selection_epsilon is not None and plan.selection_delta is not None
+        keep = np.asarray(keep_probability(
+            np.rint(b.units[qr.cells]).astype(np.int64), float(plan.selection_epsilon),
+            float(plan.selection_delta), spec.l0, spec.selection,  # type: ignore[arg-type]
+        ), dtype=np.float64)  # fmt: skip
+    w_cell = keep / max(float(keep.sum()), 1e-300) * n_cells
+    out = _rmse_parts(w_cell * bias2 / k, np.zeros(n_cells), w_cell * noise2 / k)
+    dropped = float((1.0 - keep).mean()) if data.domain is None else 0.0
+    return dataclasses.replace(
+        out, cells=qr.cells_with_data, cells_dropped=dropped, cells_evaluated=n_cells
+    )
+
+
 KIND_ERRORS: dict[str, KindError] = {
     "dp_count": count_error,
     "dp_histogram": count_error,
+    "dp_count_distinct": distinct_error,
+    "dp_variance": moment_error,
+    "dp_stddev": moment_error,
+    "dp_quantile": quantile_error,
+    "dp_median": quantile_error,
     "dp_sum": sum_error,
     "dp_mean": mean_error,
     "dp_top_k": top_error,
@@ -507,6 +827,8 @@ def default_grid(
     else:
         l0s = _from_quantiles((p.person_cells for p in pairs), (1, spec.max_partitions))
         linfs = _from_quantiles((p.rows for p in pairs), (1, spec.max_contributions))
+    if spec.kind in DISTINCT_KINDS:  # a person counts once per cell: Linf changes nothing
+        linfs = [spec.max_contributions]
     bounds: list[tuple[float, float] | None] = [None]
     if spec.bounds is not None:  # a kind that clamps values (sums, means, ...)
         values = [d.value for d in data if d.value is not None]
@@ -623,6 +945,7 @@ def tune_release(
     results: list[CandidateResult] = []
     measure = "shortfall" if spec.kind in TOP_KINDS else "rmse"
     clamps: dict[tuple[int, tuple[int, int], float], PairValues] = {}
+    grids: dict[tuple[int, tuple[int, int], float], QuantileRows] = {}
     for c in candidates:
         variant = _variant(spec, c)
         try:
@@ -635,15 +958,25 @@ def tune_release(
         unclamped: list[float] = []
         for i, (d, p, plan) in enumerate(zip(data, pairs, plans, strict=True)):
             values = None
-            if d.value is not None and plan.sum_units is not None:  # clamped fixed-point values
+            rows = None
+            if d.value is not None and spec.kind in QUANTILE_KINDS:  # grid indices per cell
+                key = (i, plan.sum_units or (0, 0), plan.centre)
+                if key not in grids:
+                    grids[key] = quantile_rows(p, d, variant, plan)
+                rows = grids[key]
+                unclamped.append(rows.unclamped)
+            elif d.value is not None and plan.sum_units is not None:  # clamped fixed point
                 key = (i, plan.sum_units, plan.centre)
                 if key not in clamps:
                     clamps[key] = pair_values(
-                        p, d.value, plan.centre, variant.resolution, plan.sum_units
-                    )
+                        p, d.value, plan.centre, variant.resolution, plan.sum_units,
+                        moments=spec.kind in MOMENT_KINDS,
+                    )  # fmt: skip
                 values = clamps[key]
                 unclamped.append(values.unclamped)
             b = bounded_cells(p, variant.l0, variant.linf, values)
+            if rows is not None:
+                b = dataclasses.replace(b, quantile_rows=rows)
             kept.append(b.rows_kept)
             per_query[plan.query.name] = error_of(b, plan, variant, d)
         errs = list(per_query.values())

@@ -65,8 +65,8 @@ def select_jobs(plan: Plan, release: str | None) -> list[DPJob]:
     name = plan.config_path.name
     if not jobs:
         raise ConfigError(
-            f"{name}: no central DP release to tune (kinds dp_count, dp_histogram, dp_sum, "
-            "dp_mean, dp_top_k, dp_mode); add one to releases"
+            f"{name}: no central DP release to tune (kinds {', '.join(KIND_ERRORS)}); add one "
+            "to releases"
         )
     if release is None:
         covered = [j for j in jobs if j.spec.kind in KIND_ERRORS]

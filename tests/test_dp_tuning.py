@@ -230,3 +230,212 @@ def test_a_candidate_the_planner_refuses_is_reported_not_chosen() -> None:
                   value=np.ones(3), domain=np.zeros(1, np.uint64))  # fmt: skip
     r = tune_release(s, [d], grid=[Candidate(1, 1, (0.0, 1.0))])
     assert r.best is None and r.results[0].refused and "2^53" in r.results[0].refused
+
+
+# --------------------------------------------------------------------------- new kinds
+
+
+def test_count_distinct_is_exact_by_hand_and_counts_a_person_once() -> None:
+    """TINY: A has 3 rows in cell 1 and 1 in cell 2, B 1 row in cell 1. Persons: cell 1
+    has 2 (not 4 rows), cell 2 has 1. L0 = 1: A keeps each cell with π = ½, so cell 1
+    expects 1.5 persons (bias −½, variance ¼) and cell 2 ½ (bias −½, variance ¼), whatever
+    Linf; L0 = 2 keeps every person: no bias, noise of the doubled sensitivity only."""
+    s = spec("dp_count_distinct", max_partitions=2, max_contributions=1)
+    d = QueryData(cell=TINY_CELL, unit=TINY_UNIT, domain=np.array([1, 2], np.uint64))
+    r = tune_release(s, [d], grid=[Candidate(1, 1), Candidate(2, 1), Candidate(1, 3)])
+    by = {(c.candidate.max_partitions, c.candidate.max_contributions): c for c in r.results}
+    assert by[(1, 1)].bias == pytest.approx(0.5) and by[(1, 1)].sampling == pytest.approx(0.5)
+    assert by[(1, 1)].noise == pytest.approx(math.sqrt(discrete_laplace_variance(1.0)))
+    assert by[(1, 3)].error == pytest.approx(by[(1, 1)].error)  # Linf: persons count once
+    assert by[(2, 1)].bias == 0 and by[(2, 1)].sampling == 0
+    assert by[(2, 1)].noise == pytest.approx(math.sqrt(discrete_laplace_variance(2.0)))
+
+
+def test_count_distinct_recommends_the_planted_number_of_partitions() -> None:
+    """3000 persons with 5 rows in one of 20 cells, 3 persons in all 20: L0 = 1 loses
+    under 3 persons per cell, L0 = 20 (configured) pays noise of scale 20 in every cell.
+    Linf is not varied (rows do not change a distinct count)."""
+    cells = [np.full(5, i % 20) for i in range(3000)] + [np.arange(20)] * 3
+    unit = np.repeat(np.arange(len(cells)), [len(c) for c in cells]).astype(np.uint64)
+    data = QueryData(cell=np.concatenate(cells).astype(np.uint64), unit=unit,
+                     domain=np.arange(20, dtype=np.uint64))  # fmt: skip
+    r = tune_release(spec("dp_count_distinct", max_partitions=20), [data])
+    assert r.best is not None and r.best.candidate.max_partitions == 1
+    assert {c.candidate.max_contributions for c in r.results} == {1}
+    assert r.current is not None and r.current.bias == 0
+    assert r.current.error > 5 * r.best.error
+    assert r.best.bias == pytest.approx(3 * 19 / 20)  # each cell loses 3·(1 − 1/20)
+
+
+def test_variance_bias_is_the_clamp_exactly() -> None:
+    """One cell, 2000 persons, half at 0 and half at 100 (variance 2500, sd 50); clamp
+    [25, 75] makes them 25 and 75 (variance 625): bias −1875 (sd: −25), none with [0, 100]."""
+    n = 2000
+    value = np.r_[np.zeros(n // 2), np.full(n // 2, 100.0)]
+    d = QueryData(cell=np.zeros(n, np.uint64), unit=np.arange(n).astype(np.uint64),
+                  value=value, domain=np.zeros(1, np.uint64))  # fmt: skip
+    grid = [Candidate(1, 1, (25.0, 75.0)), Candidate(1, 1, (0.0, 100.0))]
+    for kind, lost in (("dp_variance", 1875.0), ("dp_stddev", 25.0)):
+        s = spec(kind, queries=(Query("q"),), value="v", bounds=(0.0, 100.0))
+        by = {c.candidate.bounds: c for c in tune_release(s, [d], grid=grid).results}
+        assert by[(25.0, 75.0)].bias == pytest.approx(lost)
+        assert by[(0.0, 100.0)].bias == pytest.approx(0.0, abs=1e-6)
+        assert by[(0.0, 100.0)].sampling == 0
+
+
+def test_variance_noise_is_the_delta_method_of_the_planned_noises() -> None:
+    """One cell, values symmetric about the centre (S = 0): the first-order noise variance
+    is (Q/N²)²·Var N + Var Q/N² with the plan's three noises (Var S drops out)."""
+    n = 400
+    value = np.r_[np.full(n // 2, 40.0), np.full(n // 2, 60.0)]
+    d = QueryData(cell=np.zeros(n, np.uint64), unit=np.arange(n).astype(np.uint64),
+                  value=value, domain=np.zeros(1, np.uint64))  # fmt: skip
+    s = spec("dp_variance", queries=(Query("q"),), value="v", bounds=(0.0, 100.0))
+    plan = plan_queries(s)[0]
+    assert plan.count_noise and plan.sumsq_noise and plan.centre == 50.0
+    q = n * 100.0  # Σ (v − 50)²
+    want = (q / n**2) ** 2 * discrete_laplace_variance(plan.count_noise.scale)
+    want += discrete_laplace_variance(plan.sumsq_noise.scale) / n**2
+    r = tune_release(s, [d], grid=[Candidate(1, 1, (0.0, 100.0))])
+    assert r.results[0].noise == pytest.approx(math.sqrt(want))
+
+
+def test_sum_of_squares_moments_match_the_bounding_code() -> None:
+    """E[Q], Var Q, Cov(N, Q), Cov(S, Q) of the variance's bounded parts against
+    dp.bounding.bound_units itself over many draws."""
+    rng = np.random.default_rng(3)
+    unit = rng.integers(0, 40, 600).astype(np.uint64)
+    cell = rng.integers(0, 3, 600).astype(np.uint64)
+    value = rng.exponential(20.0, 600) - 15.0  # skewed: Cov(x, x²) ≠ 0
+    s = spec("dp_variance", value="v", bounds=(-30.0, 30.0))
+    p = pairs_of(QueryData(cell=cell, unit=unit, value=value), s)
+    b = bounded_cells(p, 1, 2, pair_values(p, value, 0.0, 1.0, (-30, 30), moments=True))
+    assert b.moments is not None and b.sum is not None
+    clamped = np.clip(np.rint(value), -30, 30)
+    gen = np.random.default_rng(13)
+    draws = []
+    for _ in range(2000):
+        keep = bound_units(unit, cell, 1, 2, gen).astype(np.float64)
+        c = p.cell[p.row_pair]
+        draws.append([np.bincount(c, weights=w, minlength=3)
+                      for w in (keep, clamped * keep, clamped**2 * keep)])  # fmt: skip
+    arr = np.array(draws)  # (draws, N/S/Q, cells)
+    nn, ss, qq = arr[:, 0], arr[:, 1], arr[:, 2]
+    m = b.moments
+    se = np.sqrt(m.sumsq_var / len(draws))
+    assert np.all(np.abs(qq.mean(axis=0) - m.sumsq) < 5 * se + 1e-9)
+    np.testing.assert_allclose(qq.var(axis=0), m.sumsq_var, rtol=0.15)
+
+    def cov(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return ((x - x.mean(axis=0)) * (y - y.mean(axis=0))).mean(axis=0)
+
+    for x, want in ((nn, m.cov_count), (ss, m.cov_sum)):  # within 5 standard errors
+        se_cov = np.sqrt(x.var(axis=0) * qq.var(axis=0) / len(draws))
+        assert np.all(np.abs(cov(x, qq) - want) < 5 * se_cov)
+    assert np.abs(m.cov_sum).max() > 0 and np.abs(m.cov_count).max() > 0
+
+
+def test_variance_bounds_from_quantiles_cut_a_planted_outlier() -> None:
+    """5000 persons around 50 in 20 cells and one at 10^4: clamping at [0, 10^4] costs a
+    sum-of-squares noise of scale ~2.5·10^7 in every cell; the tuned bounds are quantiles."""
+    rng = np.random.default_rng(21)
+    value = np.r_[rng.normal(50.0, 10.0, 5000), [1e4]]
+    unit = np.arange(value.size).astype(np.uint64)
+    cell = (np.arange(value.size) % 20).astype(np.uint64)
+    data = QueryData(cell=cell, unit=unit, value=value, domain=np.arange(20, dtype=np.uint64))
+    for kind in ("dp_variance", "dp_stddev"):
+        r = tune_release(spec(kind, value="v", bounds=(0.0, 1e4)), [data])
+        assert r.best is not None and r.best.candidate.bounds is not None
+        assert r.best.candidate.bounds[1] <= 200
+        assert r.current is not None and r.current.error > 5 * r.best.error
+
+
+def test_quantile_error_is_the_exponential_mechanism_law_on_a_tiny_cell() -> None:
+    """Values 0..4 (one row each), grid [0, 4], median at ε = 1: the error² is
+    Σ P(c)·(c − 2)² with P the exact law of dp.exponential on dp.release's utilities."""
+    from dp.exponential import selection_probabilities
+    from dp.release import quantile_utilities
+
+    d = QueryData(cell=np.zeros(5, np.uint64), unit=np.arange(5).astype(np.uint64),
+                  value=np.arange(5.0), domain=np.zeros(1, np.uint64))  # fmt: skip
+    s = spec("dp_median", queries=(Query("q"),), value="v", bounds=(0.0, 4.0))
+    r = tune_release(s, [d], grid=[Candidate(1, 1, (0.0, 4.0))])
+    u = quantile_utilities(np.ones(5, np.int64), Fraction(1, 2))
+    prob = selection_probabilities(u, 1.0, 1.0)
+    want = float((prob * (np.arange(5.0) - 2.0) ** 2).sum())
+    res = r.results[0]
+    assert res.bias == 0 and res.sampling == 0
+    assert res.error == pytest.approx(math.sqrt(want))
+    (q,) = res.queries.values()
+    assert q.cells == 1 and q.cells_evaluated == 1
+
+
+def test_quantile_bounds_cut_a_planted_outlier_and_sample_cells() -> None:
+    """20 cells of 15 persons with values in [0, 100], two persons at 10^5. The configured
+    grid [0, 10^5] (100,001 points) gives every far grid point weight e^{-ε·15/2}: the
+    mechanism mostly picks far from the median. The tuned bounds are quantiles; the wide
+    grid is evaluated on a sample of the cells (memory cap)."""
+    rng = np.random.default_rng(4)
+    value = np.r_[rng.uniform(0, 100, 300), [1e5, 1e5]]
+    unit = np.arange(value.size).astype(np.uint64)
+    cell = (np.arange(value.size) % 20).astype(np.uint64)
+    data = QueryData(cell=cell, unit=unit, value=value, domain=np.arange(20, dtype=np.uint64))
+    s = spec("dp_quantile", value="v", bounds=(0.0, 1e5), quantiles=(Fraction(1, 2),))
+    r = tune_release(s, [data])
+    assert r.best is not None and r.best.candidate.bounds is not None
+    assert r.best.candidate.bounds[1] <= 1000
+    assert r.current is not None and r.current.error > 5 * r.best.error
+    (wide,) = r.current.queries.values()
+    assert wide.cells == 20 and wide.cells_evaluated == 20
+
+
+def test_quantile_runs_of_empty_grid_points_match_the_dense_law() -> None:
+    """Values 3, 3, 10, 40 on the grid 0..50 (runs of empty points between them), the
+    quantiles 0.5 and 0.9: the error² of each is Σ P(c)·(c − q)² over every grid point, P the
+    exact law of dp.exponential on dp.release's utilities, q the raw quantile."""
+    from dp.exponential import selection_probabilities
+    from dp.release import quantile_utilities
+
+    value = np.array([3.0, 3.0, 10.0, 40.0])
+    d = QueryData(cell=np.zeros(4, np.uint64), unit=np.arange(4).astype(np.uint64),
+                  value=value, domain=np.zeros(1, np.uint64))  # fmt: skip
+    quantiles = (Fraction(1, 2), Fraction(9, 10))
+    s = spec("dp_quantile", queries=(Query("q"),), value="v", bounds=(0.0, 50.0),
+             quantiles=quantiles, epsilon=Fraction(2))  # fmt: skip
+    r = tune_release(s, [d], grid=[Candidate(1, 1, (0.0, 50.0))]).results[0]
+    hist = np.bincount(value.astype(int), minlength=51)
+    grid = np.arange(51.0)
+    want_err = want_bias = 0.0
+    for q in quantiles:
+        u = quantile_utilities(hist, q)
+        prob = selection_probabilities(u, 1.0, float(max(q.numerator, q.denominator - q.numerator)))
+        t = float(np.quantile(value, float(q)))
+        want_err += float((prob * (grid - t) ** 2).sum()) / 2
+        want_bias += (float(grid[u == u.max()].mean()) - t) ** 2 / 2
+    assert r.error == pytest.approx(math.sqrt(want_err))
+    assert r.bias == pytest.approx(math.sqrt(want_bias))
+
+
+def test_quantile_cells_are_sampled_beyond_the_cap() -> None:
+    """100 cells: the error is evaluated on an even sample of MAX_QUANTILE_CELLS of them."""
+    from dp.tuning import MAX_QUANTILE_CELLS
+
+    value = np.tile(np.arange(10.0), 100)
+    cell = np.repeat(np.arange(100), 10).astype(np.uint64)
+    d = QueryData(cell=cell, unit=np.arange(1000).astype(np.uint64), value=value,
+                  domain=np.arange(100, dtype=np.uint64))  # fmt: skip
+    s = spec("dp_median", value="v", bounds=(0.0, 10.0))
+    (q,) = tune_release(s, [d], grid=[Candidate(1, 1, (0.0, 10.0))]).results[0].queries.values()
+    assert q.cells == 100 and q.cells_evaluated == MAX_QUANTILE_CELLS < 100
+
+
+def test_variance_spread_is_capped_by_the_release_clip() -> None:
+    """Three rows at ε = 0.1: the first-order noise of Q/N − (S/N)² would be ~10^5, but the
+    release clips the variance to [0, m²] = [0, 2500] (the deviation to [0, 50])."""
+    d = QueryData(cell=np.zeros(3, np.uint64), unit=np.arange(3).astype(np.uint64),
+                  value=np.array([10.0, 50.0, 90.0]), domain=np.zeros(1, np.uint64))  # fmt: skip
+    for kind, top in (("dp_variance", 2500.0), ("dp_stddev", 50.0)):
+        s = spec(kind, queries=(Query("q"),), value="v", bounds=(0.0, 100.0),
+                 epsilon=Fraction(1, 10))  # fmt: skip
+        r = tune_release(s, [d], grid=[Candidate(1, 1, (0.0, 100.0))]).results[0]
+        assert r.noise == pytest.approx(top)

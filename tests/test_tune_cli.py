@@ -177,3 +177,38 @@ def test_a_kind_tune_does_not_cover_is_skipped_and_named(
     assert "pay" not in doc["releases"] and doc["not_covered"] == ["pay"]
     code, _, err = tune([str(dpp.config), "--release", "pay"], capsys)
     assert code == 2 and "does not cover kind dp_sum" in err
+
+
+def test_tune_covers_the_new_kinds_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """dp_count_distinct, dp_variance, dp_stddev and dp_median from YAML: each tuned (none
+    skipped), distinct persons per disease, the median's cells evaluated, the variance's
+    clamp candidates from the data."""
+    p = DPProject(tmp_path, persons=200, visits=3)
+    p.cfg["releases"] = [
+        {"name": "who", "kind": "dp_count_distinct", "epsilon": 1.0, "group_by": ["disease"],
+         "max_partitions": 4},
+        {"name": "spread", "kind": "dp_variance", "epsilon": 1.0, "value": "salary",
+         "bounds": [0, 1_000_000], "resolution": 100, "group_by": ["sex"]},
+        {"name": "sd", "kind": "dp_stddev", "epsilon": 1.0, "value": "salary",
+         "bounds": [0, 100_000], "resolution": 100, "group_by": ["sex"]},
+        {"name": "mid", "kind": "dp_median", "epsilon": 1.0, "value": "salary",
+         "bounds": [0, 100_000], "resolution": 100, "group_by": ["sex"]},
+    ]  # fmt: skip
+    p.save()
+    code, out, err = tune([str(p.config)], capsys)
+    assert code == 0, err
+    assert "not covered" not in out
+    doc = json.loads((p.out / "tune" / "tune.json").read_text())
+    assert doc["not_covered"] == [] and set(doc["releases"]) == {"who", "spread", "sd", "mid"}
+    who = doc["releases"]["who"]
+    assert who["current"]["queries"]["who"]["cells"] == 4
+    assert {c["max_contributions_per_partition"] for c in who["candidates"]} == {1}
+    mid = doc["releases"]["mid"]["current"]["queries"]["mid"]
+    assert mid["cells"] == 2 and mid["cells_evaluated"] == 2
+    spread = doc["releases"]["spread"]
+    assert len({tuple(c["bounds"]) for c in spread["candidates"]}) > 2
+    # the configured [0, 10^6] pays noise for salaries below 10^5: a narrower clamp wins
+    assert spread["recommended"]["bounds"][1] < 1_000_000
+    assert spread["recommended"]["error"] < spread["current"]["error"]
