@@ -47,6 +47,7 @@ import apache_beam as beam
 from apache_beam.internal import pickler
 from apache_beam.metrics.execution import MetricKey, MetricResult, MetricsContainer
 from apache_beam.metrics.metric import MetricResults
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor, PTransformOverride
 from apache_beam.runners.common import (
     DoFnContext,
@@ -129,7 +130,9 @@ def _global(values: Iterable[Any]) -> Iterator[WindowedValue]:
         yield WindowedValue(v, MIN_TIMESTAMP, (GlobalWindow(),))
 
 
-def run_bundle(items: Iterable[Any], payload: bytes, *sides: list[Any]) -> list[tuple[str | None, Any]]:
+def run_bundle(
+    items: Iterable[Any], payload: bytes, *sides: list[Any]
+) -> list[tuple[str | None, Any]]:
     """One partition of a ParDo as one bundle: its outputs as ``(tag, value)`` (tag None:
     the main output), finish_bundle's included, then the bundle's counters. ``payload``:
     the pickled (label, DoFn, args, kwargs, side input views); ``sides``: each side
@@ -222,10 +225,8 @@ class _Translate(PipelineVisitor):  # type: ignore[misc]
         import dask.bag as db
 
         t = node.transform
-        missing = [i for i in node.main_inputs.values() if id(i) not in self.bags and not isinstance(i, beam.pvalue.PBegin)]
-        if missing:
-            raise RuntimeError(f"{node.full_label}: {missing} {[ (m.producer.full_label, type(m.producer.transform)) for m in missing]}")
-        inputs = [self.bags[id(i)] for i in node.main_inputs.values() if not isinstance(i, beam.pvalue.PBegin)]
+        mains = [i for i in node.main_inputs.values() if not isinstance(i, beam.pvalue.PBegin)]
+        inputs = [self.bags[id(i)] for i in mains]  # producers come first (topological)
         for pc in list(node.main_inputs.values()) + [s.pvalue for s in node.side_inputs]:
             self.consumed.add(id(pc))
         outputs = node.outputs
@@ -268,15 +269,15 @@ class _Translate(PipelineVisitor):  # type: ignore[misc]
         return item
 
     def _pardo(self, node: AppliedPTransform, bag: Any) -> None:
-        t = node.transform
-        windowfn = next(iter(node.main_inputs.values())).windowing.windowfn
-        if not isinstance(windowfn, GlobalWindows) or isinstance(t, beam.WindowInto):
-            if not (isinstance(t, beam.WindowInto) and isinstance(t.windowing.windowfn, GlobalWindows)):
-                raise NotImplementedError(
-                    f"privpipe's Dask runner runs on the global window only ({node.full_label})"
-                )
-            self._one(node.outputs, bag)  # WindowInto(GlobalWindows()) on global: identity
+        t: Any = node.transform
+        main: Any = next(iter(node.main_inputs.values()))
+        if isinstance(t, beam.WindowInto) and isinstance(t.windowing.windowfn, GlobalWindows):
+            self._one(node.outputs, bag)  # into the global window: elements unchanged
             return
+        if isinstance(t, beam.WindowInto) or not isinstance(main.windowing.windowfn, GlobalWindows):
+            raise NotImplementedError(
+                f"privpipe's Dask runner runs on the global window only ({node.full_label})"
+            )
         views = [(type(s), s._view_options()) for s in node.side_inputs]
         payload = pickler.dumps((node.full_label, t.fn, t.args, t.kwargs, views))
         sides = [self._side(s.pvalue) for s in node.side_inputs]
@@ -307,7 +308,9 @@ def _bundles(token: str, bag: Any, payload: bytes, sides: Sequence[Any]) -> Any:
 
     name = f"{token}-{tokenize(bag.name, payload, [s.key for s in sides])}"
     keys = [s.key for s in sides]
-    dsk = {(name, i): (run_bundle, (bag.name, i), payload, *keys) for i in range(bag.npartitions)}
+    dsk: dict[Any, Any] = {
+        (name, i): (run_bundle, (bag.name, i), payload, *keys) for i in range(bag.npartitions)
+    }
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[bag, *sides])
     return db.Bag(graph, name, bag.npartitions)
 
@@ -324,9 +327,7 @@ class DaskMetrics(MetricResults):  # type: ignore[misc]
         self.totals = totals
 
     def query(self, filter: Any = None) -> dict[str, list[MetricResult]]:
-        found = [
-            MetricResult(k, v, v) for k, v in self.totals.items() if self.matches(filter, k)
-        ]
+        found = [MetricResult(k, v, v) for k, v in self.totals.items() if self.matches(filter, k)]
         return {
             self.COUNTERS: found,
             self.DISTRIBUTIONS: [],
@@ -394,6 +395,21 @@ def local_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+class LocalClusterOptions(PipelineOptions):  # type: ignore[misc]
+    """privpipe's option for the local cluster a run starts without a scheduler address."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: Any) -> None:
+        parser.add_argument(
+            "--dask_local_workers",
+            type=int,
+            default=None,
+            help="worker processes (one thread each) of the local Dask cluster started "
+            "when no --dask_client_address/--dask_scheduler_file is given (default: one "
+            "per core)",
+        )
+
+
 class DaskRunner(BeamDaskRunner):  # type: ignore[misc]
     """Runs a privpipe pipeline on a dask.distributed cluster (``--dask_client_address`` or
     ``--dask_scheduler_file``), else on a local cluster of one single-threaded worker process
@@ -405,6 +421,7 @@ class DaskRunner(BeamDaskRunner):  # type: ignore[misc]
         dask_options = options.view_as(DaskOptions).get_all_options(
             drop_default=True, current_only=True
         )
+        workers = options.view_as(LocalClusterOptions).dask_local_workers or local_workers()
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
         pipeline.replace_all(overrides())
         translate = _Translate(bag_kwargs)
@@ -412,11 +429,13 @@ class DaskRunner(BeamDaskRunner):  # type: ignore[misc]
         sinks = translate.sinks()
         import dask.bag as db
 
-        metrics = db.concat(translate.metrics).reduction(gather, concat) if translate.metrics else None
+        metrics = (
+            db.concat(translate.metrics).reduction(gather, concat) if translate.metrics else None
+        )
         cluster = None
         if not dask_options.get("address") and not dask_options.get("scheduler_file"):
             cluster = dd.LocalCluster(
-                n_workers=local_workers(),
+                n_workers=workers,
                 threads_per_worker=1,
                 processes=True,
                 dashboard_address=None,

@@ -9,6 +9,8 @@ workaround. The same pipeline on privpipe's runner passes.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,15 +25,15 @@ from apache_beam.pvalue import AsList, TaggedOutput  # noqa: E402
 from apache_beam.transforms.window import GlobalWindow  # noqa: E402
 from apache_beam.utils.windowed_value import WindowedValue  # noqa: E402
 
+from tests.layout import internal_file, release_dir  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     """Two single-threaded worker processes, shut down whatever the tests did."""
-    c = dd.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-    )
+    c = dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
     try:
         yield c
     finally:
@@ -88,7 +90,9 @@ def tagged(folder: Path) -> tuple[Callable[[Any], None], Record, Record]:
     even, odd = Record(folder, "even"), Record(folder, "odd")
 
     def build(p: Any) -> None:
-        split = p | beam.Create([1, 2, 3, 4]) | beam.ParDo(SplitOdd()).with_outputs("odd", main="even")
+        split = (
+            p | beam.Create([1, 2, 3, 4]) | beam.ParDo(SplitOdd()).with_outputs("odd", main="even")
+        )
         _ = split.even | "Even" >> beam.Map(even)
         _ = split.odd | "Odd" >> beam.Map(odd)
 
@@ -230,3 +234,145 @@ def test_privpipe_dask_raises_a_worker_error(cluster: Any) -> None:
 
     with pytest.raises(InputDataError, match="bad"):
         run_on(privpipe_runner, cluster, lambda p: p | beam.Create([1]) | beam.Map(bad))
+
+
+# ------------------------------------------------------------------ equal results
+
+
+DEMO_ROWS = 2_000
+ADULT_ROWS = 3_000
+SEED = 20261124  # --insecure-seed: the same DP noise and bounding on both runners
+VOLATILE = {
+    "run_id",
+    "started",
+    "finished",
+    "created_at",
+    "seconds",
+    "timings",
+    "runner",
+    "report",
+    "ledger_head",
+}
+
+
+def stable(doc: Any, out: str) -> Any:
+    """A JSON document without what differs between any two runs on one runner: ids,
+    clocks, timings, the run's own folder (``out``: its ledger), the last bits of float
+    sums (tables are in random row order) and the row-linking figures, measured on those
+    random orders (their verdicts are kept)."""
+    if isinstance(doc, dict):
+        return {
+            k: [(r["releases"], r["breach"]) for r in v] if k == "row_linking" else stable(v, out)
+            for k, v in doc.items()
+            if k not in VOLATILE and not k.endswith("_seconds")
+        }
+    if isinstance(doc, list):
+        return [stable(v, out) for v in doc]
+    if isinstance(doc, float):
+        return float(f"{doc:.9g}")
+    if isinstance(doc, str):
+        return doc.replace(out, "<out>")
+    return doc
+
+
+def outputs(out: Path) -> dict[str, Any]:
+    """Every release (published and candidate: sorted rows, release.json), the audit and
+    the manifest's figures, comparable across runs (table rows are in random order)."""
+    import pandas as pd
+
+    found: dict[str, Any] = {}
+    for folder in (out / "public", out / "internal" / "candidates"):
+        for release in sorted(p for p in folder.iterdir() if p.is_dir()):
+            frame = pd.read_csv(release / "data.csv")
+            rows = frame.sort_values(list(frame.columns)).reset_index(drop=True)
+            found[f"{release.name}/data"] = rows.to_dict("split")
+            doc = json.loads((release / "release.json").read_text())
+            found[f"{release.name}/release.json"] = stable(doc, str(out))
+    found["audit"] = stable(json.loads(internal_file(out, "audit.json").read_text()), str(out))
+    found["manifest"] = stable(
+        json.loads(internal_file(out, "manifest.json").read_text()), str(out)
+    )
+    return found
+
+
+def first_rows(out: Path, name: str) -> list[Any]:
+    import pandas as pd
+
+    return pd.read_csv(release_dir(out, name) / "data.csv").head(20).values.tolist()
+
+
+def run_plan(plan: Any, out: Path, *flags: str) -> Path:
+    from pipelines.run import run
+
+    run(plan, beam_args=list(flags), log=lambda _m: None, insecure_seed=SEED)
+    return out
+
+
+def demo_plan(out: Path, data: Path) -> Any:
+    from pipelines.cli import DEMO_CONFIG, demo_ledger
+    from pipelines.plan import load_plan
+    from tests.test_runners import without_holdout
+
+    ledger, key = demo_ledger(out / "budget")  # a ledger per run, as `privpipe demo` makes
+    plan = load_plan(
+        DEMO_CONFIG, output_dir=out, input_override=data, ledger_override=ledger,
+        key_file_override=key,
+    )  # fmt: skip
+    plan = without_holdout(plan)  # a fresh key per run holds out different persons
+    # every record a target: a sample of 5,000 comes in the order of a keyed hash whose key
+    # is fresh per run, which moves the seeded attack simulations on any runner
+    attacks = plan.config.attacks.model_copy(update={"targets": "all"})
+    return dataclasses.replace(plan, config=plan.config.model_copy(update={"attacks": attacks}))
+
+
+def adult_config(folder: Path) -> Path:
+    """configs/adult.yaml on Adult's first rows, without its sweep (fewer releases)."""
+    import yaml
+
+    from tests.conftest import ARX, ROOT
+
+    lines = (ARX / "adult.csv").read_text().splitlines()[: ADULT_ROWS + 1]
+    (folder / "adult.csv").write_text("\n".join(lines) + "\n")
+    cfg = yaml.safe_load((ROOT / "configs" / "adult.yaml").read_text())
+    cfg["input"]["path"] = str(folder / "adult.csv")
+    cfg["hierarchies"] = {
+        c: {"file": str(ARX / Path(h["file"]).name)} for c, h in cfg["hierarchies"].items()
+    }
+    cfg.pop("sweep")
+    cfg["budget"]["ledger"] = str(folder / "ledger.sqlite")
+    cfg["output"]["dir"] = str(folder / "out")
+    path = folder / "adult.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_demo_equal_on_dask_and_direct(cluster: Any, tmp_path: Path) -> None:
+    """The demo (every release kind, attacks, audit) gives the same outputs on Dask."""
+    from pipelines.demo_data import write_csv
+
+    data = tmp_path / "demo.csv"
+    write_csv(data, DEMO_ROWS)
+    direct = run_plan(demo_plan(tmp_path / "direct", data), tmp_path / "direct")
+    dask = run_plan(
+        demo_plan(tmp_path / "dask", data), tmp_path / "dask",
+        "--runner=dask", f"--dask_client_address={cluster.scheduler_address}",
+    )  # fmt: skip
+    m = json.loads(internal_file(dask, "manifest.json").read_text())
+    assert m["runner"] == "dask"
+    assert m["timings"]["stages"].get("read", 0) > 0  # the workers' counters came back
+    assert outputs(dask) == outputs(direct)
+    # rows are shuffled on the workers from a CSPRNG: no run's order is another's
+    assert first_rows(dask, "k5") != first_rows(direct, "k5")
+
+
+def test_adult_equal_on_dask_and_direct(cluster: Any, tmp_path: Path) -> None:
+    from pipelines.plan import load_plan
+
+    cfg = adult_config(tmp_path)
+    direct = run_plan(load_plan(cfg, output_dir=tmp_path / "direct"), tmp_path / "direct")
+    dask = run_plan(
+        load_plan(cfg, output_dir=tmp_path / "dask"), tmp_path / "dask",
+        "--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}",
+    )  # fmt: skip
+    assert outputs(dask) == outputs(direct)
+    assert first_rows(dask, "k5-s5") != first_rows(direct, "k5-s5")
