@@ -433,6 +433,9 @@ class DaskRunner(BeamDaskRunner):  # type: ignore[misc]
             db.concat(translate.metrics).reduction(gather, concat) if translate.metrics else None
         )
         cluster = None
+        quiet = logging.getLogger("distributed")  # its INFO lines would drown privpipe's
+        if quiet.getEffectiveLevel() < logging.WARNING:
+            quiet.setLevel(logging.WARNING)
         if not dask_options.get("address") and not dask_options.get("scheduler_file"):
             cluster = dd.LocalCluster(
                 n_workers=workers,
