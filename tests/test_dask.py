@@ -378,3 +378,34 @@ def test_adult_equal_on_dask_and_direct(cluster: Any, tmp_path: Path) -> None:
     )  # fmt: skip
     assert outputs(dask) == outputs(direct)
     assert first_rows(dask, "k5-s5") != first_rows(direct, "k5-s5")
+
+
+# ------------------------------------------------------------------ runner names
+
+
+@pytest.mark.parametrize(
+    "name", ["dask", "DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner"]
+)
+def test_every_dask_name_gets_privpipes_runner(name: str) -> None:
+    from pipelines.dask_runner import DaskRunner
+    from pipelines.run import pipeline_options
+    from pipelines.runner import runner_for
+
+    assert isinstance(runner_for(pipeline_options([], name)), DaskRunner)
+
+
+def test_an_unknown_runner_name_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from pipelines.cli import main
+    from pipelines.run import pipeline_options
+    from pipelines.runner import runner_for
+    from privpipe.errors import ConfigError
+    from tests.conftest import ROOT
+
+    with pytest.raises(ConfigError, match="--runner Daskk: not a Beam runner"):
+        runner_for(pipeline_options([], "Daskk"))
+    assert runner_for(pipeline_options([], "PortableRunner")) is None  # Beam resolves it
+    code = main(["run", str(ROOT / "configs" / "adult.yaml"), "--output", str(tmp_path / "o"),
+                 "--runner", "Daskk"])  # fmt: skip
+    assert code == 2
+    assert "not a Beam runner" in capsys.readouterr().err
+    assert not any((tmp_path / "o").iterdir())  # nothing half-written
