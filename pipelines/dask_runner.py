@@ -2,7 +2,7 @@
 whole graph (``--runner dask``).
 
 Beam 2.77's DaskRunner (``apache_beam.runners.dask``) translates a pipeline into Dask bags but
-does not run privpipe's graph correctly; tests/test_dask_beam.py keeps a minimal reproduction
+does not run privpipe's graph correctly; tests/test_dask.py keeps a minimal reproduction
 of each of its bugs (each tells us when Beam fixes it):
 
 1. only the branch of the last transform visited is computed: every other sink silently
