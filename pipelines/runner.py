@@ -67,7 +67,7 @@ def check_runner(name: str | None, flag: str = "--runner") -> None:
         except ImportError:
             pass
     known = list(StandardOptions.KNOWN_RUNNER_NAMES)
-    near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    near = difflib.get_close_matches(name, ["dask", *known], n=1, cutoff=0.8)
     hint = f"did you mean {near[0]}? " if near else ""
     raise ConfigError(
         f"{flag} {name}: no such Beam runner; {hint}known runners: dask (pip install "

@@ -401,11 +401,11 @@ def test_an_unknown_runner_name_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
     from privpipe.errors import ConfigError
     from tests.conftest import ROOT
 
-    with pytest.raises(ConfigError, match="--runner Daskk: not a Beam runner"):
+    with pytest.raises(ConfigError, match="--runner Daskk: no such Beam runner; did you mean dask"):
         runner_for(pipeline_options([], "Daskk"))
     assert runner_for(pipeline_options([], "PortableRunner")) is None  # Beam resolves it
     code = main(["run", str(ROOT / "configs" / "adult.yaml"), "--output", str(tmp_path / "o"),
                  "--runner", "Daskk"])  # fmt: skip
     assert code == 2
-    assert "not a Beam runner" in capsys.readouterr().err
+    assert "no such Beam runner" in capsys.readouterr().err
     assert not any((tmp_path / "o").iterdir())  # nothing half-written
