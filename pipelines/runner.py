@@ -67,7 +67,8 @@ def check_runner(name: str | None, flag: str = "--runner") -> None:
         except ImportError:
             pass
     known = list(StandardOptions.KNOWN_RUNNER_NAMES)
-    near = difflib.get_close_matches(name, ["dask", *known], n=1, cutoff=0.8)
+    choices = {k.lower(): k for k in ["dask", *known]}
+    near = [choices[m] for m in difflib.get_close_matches(low, list(choices), n=1, cutoff=0.8)]
     hint = f"did you mean {near[0]}? " if near else ""
     raise ConfigError(
         f"{flag} {name}: no such Beam runner; {hint}known runners: dask (pip install "
