@@ -64,7 +64,10 @@ from anonymity.models import (
     max_suppressed,
 )
 from anonymity.transformation import EquivalenceClasses, Evaluator, describe_node
+from privpipe import progress
 from privpipe.errors import ConfigError, PrivacyRefusal
+
+NODES: Final = "nodes checked"  # what the search reports to privpipe.progress
 
 __all__ = ["SearchResult", "heuristic", "optimal", "search"]
 
@@ -490,6 +493,7 @@ class _OptimalState:
         classes = self._classes(rank)
         result = assess(classes, self.models, self.limit)
         self.checked += 1
+        progress.add_rows("search", 1, NODES)
         self.evaluated[rank] = True
         self.watch.note(result, top=rank == self.top_rank)
         if self.monotone:
@@ -596,6 +600,7 @@ def heuristic(
         built = classes if classes is not None else classes_of(node)
         cache.put(node, built)
         result = assess(built, items, limit)
+        progress.add_rows("search", 1, NODES)
         watch.note(result, top=node == lattice.top)
         value = chosen.value(built, result.suppressed)
         seen[node] = (result, value)

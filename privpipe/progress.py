@@ -25,6 +25,7 @@ _LOCK = threading.Lock()
 @dataclass
 class _State:
     rows: dict[str, int] = field(default_factory=dict)  # pipeline stage -> rows so far
+    units: dict[str, str] = field(default_factory=dict)  # stage -> what it counts (rows)
     busy: dict[str, list[float]] = field(default_factory=dict)  # stage -> open block starts
     driver: list[tuple[str, float]] = field(default_factory=list)  # open driver stages
 
@@ -32,11 +33,19 @@ class _State:
 _STATE = _State()
 
 
-def add_rows(stage: str, rows: int) -> None:
-    """``rows`` more handled by pipeline stage ``stage`` (called from DoFns; thread-safe)."""
+def add_rows(stage: str, rows: int, unit: str = "rows") -> None:
+    """``rows`` more handled by pipeline stage ``stage`` (called from DoFns; thread-safe);
+    ``unit`` says what is counted (the search counts "nodes checked")."""
     if rows > 0:
         with _LOCK:
             _STATE.rows[stage] = _STATE.rows.get(stage, 0) + rows
+            _STATE.units.setdefault(stage, unit)
+
+
+def snapshot() -> dict[str, tuple[int, str]]:
+    """Every stage's count so far and its unit (a planning worker reports these)."""
+    with _LOCK:
+        return {k: (n, _STATE.units.get(k, "rows")) for k, n in _STATE.rows.items()}
 
 
 @contextmanager
@@ -73,6 +82,7 @@ def reset() -> None:
     """Forget every tally (a new run in this process)."""
     with _LOCK:
         _STATE.rows.clear()
+        _STATE.units.clear()
         _STATE.busy.clear()
         _STATE.driver.clear()
 
@@ -96,17 +106,22 @@ def status(
     rows per stage now (the next call's ``before``)."""
     with _LOCK:
         rows = dict(_STATE.rows)
+        units = dict(_STATE.units)
         busy = {k: min(v) for k, v in _STATE.busy.items() if v}
         driver = list(_STATE.driver)
     head = f"{now - t0:.0f}s"
     if driver:
         name, since = driver[-1]
         head += f" {name} ({now - since:.0f}s)"
-    shown = [
-        f"{name} {n:,} rows ({(n - before.get(name, 0)) / max(seconds, 1e-9):,.0f}/s)"
-        for name, n in rows.items()
-        if n != before.get(name, 0)
-    ]
+    shown = []
+    for name, n in rows.items():
+        if n == before.get(name, 0):
+            continue
+        rate = (n - before.get(name, 0)) / max(seconds, 1e-9)
+        line = f"{name} {n:,} {units.get(name, 'rows')} ({rate:,.0f}/s)"
+        if name in busy:
+            line += f", busy {now - busy.pop(name):.0f}s"
+        shown.append(line)
     shown += [f"{name} busy {now - since:.0f}s" for name, since in busy.items()]
     return head + (": " + "; ".join(shown) if shown else ""), rows
 

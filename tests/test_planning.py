@@ -177,3 +177,17 @@ def test_an_interrupt_stops_the_workers(monkeypatch: pytest.MonkeyPatch) -> None
         plan_releases(wide, [slow, spec("k5", qis=ADULT_QIS)], Loaded(ADULT_QIS), cores=2)
     assert time.perf_counter() - t0 < 8
     assert workers() == []
+
+
+@pytest.mark.slow  # a worker process starts (a few seconds)
+def test_nodes_checked_reach_the_progress_from_workers(freq: pd.DataFrame) -> None:
+    """The search's nodes checked are counted for the progress lines, also those of a
+    release planned in a worker process (relayed through its progress pipe)."""
+    from privpipe import progress
+
+    progress.reset()
+    pooled = plan_releases(freq, SPECS[:2], Loaded(), cores=2)  # a worker and this thread
+    checked = sum(int(p.context.plan.search["nodes_checked"]) for p in pooled.values())
+    assert checked > 0
+    assert progress.snapshot()["search"] == (checked, "nodes checked")
+    assert workers() == []

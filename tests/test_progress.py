@@ -78,3 +78,11 @@ def test_run_reports_progress_lines(project: Project, capsys: pytest.CaptureFixt
     assert main(["run", str(project.config), "--progress", "0.2", "--quiet"]) == 0
     assert capsys.readouterr().out == ""
     assert main(["run", str(project.config), "--progress", "-1"]) == 2
+
+
+def test_status_counts_nodes_and_joins_a_busy_stage() -> None:
+    progress.add_rows("search", 40, "nodes checked")
+    with progress.working("search"):
+        text, _ = progress.status(time.perf_counter(), time.perf_counter(), {}, 2.0)
+    assert "search 40 nodes checked (20/s), busy 0s" in text
+    assert text.count("search") == 1

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from anonymity.spec import AnonymizationSpec
+from privpipe import progress
 from transforms.context import (
     ReleaseContext,
     Resolved,
@@ -55,6 +56,7 @@ from transforms.context import (
 # 18 s, Mondrian 10 s, k=5 8 s); only the order matters
 _EFFORT = {"t_closeness": 3, "l_diversity": 2}
 WATCH_S = 1.0  # how often a worker checks that its caller is alive
+PROGRESS_S = 1.0  # how often a worker reports its nodes checked
 
 
 @dataclass(frozen=True)
@@ -188,12 +190,19 @@ class _Workers:
         with self.lock:
             if self.killed:
                 raise WorkerFailed(f"release {spec.name!r}: planning abandoned")
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(os.getpid())],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-            )
+            report, tell = os.pipe()  # the worker's progress (nodes checked), line by line
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", code, str(os.getpid()), str(tell)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    pass_fds=(tell,),
+                )
+            finally:
+                os.close(tell)
             self.procs.append(proc)
+        relay = threading.Thread(target=_relay, args=(report,), daemon=True)
+        relay.start()
         assert proc.stdin is not None and proc.stdout is not None
         try:  # streamed: pickle writes large arrays to the pipe without a copy of them
             with proc.stdin as task:
@@ -204,6 +213,7 @@ class _Workers:
         with proc.stdout as answer:  # the worker writes once it has read everything
             out = answer.read()
         proc.wait()
+        relay.join(timeout=5)  # its last progress line is counted before the plan returns
         if proc.returncode != 0 or not out:
             raise WorkerFailed(
                 f"release {spec.name!r}: the worker planning it exited with code "
@@ -225,10 +235,54 @@ class _Workers:
             proc.wait()
 
 
+def _relay(fd: int) -> None:
+    """Add a worker's progress lines (``stage<TAB>unit<TAB>count``, counts since its last
+    line) to this process's tally (privpipe/progress.py) until the worker closes its end."""
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            stage, unit, n = [*line.rstrip("\n").split("\t"), "", "", ""][:3]
+            if n.isdigit():
+                progress.add_rows(stage, int(n), unit)
+
+
+class _Reporter:
+    """A worker's side of :func:`_relay`: every ``PROGRESS_S`` and once at the end, what its
+    tally gained since the last line."""
+
+    def __init__(self, fd: int) -> None:
+        self.out = os.fdopen(fd, "w", encoding="utf-8")
+        self.sent: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self.done.wait(PROGRESS_S):
+            self.send()
+
+    def send(self) -> None:
+        with self.lock:
+            for stage, (n, unit) in progress.snapshot().items():
+                gained = n - self.sent.get(stage, 0)
+                if gained > 0:
+                    self.out.write(f"{stage}\t{unit}\t{gained}\n")
+                    self.sent[stage] = n
+            self.out.flush()
+
+    def close(self) -> None:
+        self.done.set()
+        try:
+            self.send()
+            self.out.close()
+        except OSError:  # the caller stopped listening: progress only
+            pass
+
+
 def serve() -> None:
     """A worker's main: summary, hierarchies, spec and slim from stdin; (ok, plan | error)
-    out."""
+    out; its progress on the descriptor named in argv."""
     caller = int(sys.argv[1])
+    reporter = _Reporter(int(sys.argv[2])) if len(sys.argv) > 2 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the caller stops us (no traceback)
     threading.Thread(target=_exit_with, args=(caller,), daemon=True).start()
     stdin = sys.stdin.buffer
@@ -243,6 +297,8 @@ def serve() -> None:
         data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # an exception that does not pickle: its type and message
         data = pickle.dumps((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
+    if reporter is not None:
+        reporter.close()
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
 
