@@ -46,7 +46,7 @@ test: $(DEVSTAMP)
 lint: $(DEVSTAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy $(PACKAGES)
+	$(VENV)/bin/mypy -p privpipe
 
 ## make bench: run the benchmarks (prints JSON; record results in benchmarks/RESULTS.md), then
 ## compare the whole demo config's stage timings with benchmarks/recorded.jsonl (exit 1 if a
