@@ -42,18 +42,18 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.arrays import sorted_unique
-from anonymity.hierarchy import Hierarchy
-from anonymity.mondrian import mondrian
-from anonymity.quality import measure_recoding
-from anonymity.recoding import Recoding, full_domain_labels
-from anonymity.risk import journalist, marketer, prosecutor
-from anonymity.search import SearchResult, search
-from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary, group_rows, resolve_hierarchies
-from anonymity.transformation import Evaluator
-from anonymity.verify import Verification, verify_grid_labels, verify_table
-from dp.secure_random import RandomSource, SecureRandom
+from privpipe.anonymity.arrays import sorted_unique
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.mondrian import mondrian
+from privpipe.anonymity.quality import measure_recoding
+from privpipe.anonymity.recoding import Recoding, full_domain_labels
+from privpipe.anonymity.risk import journalist, marketer, prosecutor
+from privpipe.anonymity.search import SearchResult, search
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.anonymity.summary import Summary, group_rows, resolve_hierarchies
+from privpipe.anonymity.transformation import Evaluator
+from privpipe.anonymity.verify import Verification, verify_grid_labels, verify_table
+from privpipe.dp.secure_random import RandomSource, SecureRandom
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 __all__ = [

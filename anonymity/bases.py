@@ -27,7 +27,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from anonymity.arrays import unique_first_inverse
+from privpipe.anonymity.arrays import unique_first_inverse
 
 __all__ = ["Base", "decode", "group_codes", "regroup", "weight_dtype", "weight_sums"]
 

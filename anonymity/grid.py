@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.hierarchy import Hierarchy
 
 __all__ = ["Grid", "format_number", "interval_grid", "parse_interval"]
 

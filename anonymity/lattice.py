@@ -19,7 +19,7 @@ from typing import Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.hierarchy import Hierarchy
 from privpipe.errors import ConfigError
 
 __all__ = ["MAX_OPTIMAL_NODES", "Lattice", "Node", "node_key"]

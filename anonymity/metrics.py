@@ -42,7 +42,7 @@ from typing import Any, ClassVar, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from anonymity.transformation import EquivalenceClasses, Evaluator
+from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator
 from privpipe.errors import ConfigError
 
 __all__ = [

@@ -55,8 +55,8 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from anonymity.hierarchy import Hierarchy
-from anonymity.transformation import EquivalenceClasses, Evaluator
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator
 from privpipe.errors import ConfigError
 
 __all__ = [

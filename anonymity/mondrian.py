@@ -63,18 +63,18 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.grid import Grid, format_number, interval_grid
-from anonymity.hierarchy import Hierarchy
-from anonymity.models import (
+from privpipe.anonymity.grid import Grid, format_number, interval_grid
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.models import (
     PrivacyModel,
     certain_values,
     check_models,
     describe_models,
     max_suppressed,
 )
-from anonymity.recoding import Recoding
-from anonymity.summary import Summary, resolve_hierarchies
-from anonymity.transformation import EquivalenceClasses, Evaluator, count_units
+from privpipe.anonymity.recoding import Recoding
+from privpipe.anonymity.summary import Summary, resolve_hierarchies
+from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator, count_units
 from privpipe.errors import ConfigError, PrivacyRefusal
 
 __all__ = ["MondrianResult", "mondrian", "numeric_values", "parse_range", "range_label"]

@@ -55,10 +55,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy
-from anonymity.mondrian import numeric_values, parse_range
-from anonymity.recoding import Recoding
-from anonymity.summary import Summary, group_rows, resolve_hierarchies
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.mondrian import numeric_values, parse_range
+from privpipe.anonymity.recoding import Recoding
+from privpipe.anonymity.summary import Summary, group_rows, resolve_hierarchies
 
 __all__ = ["class_sizes", "measure_recoding", "recoding_metrics"]
 

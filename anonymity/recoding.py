@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED, Hierarchy
+from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy
 from privpipe.errors import InputDataError
 
 IntArray = npt.NDArray[np.int64]

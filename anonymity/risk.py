@@ -32,8 +32,8 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from anonymity.summary import Summary
-from anonymity.transformation import EquivalenceClasses, Evaluator
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator
 from privpipe.errors import InputDataError
 
 __all__ = [

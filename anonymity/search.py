@@ -52,9 +52,10 @@ from typing import Final, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from anonymity.lattice import MAX_OPTIMAL_NODES, Lattice, Node, node_key
-from anonymity.metrics import Metric, Metrics, all_metrics, get_metric
-from anonymity.models import (
+from privpipe import progress
+from privpipe.anonymity.lattice import MAX_OPTIMAL_NODES, Lattice, Node, node_key
+from privpipe.anonymity.metrics import Metric, Metrics, all_metrics, get_metric
+from privpipe.anonymity.models import (
     CERTAIN,
     Assessment,
     PrivacyModel,
@@ -63,8 +64,7 @@ from anonymity.models import (
     describe_models,
     max_suppressed,
 )
-from anonymity.transformation import EquivalenceClasses, Evaluator, describe_node
-from privpipe import progress
+from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator, describe_node
 from privpipe.errors import ConfigError, PrivacyRefusal
 
 NODES: Final = "nodes checked"  # what the search reports to privpipe.progress

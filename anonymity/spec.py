@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias, cast
 
-from anonymity.hierarchy import Hierarchy
-from anonymity.metrics import get_metric
-from anonymity.models import (
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.metrics import get_metric
+from privpipe.anonymity.models import (
     DistinctLDiversity,
     EntropyLDiversity,
     KAnonymity,

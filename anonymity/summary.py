@@ -37,8 +37,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.arrays import unique_first_inverse
-from anonymity.hierarchy import Hierarchy, canonical_scalar
+from privpipe.anonymity.arrays import unique_first_inverse
+from privpipe.anonymity.hierarchy import Hierarchy, canonical_scalar
 from privpipe.errors import ConfigError, InputDataError
 
 __all__ = ["Hierarchies", "Summary", "group_rows", "resolve_hierarchies", "unit_hashes"]

@@ -57,8 +57,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.arrays import sorted_unique, unique_first_inverse
-from anonymity.bases import (
+from privpipe.anonymity.arrays import sorted_unique, unique_first_inverse
+from privpipe.anonymity.bases import (
     Base,
     code_dtype,
     decode,
@@ -66,9 +66,9 @@ from anonymity.bases import (
     regroup,
     weight_sums,
 )
-from anonymity.hierarchy import Hierarchy
-from anonymity.lattice import Lattice, Node
-from anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.lattice import Lattice, Node
+from privpipe.anonymity.summary import Hierarchies, Summary, group_rows, resolve_hierarchies
 from privpipe.errors import ConfigError, InputDataError
 
 __all__ = ["EquivalenceClasses", "Evaluator", "QIArrays", "count_units", "describe_node"]

@@ -52,9 +52,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.grid import interval_grid
-from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_scalar
-from anonymity.spec import AnonymizationSpec
+from privpipe.anonymity.grid import interval_grid
+from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_scalar
+from privpipe.anonymity.spec import AnonymizationSpec
 
 __all__ = ["MAX_FAILURES", "Verification", "verify_counts", "verify_grid_labels", "verify_table"]
 

@@ -8,7 +8,7 @@ DP releases: ``histogram_attribute_inference``, ``membership_inference``,
 ``AttackResult``; ``audit_attacks`` turns a list of them into audit.json's ``attacks``.
 """
 
-from attacks.dp import (
+from privpipe.attacks.dp import (
     NoNoise,
     difference_histograms,
     differencing_attack,
@@ -18,12 +18,12 @@ from attacks.dp import (
     optimal_success,
     person_contribution,
 )
-from attacks.knowledge import AttackerKnowledge
-from attacks.ldp import grr_posterior, grr_success_bound, report_attack
-from attacks.matching import TargetView, match_targets
-from attacks.result import AttackResult, audit_attacks
-from attacks.stats import wilson_interval
-from attacks.table import (
+from privpipe.attacks.knowledge import AttackerKnowledge
+from privpipe.attacks.ldp import grr_posterior, grr_success_bound, report_attack
+from privpipe.attacks.matching import TargetView, match_targets
+from privpipe.attacks.result import AttackResult, audit_attacks
+from privpipe.attacks.stats import wilson_interval
+from privpipe.attacks.table import (
     TABLE_ATTACKS,
     attack_table,
     background_knowledge,

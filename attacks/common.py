@@ -44,11 +44,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy, canonical_column
-from attacks.knowledge import AttackerKnowledge
-from attacks.matching import WEIGHT, TargetView, match_targets, unique_rows
-from attacks.stats import wilson_interval
-from attacks.table import random_elimination, worst_elimination
+from privpipe.anonymity.hierarchy import Hierarchy, canonical_column
+from privpipe.attacks.knowledge import AttackerKnowledge
+from privpipe.attacks.matching import WEIGHT, TargetView, match_targets, unique_rows
+from privpipe.attacks.stats import wilson_interval
+from privpipe.attacks.table import random_elimination, worst_elimination
 
 __all__ = [
     "NO_CONTROL",
@@ -404,7 +404,7 @@ class CellModel:
 
 def _report_likelihood(reports: Any, oracle: Mapping[str, Any], d: int) -> FloatArray:
     """P(report | value) up to a per-report factor, (reports × d), per protocol."""
-    from dp.local import keyed_hash
+    from privpipe.dp.local import keyed_hash
 
     p, q = float(oracle["p"]), float(oracle["q"])
     n = int(reports.n)
@@ -441,8 +441,8 @@ class LocalReportModel:
     def weights(
         self, records: pd.DataFrame, domain: ObjArray, prior: FloatArray, *, members: bool
     ) -> tuple[FloatArray, ObjArray]:
-        from dp.local import perturb
-        from dp.secure_random import SeededRandom
+        from privpipe.dp.local import perturb
+        from privpipe.dp.secure_random import SeededRandom
 
         labels = np.asarray(self.domain, dtype=object)
         d = labels.shape[0]

@@ -28,8 +28,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy
-from attacks.matching import WEIGHT, TargetView, match_targets, unique_rows
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.attacks.matching import WEIGHT, TargetView, match_targets, unique_rows
 
 __all__ = ["Composition", "claimed_values", "compose", "compose_tables"]
 

@@ -32,11 +32,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from attacks.knowledge import AttackerKnowledge
-from attacks.matching import canonical_strings, unique_rows
-from attacks.result import AttackResult
-from attacks.stats import wilson_interval
-from dp.noise import NoiseSampler, rho_to_epsilon
+from privpipe.attacks.knowledge import AttackerKnowledge
+from privpipe.attacks.matching import canonical_strings, unique_rows
+from privpipe.attacks.result import AttackResult
+from privpipe.attacks.stats import wilson_interval
+from privpipe.dp.noise import NoiseSampler, rho_to_epsilon
 
 __all__ = [
     "NoNoise",

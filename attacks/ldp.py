@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from attacks.matching import canonical_strings
-from attacks.result import AttackResult
-from attacks.stats import wilson_interval
+from privpipe.attacks.matching import canonical_strings
+from privpipe.attacks.result import AttackResult
+from privpipe.attacks.stats import wilson_interval
 
 __all__ = ["grr_posterior", "grr_success_bound", "map_guess", "report_attack"]
 

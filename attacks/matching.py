@@ -37,8 +37,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy, canonical_factorize
-from anonymity.summary import group_rows
+from privpipe.anonymity.hierarchy import Hierarchy, canonical_factorize
+from privpipe.anonymity.summary import group_rows
 
 __all__ = [
     "SUPPRESSED",

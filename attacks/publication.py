@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
-from attacks.matching import WEIGHT, records_of
+from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
+from privpipe.attacks.matching import WEIGHT, records_of
 
 ROW_ORDER_ROWS = 200_000  # rows of each table the row-order attack compares (the head)
 

@@ -31,11 +31,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy
-from attacks.knowledge import AttackerKnowledge
-from attacks.matching import TargetView, match_targets
-from attacks.result import AttackResult
-from attacks.stats import wilson_interval
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.attacks.knowledge import AttackerKnowledge
+from privpipe.attacks.matching import TargetView, match_targets
+from privpipe.attacks.result import AttackResult
+from privpipe.attacks.stats import wilson_interval
 
 __all__ = [
     "TABLE_ATTACKS",

@@ -49,12 +49,12 @@ QIS = list(ADULT_QIS)
 def adult_search() -> list[dict]:
     import pandas as pd
 
-    from anonymity.hierarchy import load_arx_csv
-    from anonymity.models import DistinctLDiversity, KAnonymity
-    from anonymity.mondrian import mondrian
-    from anonymity.search import optimal
-    from anonymity.summary import Summary
-    from anonymity.transformation import Evaluator
+    from privpipe.anonymity.hierarchy import load_arx_csv
+    from privpipe.anonymity.models import DistinctLDiversity, KAnonymity
+    from privpipe.anonymity.mondrian import mondrian
+    from privpipe.anonymity.search import optimal
+    from privpipe.anonymity.summary import Summary
+    from privpipe.anonymity.transformation import Evaluator
 
     df = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
     h = {c: load_arx_csv(ARX / f"adult_hierarchy_{c}.csv", c) for c in [*QIS, "occupation"]}
@@ -102,7 +102,7 @@ def adult_search() -> list[dict]:
 
 
 def run_config(config: Path) -> dict:
-    return measure([sys.executable, "-m", "pipelines.cli", "run", str(config)])
+    return measure([sys.executable, "-m", "privpipe.pipelines.cli", "run", str(config)])
 
 
 def adult_run(tmp: Path) -> dict:
@@ -153,7 +153,7 @@ def _one_release_config(tmp: Path, rows: int, release: dict, stem: str) -> Path:
     """A copy of the demo config on the cached demo data with ``release`` as its only
     release: the anonymisation pipeline alone, no attacks, DP budget or audit report
     (measured separately); output in ``tmp/stem``."""
-    from pipelines.cli import DEMO_CONFIG
+    from privpipe.pipelines.cli import DEMO_CONFIG
 
     cfg = yaml.safe_load(DEMO_CONFIG.read_text())
     cfg["input"]["path"] = str(data_file(rows))
@@ -174,7 +174,7 @@ def _one_release_config(tmp: Path, rows: int, release: dict, stem: str) -> Path:
 def _demo_config(tmp: Path, rows: int, release: str) -> Path:
     """The demo config with one of its anonymised releases (``k5_0``: k5 at 0%
     suppression) and nothing else."""
-    from pipelines.cli import DEMO_CONFIG
+    from privpipe.pipelines.cli import DEMO_CONFIG
 
     by_name = {r["name"]: r for r in yaml.safe_load(DEMO_CONFIG.read_text())["releases"]}
     chosen = dict(by_name["k5" if release == "k5_0" else release])
@@ -190,10 +190,10 @@ def demo_searches(rows: int, runs: bool = True) -> list[dict]:
     with ``runs`` also the whole ``privpipe run`` of a single-release config (wall, CPU)."""
     import pandas as pd
 
-    from pipelines.hierarchies import HierarchyResolver
-    from pipelines.plan import load_plan
-    from pipelines.run import anonymization_spec
-    from transforms.anonymize import FrequencyTable, counted_columns, make_context
+    from privpipe.pipelines.hierarchies import HierarchyResolver
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.pipelines.run import anonymization_spec
+    from privpipe.transforms.anonymize import FrequencyTable, counted_columns, make_context
 
     out = []
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -36,9 +36,9 @@ HERE = Path(__file__).resolve().parent
 
 def prepare(out: Path, data: Path, rows: int) -> None:
     """The demo on ``data`` into ``out`` with the driver's audit skipped, work kept."""
-    import pipelines.output as output
-    import pipelines.run as run
-    from pipelines.cli import _demo
+    import privpipe.pipelines.output as output
+    import privpipe.pipelines.run as run
+    from privpipe.pipelines.cli import _demo
 
     kept: list[Path] = []
 
@@ -76,7 +76,7 @@ def timed(into: dict[str, dict[str, float]], name: str) -> Iterator[None]:
 
 def replay(out: Path) -> dict[str, Any]:
     """The driver's audit after the pipeline, as ``_run`` calls it, each stage timed."""
-    from pipelines.audit import (
+    from privpipe.pipelines.audit import (
         ATTACKED_KINDS,
         common_releases,
         load_releases,
@@ -85,14 +85,14 @@ def replay(out: Path) -> dict[str, Any]:
         run_common,
         write_audit,
     )
-    from pipelines.continual_release import continual_jobs
-    from pipelines.control import load_controls
-    from pipelines.dp_release import dp_jobs
-    from pipelines.hierarchies import HierarchyResolver
-    from pipelines.plan import load_plan
-    from pipelines.publication import check_combination, dp_count_keys
-    from transforms.profile import split_internal
-    from transforms.sink import load_json
+    from privpipe.pipelines.continual_release import continual_jobs
+    from privpipe.pipelines.control import load_controls
+    from privpipe.pipelines.dp_release import dp_jobs
+    from privpipe.pipelines.hierarchies import HierarchyResolver
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.pipelines.publication import check_combination, dp_count_keys
+    from privpipe.transforms.profile import split_internal
+    from privpipe.transforms.sink import load_json
 
     work = Path((out / "work.txt").read_text().strip())
     ran = json.loads((out / "internal" / "manifest.json").read_text())

@@ -40,7 +40,7 @@ K5 = {"name": "k5", "kind": "k_anonymity", "k": 5, "suppression_limit": 0.05}
 
 def run(config: Path, out: Path, flags: list[str]) -> dict[str, Any]:
     """One `privpipe run` in a fresh process: wall, CPU and peak RSS of its process tree."""
-    cmd = [sys.executable, "-m", "pipelines.cli", "run", str(config), "--output", str(out)]
+    cmd = [sys.executable, "-m", "privpipe.pipelines.cli", "run", str(config), "--output", str(out)]
     res = measured([*cmd, *flags])
     manifest = json.loads((out / "internal" / "manifest.json").read_text(encoding="utf-8"))
     timings = manifest.get("timings") or {}

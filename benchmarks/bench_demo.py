@@ -40,7 +40,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._measure import machine  # noqa: E402
-from pipelines.demo_data import DEFAULT_SEED, write_csv  # noqa: E402
+from privpipe.pipelines.demo_data import DEFAULT_SEED, write_csv  # noqa: E402
 
 DEFAULT_ROWS = 1_000_000
 LARGE_ROWS = 10_000_000

@@ -105,7 +105,7 @@ def config(tmp: Path, rows: int, wide: bool = False) -> Path:
     init = ["budget", "init", cfg["budget"]["ledger"], "--dataset", cfg["name"]]
     init += ["--epsilon", "100", "--delta", "1e-3", "--key-file", cfg["budget"]["key_file"]]
     init += ["--heads", cfg["budget"]["heads_file"]]
-    subprocess.run([sys.executable, "-m", "pipelines.cli", *init], check=True)
+    subprocess.run([sys.executable, "-m", "privpipe.pipelines.cli", *init], check=True)
     return path
 
 
@@ -121,7 +121,7 @@ def measured(cmd: list[str], timeout: float = 1800) -> dict[str, object]:
 
 def privpipe_run(tmp: Path, rows: int, wide: bool = False) -> dict[str, object]:
     cfg = str(config(tmp, rows, wide))
-    res = measured([sys.executable, "-m", "pipelines.cli", "run", cfg])
+    res = measured([sys.executable, "-m", "privpipe.pipelines.cli", "run", cfg])
     out = tmp / f"out-{rows}"
     manifest = json.loads((out / "internal" / "manifest.json").read_text())
     cells = len(pd.read_csv(out / "public" / "hist" / "data.csv"))

@@ -72,13 +72,13 @@ def config(tmp: Path, rows: int, stat: str) -> Path:
     # a run never creates its ledger: create it on purpose, as an operator would (untimed)
     init = ["budget", "init", budget["ledger"], "--dataset", name, "--epsilon", "100"]
     init += ["--delta", "1e-3", "--key-file", budget["key_file"], "--heads", budget["heads_file"]]
-    subprocess.run([sys.executable, "-m", "pipelines.cli", *init], check=True)
+    subprocess.run([sys.executable, "-m", "privpipe.pipelines.cli", *init], check=True)
     return path
 
 
 def privpipe_run(tmp: Path, rows: int, stat: str) -> dict[str, object]:
     cfg = config(tmp, rows, stat)
-    res = measured([sys.executable, "-m", "pipelines.cli", "run", str(cfg)])
+    res = measured([sys.executable, "-m", "privpipe.pipelines.cli", "run", str(cfg)])
     out = tmp / f"out-dp-stats-{stat}-{rows}"
     manifest = json.loads((out / "internal" / "manifest.json").read_text())
     stages = (manifest.get("timings") or {}).get("stages") or {}

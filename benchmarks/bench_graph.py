@@ -40,13 +40,13 @@ def graph_size(proto: object) -> dict[str, int]:
 
 
 def build_once(config: Path, data: Path, out: Path) -> dict[str, object]:
-    from pipelines.continual_release import continual_jobs
-    from pipelines.dp_release import dp_jobs
-    from pipelines.local_release import local_jobs
-    from pipelines.output import RunOutput, new_run_id
-    from pipelines.plan import load_plan
-    from pipelines.run import build_graph, pipeline_options
-    from transforms.io import inspect_input
+    from privpipe.pipelines.continual_release import continual_jobs
+    from privpipe.pipelines.dp_release import dp_jobs
+    from privpipe.pipelines.local_release import local_jobs
+    from privpipe.pipelines.output import RunOutput, new_run_id
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.pipelines.run import build_graph, pipeline_options
+    from privpipe.transforms.io import inspect_input
 
     plan = load_plan(config, output_dir=out, input_override=data)
     spec = plan.input_spec()
@@ -80,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     print(json.dumps({"benchmark": "graph", "date": datetime.now(UTC).isoformat(timespec="seconds"),
                       "machine": machine()}), flush=True)  # fmt: skip
-    from pipelines.demo_data import write_csv
+    from privpipe.pipelines.demo_data import write_csv
 
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)

@@ -32,7 +32,7 @@ CACHE = HERE / ".cache"
 
 def data_file(rows: int) -> Path:
     """The generated CSV, written once and cached between benchmark runs."""
-    from pipelines.demo_data import write_csv
+    from privpipe.pipelines.demo_data import write_csv
 
     CACHE.mkdir(exist_ok=True)
     path = CACHE / f"demo-{rows}.csv"
@@ -48,8 +48,8 @@ def pandas_side(path: str, batch_rows: int) -> None:
     """Plain pandas in one process: chunked read, the same checks and profile."""
     import pandas as pd
 
-    from pipelines.demo_data import DEMO_QUASI_IDENTIFIERS, DEMO_SENSITIVE
-    from transforms.profile import ProfileFn, split_internal
+    from privpipe.pipelines.demo_data import DEMO_QUASI_IDENTIFIERS, DEMO_SENSITIVE
+    from privpipe.transforms.profile import ProfileFn, split_internal
 
     t0 = time.perf_counter()
     cols = None
@@ -84,9 +84,9 @@ def pandas_side(path: str, batch_rows: int) -> None:
 
 def beam_side(path: str, out: str, extra: list[str]) -> None:
     """The privpipe run on the demo config (read, validate, profile, manifest)."""
-    from pipelines.cli import DEMO_CONFIG
-    from pipelines.plan import load_plan
-    from pipelines.run import run
+    from privpipe.pipelines.cli import DEMO_CONFIG
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.pipelines.run import run
 
     t0 = time.perf_counter()
     plan = load_plan(DEMO_CONFIG, output_dir=out, input_override=path)

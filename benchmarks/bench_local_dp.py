@@ -36,8 +36,8 @@ def oracle_side(protocol: str, persons: int, domain: int) -> None:
     """One protocol in this process: perturb + aggregate with the secure source."""
     import numpy as np
 
-    from dp.local import aggregate, perturb
-    from dp.secure_random import SecureRandom
+    from privpipe.dp.local import aggregate, perturb
+    from privpipe.dp.secure_random import SecureRandom
 
     # The population is synthetic input data (not released noise): a skewed, seeded mix.
     weights = 1.0 / np.arange(1, domain + 1)
@@ -93,9 +93,9 @@ def tree_side() -> None:
     """T = 2^20: per-period update through the store, and the worst case in memory."""
     import numpy as np
 
-    from dp.continual import advance, start
-    from dp.noise import SecureSampler
-    from dp.state_store import ContinualStore
+    from privpipe.dp.continual import advance, start
+    from privpipe.dp.noise import SecureSampler
+    from privpipe.dp.state_store import ContinualStore
 
     sampler = SecureSampler()
     horizon = 2**20

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeAlias
 
-from dp.budget import Number, to_fraction
+from privpipe.dp.budget import Number, to_fraction
 from privpipe.errors import ConfigError
 
 # Mass the PLD library truncates from a discrete Gaussian (<= 1e-30 per side): added to delta.

@@ -24,11 +24,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from dp import exact
-from dp.accounting import DiscreteGaussian, DiscreteLaplace
-from dp.bounding import sensitivities
-from dp.budget import to_fraction
-from dp.noise import (
+from privpipe.dp import exact
+from privpipe.dp.accounting import DiscreteGaussian, DiscreteLaplace
+from privpipe.dp.bounding import sensitivities
+from privpipe.dp.budget import to_fraction
+from privpipe.dp.noise import (
     IntArray,
     NoiseSampler,
     gaussian_ci_halfwidth,

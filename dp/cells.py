@@ -23,10 +23,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import canonical_column, canonical_factorize
-from dp import exact
-from dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
-from dp.spec import MOMENT_KINDS, QUANTILE_KINDS, DPReleaseSpec, Query, QueryPlan
+from privpipe.anonymity.hierarchy import canonical_column, canonical_factorize
+from privpipe.dp import exact
+from privpipe.dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
+from privpipe.dp.spec import MOMENT_KINDS, QUANTILE_KINDS, DPReleaseSpec, Query, QueryPlan
 from privpipe.errors import InputDataError
 
 U64 = npt.NDArray[np.uint64]

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from dp.noise import NoiseSampler, discrete_laplace_variance, laplace_ci_halfwidth
+from privpipe.dp.noise import NoiseSampler, discrete_laplace_variance, laplace_ci_halfwidth
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 IntArray = npt.NDArray[np.int64]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dp.noise import NoiseSampler, SeededTestSampler, _as_int64, _check_positive
+from privpipe.dp.noise import NoiseSampler, SeededTestSampler, _as_int64, _check_positive
 from privpipe.errors import ConfigError
 
 IntArray = npt.NDArray[np.int64]

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from dp.budget import ApproxBudget, PureBudget, RhoBudget
-from dp.ledger_auth import HeadRecord, LedgerKey, init_command, load_key, safe_name
-from dp.sqlite_tx import immediate
+from privpipe.dp.budget import ApproxBudget, PureBudget, RhoBudget
+from privpipe.dp.ledger_auth import HeadRecord, LedgerKey, init_command, load_key, safe_name
+from privpipe.dp.sqlite_tx import immediate
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 SCHEMA_VERSION = "2"

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from dp.secure_random import RandomSource, UInt8Array, UInt64Array
+from privpipe.dp.secure_random import RandomSource, UInt8Array, UInt64Array
 from privpipe.errors import ConfigError, InputDataError
 
 IntArray = npt.NDArray[np.int64]

@@ -27,9 +27,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from dp.cells import canonical_labels
-from dp.multiparty import calibration_problems
-from dp.secure_random import RandomSource
+from privpipe.dp.cells import canonical_labels
+from privpipe.dp.multiparty import calibration_problems
+from privpipe.dp.secure_random import RandomSource
 from privpipe.errors import InputDataError
 
 IntArray = npt.NDArray[np.int64]

@@ -42,9 +42,14 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from dp.local import choose_protocol
-from dp.local import variance as local_protocol_variance
-from dp.noise import NoiseSampler, discrete_laplace_variance, laplace_ci_halfwidth, laplace_scale
+from privpipe.dp.local import choose_protocol
+from privpipe.dp.local import variance as local_protocol_variance
+from privpipe.dp.noise import (
+    NoiseSampler,
+    discrete_laplace_variance,
+    laplace_ci_halfwidth,
+    laplace_scale,
+)
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 IntArray = npt.NDArray[np.int64]

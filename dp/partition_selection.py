@@ -50,8 +50,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from dp.accounting import expm1_ratio, log_expm1
-from dp.noise import NoiseSampler, _as_int64, _check_positive, _check_probability
+from privpipe.dp.accounting import expm1_ratio, log_expm1
+from privpipe.dp.noise import NoiseSampler, _as_int64, _check_positive, _check_probability
 from privpipe.errors import ConfigError
 
 Method = Literal["laplace", "truncated_geometric"]

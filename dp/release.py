@@ -28,11 +28,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dp import exact
-from dp.accounting import Accountant, ApproxDP, DiscreteGaussian, DiscreteLaplace, Parallel, Step
-from dp.aggregate import NoiseSpec, clamp_nonnegative, make_consistent, release_cells
-from dp.bounding import RngLike
-from dp.cells import (
+from privpipe.dp import exact
+from privpipe.dp.accounting import (
+    Accountant,
+    ApproxDP,
+    DiscreteGaussian,
+    DiscreteLaplace,
+    Parallel,
+    Step,
+)
+from privpipe.dp.aggregate import NoiseSpec, clamp_nonnegative, make_consistent, release_cells
+from privpipe.dp.bounding import RngLike
+from privpipe.dp.cells import (
     CellPartial,
     Labeler,
     bound_and_aggregate,
@@ -42,10 +49,10 @@ from dp.cells import (
     hash_keys,
     merge_dictionaries,
 )
-from dp.exponential import exponential_mechanism, top_k
-from dp.noise import NoiseSampler, discrete_laplace_variance, honest_document
-from dp.partition_selection import select_partitions
-from dp.spec import (
+from privpipe.dp.exponential import exponential_mechanism, top_k
+from privpipe.dp.noise import NoiseSampler, discrete_laplace_variance, honest_document
+from privpipe.dp.partition_selection import select_partitions
+from privpipe.dp.spec import (
     CENTRED_KINDS,
     COUNT_KINDS,
     DISTINCT_KINDS,

@@ -33,7 +33,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from dp.noise import INSECURE_SEED_MESSAGE
+from privpipe.dp.noise import INSECURE_SEED_MESSAGE
 from privpipe.errors import ConfigError
 
 BoolArray = npt.NDArray[np.bool_]

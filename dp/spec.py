@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from dp.accounting import (
+from privpipe.dp.accounting import (
     Accountant,
     ApproxDP,
     DiscreteGaussian,
@@ -37,9 +37,9 @@ from dp.accounting import (
     Step,
     group_privacy,
 )
-from dp.aggregate import NoiseSpec, _fixed_point, noise_spec
-from dp.bounding import sensitivities
-from dp.budget import to_fraction
+from privpipe.dp.aggregate import NoiseSpec, _fixed_point, noise_spec
+from privpipe.dp.bounding import sensitivities
+from privpipe.dp.budget import to_fraction
 from privpipe.errors import ConfigError
 
 COUNT_KINDS = ("dp_count", "dp_histogram")
@@ -464,7 +464,7 @@ def _dry_run_selection(spec: DPReleaseSpec, eps: Fraction, delta: Fraction) -> N
     charge (its probabilities depend on the counts, its formulas only on ε, δ, L0)."""
     import numpy as np
 
-    from dp.partition_selection import keep_probability
+    from privpipe.dp.partition_selection import keep_probability
 
     try:
         probs = keep_probability(

@@ -48,9 +48,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from dp.budget import to_fraction
-from dp.continual import ContinualRelease, TreeState, advance, round_horizon, start
-from dp.noise import NoiseSampler
+from privpipe.dp.budget import to_fraction
+from privpipe.dp.continual import ContinualRelease, TreeState, advance, round_horizon, start
+from privpipe.dp.noise import NoiseSampler
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 IntArray = npt.NDArray[np.int64]

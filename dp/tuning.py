@@ -52,10 +52,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from dp.exponential import gumbel_scale
-from dp.partition_selection import keep_probability
-from dp.release import noise_variance, quantile_sensitivity
-from dp.spec import (
+from privpipe.dp.exponential import gumbel_scale
+from privpipe.dp.partition_selection import keep_probability
+from privpipe.dp.release import noise_variance, quantile_sensitivity
+from privpipe.dp.spec import (
     DISTINCT_KINDS,
     MOMENT_KINDS,
     QUANTILE_KINDS,

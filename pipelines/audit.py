@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy, canonical_column
-from attacks import (
+from privpipe.anonymity.hierarchy import Hierarchy, canonical_column
+from privpipe.attacks import (
     AttackerKnowledge,
     AttackResult,
     background_knowledge,
@@ -43,7 +43,7 @@ from attacks import (
     similarity,
     skewness,
 )
-from attacks.common import (
+from privpipe.attacks.common import (
     CellModel,
     LocalReportModel,
     PosteriorModel,
@@ -55,23 +55,23 @@ from attacks.common import (
     matched_view,
     public_prior,
 )
-from attacks.matching import WEIGHT, expand_rows, frequency_table, records_of
-from attacks.publication import published_levels
-from dp.noise import SeededTestSampler, planned_guarantee
-from pipelines.config import (
+from privpipe.attacks.matching import WEIGHT, expand_rows, frequency_table, records_of
+from privpipe.attacks.publication import published_levels
+from privpipe.dp.noise import SeededTestSampler, planned_guarantee
+from privpipe.errors import InputDataError
+from privpipe.pipelines.config import (
     ANONYMITY_KINDS,
     CONTINUAL_KINDS,
     DP_KINDS,
     TABLE_ATTACK_NAMES,
     AttacksConfig,
 )
-from pipelines.plan import Plan
-from pipelines.pubattacks import across_runs, breach_findings, publication_attacks
-from privpipe.errors import InputDataError
+from privpipe.pipelines.plan import Plan
+from privpipe.pipelines.pubattacks import across_runs, breach_findings, publication_attacks
 from privpipe.timing import stage
 
 if TYPE_CHECKING:  # reports (matplotlib) is imported only when a report is written
-    from reports import Release
+    from privpipe.reports import Release
 
 RAW_TABLE = "attack_targets"
 BASELINE = "raw"
@@ -239,7 +239,7 @@ def report_support(reports: Any) -> np.ndarray:
     """(n x d) booleans: the values each person's report supports (GRR: the reported
     value; unary encodings: the set bits; local hashing: the values hashing to the
     reported bucket); a report supporting nothing supports every value."""
-    from dp.local import keyed_hash
+    from privpipe.dp.local import keyed_hash
 
     n, d = reports.n, reports.d
     if reports.protocol in ("rr", "grr"):
@@ -274,10 +274,10 @@ def _local_attack(
     protocol and ε on the targets' true values) and guesses the value it supports; the
     bound and the MAP guess use the attribute's real distribution over the public domain
     (posterior odds <= e^ε × prior odds), beside the always-most-common guess."""
-    from attacks import report_attack
-    from attacks.ldp import map_guess
-    from dp.local import perturb
-    from dp.secure_random import SeededRandom
+    from privpipe.attacks import report_attack
+    from privpipe.attacks.ldp import map_guess
+    from privpipe.dp.local import perturb
+    from privpipe.dp.secure_random import SeededRandom
 
     cfg = plan.config.attacks
     assert cfg is not None
@@ -332,8 +332,8 @@ def load_releases(
     """The staged releases of these kinds, each read once (data as published, release.json;
     an anonymised table as the frequency table of its rows, ``reports.load_release``, the
     one staged in the run's ``work`` folder when given); those in ``loaded`` are reused."""
-    from reports import load_release
-    from transforms.audit_truth import published_counts_path
+    from privpipe.reports import load_release
+    from privpipe.transforms.audit_truth import published_counts_path
 
     done = loaded or {}
     return {
@@ -563,7 +563,7 @@ def attacker_summary(
     plan: Plan, records: int, control: pd.DataFrame | None = None
 ) -> dict[str, Any]:
     """The attacker model of the run, for audit.json (``control``: the control records)."""
-    from pipelines.control import control_summary
+    from privpipe.pipelines.control import control_summary
 
     cfg = plan.config.attacks
     assert cfg is not None
@@ -614,7 +614,7 @@ def load_truth(plan: Plan, work: Path, name: str = RAW_TABLE) -> tuple[pd.DataFr
     frequency table (audit columns and ``WEIGHT``) and the target records (the sampled
     rows; every record, from the table, when ``attacks.targets`` is all or absent). The
     targets frame's ``attrs["records"]`` holds how many rows the input had."""
-    from transforms.audit_truth import RECORDS
+    from privpipe.transforms.audit_truth import RECORDS
 
     table = typed(pd.read_parquet(work / f"{name}_counts.parquet"), plan)
     path = work / f"{name}.parquet"
@@ -655,9 +655,9 @@ def write_audit(
     ``run_common``'s results (``releases.<name>.common``, ``baseline.common``). ``work``:
     the run's private work folder, whose DP cells (bounded, before noise) split each DP
     release's error into bounding bias and noise."""
-    from pipelines.dp_release import bounded_truth
-    from reports import Run, audit_run, write_reports
-    from reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
+    from privpipe.pipelines.dp_release import bounded_truth
+    from privpipe.reports import Run, audit_run, write_reports
+    from privpipe.reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
 
     rc = plan.config.report
     s = plan.config.schema_
@@ -773,8 +773,8 @@ def budget_figures(
     dataset's ledger after this run (None, with ``ledger_note``, when it cannot be read).
     A published release the ledger did not charge in this run (a continual stream's later
     period) says so."""
-    from pipelines.dp_release import open_ledger
     from privpipe.errors import PrivpipeError
+    from privpipe.pipelines.dp_release import open_ledger
 
     b = plan.config.budget
     per: dict[str, Any] = {}
@@ -870,11 +870,11 @@ def members_columns(plan: Plan, run_dir: Path, columns: list[str]) -> pd.DataFra
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.control import holdout_share, read_key
-    from pipelines.runner import runner_for
-    from transforms.holdout import MEMBERS, HoldOut
-    from transforms.io import ReadMicrodata
-    from transforms.sink import WriteTable
+    from privpipe.pipelines.control import holdout_share, read_key
+    from privpipe.pipelines.runner import runner_for
+    from privpipe.transforms.holdout import MEMBERS, HoldOut
+    from privpipe.transforms.io import ReadMicrodata
+    from privpipe.transforms.sink import WriteTable
 
     key = read_key(run_dir)
     share = holdout_share(plan)
@@ -902,11 +902,11 @@ def rebuild(run_dirs: list[Path], output: Path | None) -> Path:
     is recomputed against the input named in the manifest. One run: its report files are
     replaced; several: a comparison (runs as series) is written to ``output``.
     """
-    from pipelines.hierarchies import HierarchyResolver
-    from pipelines.plan import load_plan
     from privpipe.errors import ConfigError
-    from reports import audit_run, compare_runs, load_run, write_reports
-    from reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
+    from privpipe.pipelines.hierarchies import HierarchyResolver
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.reports import audit_run, compare_runs, load_run, write_reports
+    from privpipe.reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
 
     if len(run_dirs) > 1 and output is None:
         raise ConfigError("several runs are compared into a new folder: give --output DIR")

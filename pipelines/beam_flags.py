@@ -19,7 +19,7 @@ from functools import cache
 from privpipe.errors import ConfigError
 
 # modules that register runner options only when imported
-_OPTION_MODULES = ("apache_beam.runners.dask.dask_runner", "pipelines.dask_runner")
+_OPTION_MODULES = ("apache_beam.runners.dask.dask_runner", "privpipe.pipelines.dask_runner")
 
 
 def _subclasses(cls: type) -> Iterator[type]:

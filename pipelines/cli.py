@@ -357,7 +357,7 @@ def _dispatch(argv: list[str]) -> int:
     args, beam_args = parser.parse_known_args(argv)
     beam_args = [a for a in beam_args if a != "--debug"]
     if args.command in ("run", "demo") and beam_args:
-        from pipelines.beam_flags import check_beam_args, own_flags
+        from privpipe.pipelines.beam_flags import check_beam_args, own_flags
 
         check_beam_args(beam_args, own_flags(_subparser(parser, args.command)), args.command)
     beam_args += passthrough
@@ -366,7 +366,7 @@ def _dispatch(argv: list[str]) -> int:
             raise ConfigError(f"--progress: seconds must be >= 0 (0: none), got {args.progress}")
         _beam_logging(verbose=args.verbose)
     if args.command == "schema":
-        from pipelines.config import json_schema
+        from privpipe.pipelines.config import json_schema
 
         print(json.dumps(json_schema(), indent=2))
         return 0
@@ -381,8 +381,8 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "tune":
         if beam_args:
             raise ConfigError(f"tune takes no other options, got {' '.join(beam_args)}")
-        from pipelines.plan import load_plan
-        from pipelines.tune import tune
+        from privpipe.pipelines.plan import load_plan
+        from privpipe.pipelines.tune import tune
 
         tune(load_plan(args.config), args.release, args.output)
         return 0
@@ -408,7 +408,7 @@ def _dispatch(argv: list[str]) -> int:
             args.data, as_json=args.json, every=args.progress,
         )  # fmt: skip
     if args.command == "report":
-        from pipelines.audit import rebuild
+        from privpipe.pipelines.audit import rebuild
 
         if beam_args:
             raise ConfigError(f"report takes no other options, got {' '.join(beam_args)}")
@@ -445,15 +445,15 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 
 def _validate(config: str) -> int:
-    from pipelines.dp_release import dp_jobs
-    from pipelines.hierarchies import check_static
-    from pipelines.local_release import local_jobs
-    from pipelines.plan import load_plan
+    from privpipe.pipelines.dp_release import dp_jobs
+    from privpipe.pipelines.hierarchies import check_static
+    from privpipe.pipelines.local_release import local_jobs
+    from privpipe.pipelines.plan import load_plan
 
     plan = load_plan(config)
     check_static(plan.config, plan.hierarchies, Path(config).name)  # builders, levels
     dp_jobs(plan)  # DP parameters that need the plan (budget split, noise scales)
-    from pipelines.publication import check_private_paths
+    from privpipe.pipelines.publication import check_private_paths
 
     check_private_paths(plan)  # the ledger and scratch folder outside public/ and internal/
     local_jobs(plan)  # local DP oracles and domains
@@ -493,8 +493,8 @@ def _plan(
     period: int | None,
     only: list[str] | None = None,
 ) -> int:
-    from pipelines.plan import load_plan
-    from pipelines.preflight import budget_plan
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.pipelines.preflight import budget_plan
 
     if period is not None and period < 1:
         raise ConfigError(f"--period: periods are numbered from 1, got {period}")
@@ -552,8 +552,8 @@ def _run(
     every: float = 30.0,
     only: list[str] | None = None,
 ) -> int:
-    from pipelines.plan import load_plan
-    from pipelines.run import run
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.pipelines.run import run
     from privpipe.timing import slowest
 
     if period is not None and period < 1:
@@ -693,9 +693,9 @@ def run_summary(manifest: dict[str, Any], output_dir: Path) -> dict[str, Any]:
 
 
 def _budget_init(args: argparse.Namespace) -> int:
-    from dp.budget import ApproxBudget, to_fraction
-    from dp.ledger import Ledger
-    from dp.ledger_auth import load_key, new_key_file
+    from privpipe.dp.budget import ApproxBudget, to_fraction
+    from privpipe.dp.ledger import Ledger
+    from privpipe.dp.ledger_auth import load_key, new_key_file
 
     eps, dlt = to_fraction(args.epsilon, "--epsilon"), to_fraction(args.delta, "--delta")
     if eps <= 0 or not 0 <= dlt < 1:
@@ -717,7 +717,7 @@ def _budget_init(args: argparse.Namespace) -> int:
 
 
 def _budget_show(path: str, args: argparse.Namespace, verify: bool = False) -> int:
-    from dp.ledger import Ledger
+    from privpipe.dp.ledger import Ledger
 
     with Ledger.inspect(path, args.key_file, args.key_env, args.heads) as ledger:
         entries = ledger.history()
@@ -763,7 +763,7 @@ def _budget_show(path: str, args: argparse.Namespace, verify: bool = False) -> i
 
 
 def _ldp_aggregate(args: argparse.Namespace) -> int:
-    from pipelines.ldp_aggregate import aggregate_reports
+    from privpipe.pipelines.ldp_aggregate import aggregate_reports
 
     table = aggregate_reports(
         args.reports, args.protocol, args.epsilon, args.domain_size, args.domain, args.confidence
@@ -782,7 +782,7 @@ def _ldp_aggregate(args: argparse.Namespace) -> int:
 
 
 def _multiparty_aggregate(args: argparse.Namespace) -> int:
-    from pipelines.multiparty import aggregate_parties
+    from privpipe.pipelines.multiparty import aggregate_parties
 
     doc = aggregate_parties(args.parties, args.output, args.confidence)
     g = doc["guarantee"]
@@ -806,8 +806,8 @@ def _demo(
 ) -> int:
     import yaml
 
-    from pipelines.demo_config import DEMO_SMALL_ROWS, demo_config_for, fewest_rows
-    from pipelines.demo_data import write_csv
+    from privpipe.pipelines.demo_config import DEMO_SMALL_ROWS, demo_config_for, fewest_rows
+    from privpipe.pipelines.demo_data import write_csv
 
     if rows < 1:
         raise ConfigError(f"--rows must be a positive integer, got {rows}")
@@ -869,9 +869,9 @@ def demo_ledger(folder: Path) -> tuple[Path, Path]:
     """
     import yaml
 
-    from dp.budget import ApproxBudget, to_fraction
-    from dp.ledger import Ledger
-    from dp.ledger_auth import load_key, new_key_file
+    from privpipe.dp.budget import ApproxBudget, to_fraction
+    from privpipe.dp.ledger import Ledger
+    from privpipe.dp.ledger_auth import load_key, new_key_file
 
     cfg = yaml.safe_load(DEMO_CONFIG.read_text(encoding="utf-8"))
     budget, name = cfg["budget"], str(cfg["name"])

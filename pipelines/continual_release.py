@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED
-from dp.budget import ApproxBudget, to_fraction
-from dp.cells import hash_keys
-from dp.continual import (
+from privpipe.anonymity.hierarchy import SUPPRESSED
+from privpipe.dp.budget import ApproxBudget, to_fraction
+from privpipe.dp.cells import hash_keys
+from privpipe.dp.continual import (
     TreeState,
     check_period,
     node_scale,
@@ -56,17 +56,17 @@ from dp.continual import (
     round_horizon,
     stream_sensitivity,
 )
-from dp.ledger import Ledger
-from dp.noise import honest_document
-from dp.release import public_domain
-from dp.spec import DPReleaseSpec, Query, QueryPlan, plan_queries
-from dp.state_store import ContinualStore, describe, load, state_path
-from pipelines.config import ContinualCountRelease, continual_domain_source
-from pipelines.dp_release import sampler
-from pipelines.plan import Plan
+from privpipe.dp.ledger import Ledger
+from privpipe.dp.noise import honest_document
+from privpipe.dp.release import public_domain
+from privpipe.dp.spec import DPReleaseSpec, Query, QueryPlan, plan_queries
+from privpipe.dp.state_store import ContinualStore, describe, load, state_path
 from privpipe.errors import ConfigError, PrivacyRefusal
-from transforms.dp_aggregate import load_cells
-from transforms.sink import write_json, write_table
+from privpipe.pipelines.config import ContinualCountRelease, continual_domain_source
+from privpipe.pipelines.dp_release import sampler
+from privpipe.pipelines.plan import Plan
+from privpipe.transforms.dp_aggregate import load_cells
+from privpipe.transforms.sink import write_json, write_table
 
 
 @dataclass(frozen=True)

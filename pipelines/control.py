@@ -20,11 +20,11 @@ from typing import Any
 
 import pandas as pd
 
-from attacks.control import key_from_hex, key_to_hex
-from pipelines.config import ControlConfig
-from pipelines.plan import _EXTENSIONS, Plan
+from privpipe.attacks.control import key_from_hex, key_to_hex
 from privpipe.errors import ConfigError, InputDataError
-from transforms.io import InputSpec
+from privpipe.pipelines.config import ControlConfig
+from privpipe.pipelines.plan import _EXTENSIONS, Plan
+from privpipe.transforms.io import InputSpec
 
 CONTROL_TABLE = "attack_controls"  # work/<name>.parquet: the control rows' audit columns
 CONTROL_REJECTED = "control_rejected"  # work/<name>.csv: bad rows of a control file
@@ -103,7 +103,7 @@ def load_controls(plan: Plan, work: Path) -> pd.DataFrame | None:
             )
     if not (work / f"{CONTROL_TABLE}_counts.parquet").exists():
         return None
-    from pipelines.audit import load_truth
+    from privpipe.pipelines.audit import load_truth
 
     # the control records' sample of targets (``attrs["records"]``: how many there were)
     return load_truth(plan, work, CONTROL_TABLE)[1]

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED, canonical_column
-from dp.budget import ApproxBudget, to_fraction
-from dp.ledger import Ledger
-from dp.ledger_auth import LedgerKey, load_key
-from dp.noise import NoiseSampler, SecureSampler, SeededTestSampler
-from dp.release import (
+from privpipe.anonymity.hierarchy import SUPPRESSED, canonical_column
+from privpipe.dp.budget import ApproxBudget, to_fraction
+from privpipe.dp.ledger import Ledger
+from privpipe.dp.ledger_auth import LedgerKey, load_key
+from privpipe.dp.noise import NoiseSampler, SecureSampler, SeededTestSampler
+from privpipe.dp.release import (
     Coarsen,
     QueryRelease,
     _with_labels,
@@ -42,7 +42,7 @@ from dp.release import (
     release_query,
     verify_release,
 )
-from dp.spec import (
+from privpipe.dp.spec import (
     DISTINCT_KINDS,
     MOMENT_KINDS,
     QUANTILE_KINDS,
@@ -52,7 +52,8 @@ from dp.spec import (
     charge,
     plan_queries,
 )
-from pipelines.config import (
+from privpipe.errors import ConfigError
+from privpipe.pipelines.config import (
     DPMeanRelease,
     DPQuantileRelease,
     DPRelease,
@@ -62,11 +63,10 @@ from pipelines.config import (
     public_domain_source,
     resolved_partitions,
 )
-from pipelines.hierarchies import HierarchyLabeler
-from pipelines.plan import Plan
-from privpipe.errors import ConfigError
-from transforms.dp_aggregate import load_cells
-from transforms.sink import write_json, write_table
+from privpipe.pipelines.hierarchies import HierarchyLabeler
+from privpipe.pipelines.plan import Plan
+from privpipe.transforms.dp_aggregate import load_cells
+from privpipe.transforms.sink import write_json, write_table
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import (
+from privpipe.anonymity.hierarchy import (
     Hierarchy,
     build_dates,
     build_intervals,
@@ -23,9 +23,9 @@ from anonymity.hierarchy import (
     build_prefix,
     canonical_factorize,
 )
-from dp.cells import canonical_labels
-from pipelines.config import HierarchyConfig, PrivpipeConfig
+from privpipe.dp.cells import canonical_labels
 from privpipe.errors import ConfigError, InputDataError
+from privpipe.pipelines.config import HierarchyConfig, PrivpipeConfig
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class HierarchyResolver:
         for col, hc in self.configs.items():
             counts = value_counts.get(col, pd.Series(dtype="int64"))
             if no_rows and col not in self.loaded:  # a builder with nothing to build from
-                from pipelines.rejections import NO_ROWS  # the driver re-reads to explain
+                from privpipe.pipelines.rejections import NO_ROWS  # the driver re-reads to explain
 
                 raise InputDataError(f"{NO_ROWS}: every input row was rejected")
             h = self.loaded.get(col) or build_from_data(col, hc, list(counts.index))

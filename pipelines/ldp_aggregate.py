@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dp.local import PROTOCOLS, aggregate, public_halfwidth, reports_from_frame
+from privpipe.dp.local import PROTOCOLS, aggregate, public_halfwidth, reports_from_frame
 from privpipe.errors import ConfigError, InputDataError
 
 

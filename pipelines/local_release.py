@@ -41,26 +41,30 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED
-from dp.budget import ApproxBudget, to_fraction
-from dp.ledger import Ledger
-from dp.local import FrequencyOracle, public_halfwidth
-from dp.local_release import PARTICIPATION, full_domain, verify_local_release
-from dp.multiparty import (
+from privpipe.anonymity.hierarchy import SUPPRESSED
+from privpipe.dp.budget import ApproxBudget, to_fraction
+from privpipe.dp.ledger import Ledger
+from privpipe.dp.local import FrequencyOracle, public_halfwidth
+from privpipe.dp.local_release import PARTICIPATION, full_domain, verify_local_release
+from privpipe.dp.multiparty import (
     SUBSTITUTION_L1,
     TRUST_SIMULATION,
     compare_models,
     noisy_party_sum,
     party_seed,
 )
-from dp.noise import honest_document, laplace_scale
-from pipelines.config import LocalDPRelease, PartyHistogramRelease, public_local_domain_source
-from pipelines.dp_release import sampler
-from pipelines.plan import Plan
+from privpipe.dp.noise import honest_document, laplace_scale
 from privpipe.errors import ConfigError, PrivacyRefusal
-from transforms.dp_aggregate import load_cells
-from transforms.local_dp import LocalDPSpec
-from transforms.sink import write_json, write_table
+from privpipe.pipelines.config import (
+    LocalDPRelease,
+    PartyHistogramRelease,
+    public_local_domain_source,
+)
+from privpipe.pipelines.dp_release import sampler
+from privpipe.pipelines.plan import Plan
+from privpipe.transforms.dp_aggregate import load_cells
+from privpipe.transforms.local_dp import LocalDPSpec
+from privpipe.transforms.sink import write_json, write_table
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,7 @@ def publish_local(
 ) -> dict[str, Any]:
     """Step 3 for every local DP release; returns operator figures for the manifest."""
     fmt = plan.config.output.format
-    from pipelines.multiparty import publish_party
+    from privpipe.pipelines.multiparty import publish_party
 
     summary: dict[str, Any] = {}
     for job in jobs:

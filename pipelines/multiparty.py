@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dp.multiparty import (
+from privpipe.dp.multiparty import (
     PARTY_FORMAT,
     SUBSTITUTION_L1,
     TRUST_SEPARATE,
@@ -42,13 +42,13 @@ from dp.multiparty import (
     party_seed,
     party_share,
 )
-from dp.noise import honest_document, laplace_ci_halfwidth, laplace_scale
-from pipelines.config import PartyHistogramRelease
-from pipelines.dp_release import sampler
-from pipelines.plan import Plan
+from privpipe.dp.noise import honest_document, laplace_ci_halfwidth, laplace_scale
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
-from transforms.local_dp import LocalPartial
-from transforms.sink import write_json, write_table
+from privpipe.pipelines.config import PartyHistogramRelease
+from privpipe.pipelines.dp_release import sampler
+from privpipe.pipelines.plan import Plan
+from privpipe.transforms.local_dp import LocalPartial
+from privpipe.transforms.sink import write_json, write_table
 
 PARTY_FILE = "party.json"
 

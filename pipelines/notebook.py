@@ -21,18 +21,18 @@ from typing import Any
 
 import pandas as pd
 
-from dp.budget import ApproxBudget, to_fraction
-from dp.cells import canonical_labels
-from dp.ledger import Ledger
-from dp.ledger_auth import load_key
-from dp.release import dp_release
-from dp.spec import charge, plan_queries
-from pipelines.config import DP_KINDS, NAME_PATTERN, validate_config
-from pipelines.dp_release import coarsen_for, dp_spec, sampler
-from pipelines.hierarchies import HierarchyLabeler
-from pipelines.output import new_run_id
-from pipelines.plan import Plan, load_static_hierarchy
+from privpipe.dp.budget import ApproxBudget, to_fraction
+from privpipe.dp.cells import canonical_labels
+from privpipe.dp.ledger import Ledger
+from privpipe.dp.ledger_auth import load_key
+from privpipe.dp.release import dp_release
+from privpipe.dp.spec import charge, plan_queries
 from privpipe.errors import ConfigError, PrivacyRefusal
+from privpipe.pipelines.config import DP_KINDS, NAME_PATTERN, validate_config
+from privpipe.pipelines.dp_release import coarsen_for, dp_spec, sampler
+from privpipe.pipelines.hierarchies import HierarchyLabeler
+from privpipe.pipelines.output import new_run_id
+from privpipe.pipelines.plan import Plan, load_static_hierarchy
 
 
 class BudgetSession:

@@ -19,9 +19,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv, load_code_lists
-from dp.spec import BOUNDED_KINDS
-from pipelines.config import (
+from privpipe.anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv, load_code_lists
+from privpipe.dp.spec import BOUNDED_KINDS
+from privpipe.errors import ConfigError, InputDataError
+from privpipe.pipelines.config import (
     ColumnType,
     HierarchyConfig,
     PrivpipeConfig,
@@ -29,9 +30,8 @@ from pipelines.config import (
     sweep_groups,
     validate_config,
 )
-from pipelines.output import check_output_apart
-from privpipe.errors import ConfigError, InputDataError
-from transforms.io import InputSpec
+from privpipe.pipelines.output import check_output_apart
+from privpipe.transforms.io import InputSpec
 
 _EXTENSIONS = {
     ".csv": "csv",

@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from dp.ledger import Ledger
-from pipelines.continual_release import ContinualJob, continual_jobs, precheck
-from pipelines.control import control_spec
-from pipelines.dp_release import DPJob, dp_jobs, open_ledger
-from pipelines.hierarchies import check_static
-from pipelines.local_release import LocalJob, local_jobs
-from pipelines.plan import Plan
-from pipelines.publication import check_private_paths
+from privpipe.dp.ledger import Ledger
 from privpipe.errors import PrivacyRefusal
+from privpipe.pipelines.continual_release import ContinualJob, continual_jobs, precheck
+from privpipe.pipelines.control import control_spec
+from privpipe.pipelines.dp_release import DPJob, dp_jobs, open_ledger
+from privpipe.pipelines.hierarchies import check_static
+from privpipe.pipelines.local_release import LocalJob, local_jobs
+from privpipe.pipelines.plan import Plan
+from privpipe.pipelines.publication import check_private_paths
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class RunJobs:
 
 def run_jobs(plan: Plan) -> RunJobs:
     """The checks every run makes before any ledger is opened or data read, and its jobs."""
-    from transforms.io import inspect_input
+    from privpipe.transforms.io import inspect_input
 
     check_static(plan.config, plan.hierarchies, plan.config_path.name)
     cspec = control_spec(plan)  # a missing control file: exit 2 before any ledger
@@ -74,7 +74,7 @@ def budget_plan(plan: Plan, run_id: str = "plan") -> dict[str, Any]:
     Raises what the run would raise before reading data (ConfigError, InputDataError,
     PrivacyRefusal: exit 2/3/4), except that an unaffordable run is reported in the result
     (``affordable: False`` with the reason) so the caller can print the plan first."""
-    from transforms.io import inspect_input
+    from privpipe.transforms.io import inspect_input
 
     jobs = run_jobs(plan)
     inspect_input(plan.input_spec())  # every input's header has the declared columns

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
-from attacks.composition import compose_tables
-from attacks.matching import WEIGHT, TargetView, expand_rows, records_of, suppressed_rows
-from attacks.publication import (
+from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
+from privpipe.attacks.composition import compose_tables
+from privpipe.attacks.matching import WEIGHT, TargetView, expand_rows, records_of, suppressed_rows
+from privpipe.attacks.publication import (
     ROW_ORDER_ROWS,
     Alignment,
     Coded,
@@ -44,7 +44,7 @@ from attacks.publication import (
     reproduced_cells,
     row_order_alignment,
 )
-from attacks.reconstruction import (
+from privpipe.attacks.reconstruction import (
     MAX_CELLS,
     Marginal,
     independence,
@@ -52,12 +52,12 @@ from attacks.reconstruction import (
     reconstruct,
     round_to,
 )
-from pipelines.config import ANONYMITY_KINDS
-from pipelines.publication import COUNT_KINDS, coded_head, split_document
+from privpipe.pipelines.config import ANONYMITY_KINDS
+from privpipe.pipelines.publication import COUNT_KINDS, coded_head, split_document
 
 if TYPE_CHECKING:
-    from pipelines.plan import Plan
-    from reports import Release
+    from privpipe.pipelines.plan import Plan
+    from privpipe.reports import Release
 
 ATTACKS = ("row_linking", "composition", "differencing", "reconstruction", "across_runs")
 MAX_COLUMNS = 3  # columns of the reconstruction's domain (and MAX_CELLS cells at most)
@@ -106,7 +106,7 @@ def _tables_pairwise(
     known: Sequence[str] | None,
     checked: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from pipelines.audit import summary_of
+    from privpipe.pipelines.audit import summary_of
 
     s = plan.config.schema_
     qis, sa = list(s.quasi_identifiers), str(s.sensitive or "")
@@ -518,7 +518,7 @@ def publication_attacks(
     published tables are reused, not recomputed. ``raw`` may be the frequency table of
     the rows (column ``WEIGHT``); ``targets``: the attacker's sampled target rows (None:
     the configured sample of ``raw``'s rows)."""
-    from pipelines.audit import knowledge_of
+    from privpipe.pipelines.audit import knowledge_of
 
     s = plan.config.schema_
     qis = list(s.quasi_identifiers)
@@ -597,7 +597,7 @@ def across_runs(
     (composition; ``targets``: the later run's records), and DP cells published twice
     averaged (what the two noisy answers give together, and whether the ledger charged
     both)."""
-    from reports import head_rows, load_release
+    from privpipe.reports import head_rows, load_release
 
     out: list[dict[str, Any]] = []
     for (la, da, ma), (lb, db, mb) in itertools.pairwise(runs):

@@ -29,10 +29,10 @@ from typing import Any
 
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy
-from attacks.composition import compose_tables
-from attacks.matching import frequency_table, suppressed_rows
-from attacks.publication import (
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.attacks.composition import compose_tables
+from privpipe.attacks.matching import frequency_table, suppressed_rows
+from privpipe.attacks.publication import (
     ROW_ORDER_ROWS,
     Coded,
     Truth,
@@ -42,13 +42,13 @@ from attacks.publication import (
     row_order_alignment,
     to_level,
 )
-from dp.budget import ApproxBudget
-from dp.ledger import Ledger
-from dp.ledger_auth import LedgerKey
-from pipelines.config import ANONYMITY_KINDS
-from pipelines.output import INTERNAL, PUBLIC
-from pipelines.plan import Plan
+from privpipe.dp.budget import ApproxBudget
+from privpipe.dp.ledger import Ledger
+from privpipe.dp.ledger_auth import LedgerKey
 from privpipe.errors import ConfigError, PrivacyRefusal
+from privpipe.pipelines.config import ANONYMITY_KINDS
+from privpipe.pipelines.output import INTERNAL, PUBLIC
+from privpipe.pipelines.plan import Plan
 
 # releases whose published table has a noisy `count` per cell (dp_mean, dp_variance and
 # dp_stddev publish the noisy count they divide by): an exact count of the same cell voids
@@ -200,8 +200,8 @@ def check_combination(
     of the published rows stand for the tables (``reports.load_release``); the row-order
     check reads the head of each table (``reports.head_rows``).
     """
-    from reports import load_release
-    from transforms.audit_truth import published_counts_path
+    from privpipe.reports import load_release
+    from privpipe.transforms.audit_truth import published_counts_path
 
     qis = list(plan.config.schema_.quasi_identifiers)
     kinds = {r.name: r.kind for r in plan.config.releases}
@@ -291,7 +291,7 @@ def coded_head(name: str, release: Any, memo: dict[str, Coded]) -> Coded:
     """The first ``ROW_ORDER_ROWS`` published rows of table ``name`` (``reports.head_rows``)
     encoded for the row-order attack (``attacks.publication.encode_rows``), once per name
     in ``memo``."""
-    from reports import head_rows
+    from privpipe.reports import head_rows
 
     if name not in memo:
         memo[name] = encode_rows(head_rows(release, ROW_ORDER_ROWS))

@@ -17,7 +17,7 @@ import pandas as pd
 from apache_beam.pvalue import TaggedOutput
 
 from privpipe.errors import InputDataError
-from transforms.io import (
+from privpipe.transforms.io import (
     InputSpec,
     _inspect,
     _ReadParquetSplitFn,

@@ -21,11 +21,13 @@ import pandas as pd
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 import privpipe
-from anonymity.spec import AnonymizationSpec
-from attacks.control import new_holdout_key
-from dp.ledger import Ledger
-from dp.noise import INSECURE_GUARANTEE
-from pipelines.audit import (
+from privpipe import errors, timing
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.attacks.control import new_holdout_key
+from privpipe.dp.ledger import Ledger
+from privpipe.dp.noise import INSECURE_GUARANTEE
+from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
+from privpipe.pipelines.audit import (
     ATTACKED_KINDS,
     RAW_TABLE,
     audit_columns,
@@ -40,13 +42,13 @@ from pipelines.audit import (
     wants_audit,
     write_audit,
 )
-from pipelines.config import ANONYMITY_KINDS
-from pipelines.continual_release import (
+from privpipe.pipelines.config import ANONYMITY_KINDS
+from privpipe.pipelines.continual_release import (
     ContinualJob,
     precheck,
     publish_continual,
 )
-from pipelines.control import (
+from privpipe.pipelines.control import (
     CONTROL_REJECTED,
     CONTROL_TABLE,
     control_config,
@@ -57,38 +59,36 @@ from pipelines.control import (
     load_controls,
     write_key,
 )
-from pipelines.dp_release import DPJob, coarsen_for, open_ledger, publish
-from pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
-from pipelines.local_release import LocalJob, charge_local, publish_local
-from pipelines.output import INTERNAL, RunOutput, new_run_id
-from pipelines.plan import Plan, check_unchanged, dp_columns, input_stamps
-from pipelines.preflight import run_jobs
-from pipelines.publication import (
+from privpipe.pipelines.dp_release import DPJob, coarsen_for, open_ledger, publish
+from privpipe.pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
+from privpipe.pipelines.local_release import LocalJob, charge_local, publish_local
+from privpipe.pipelines.output import INTERNAL, RunOutput, new_run_id
+from privpipe.pipelines.plan import Plan, check_unchanged, dp_columns, input_stamps
+from privpipe.pipelines.preflight import run_jobs
+from privpipe.pipelines.publication import (
     check_combination,
     dp_count_keys,
     split_document,
     uncharged_ledger,
 )
-from pipelines.rejections import NO_ROWS, all_rejected
-from pipelines.runner import check_runner, runner_for
-from privpipe import errors, timing
-from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
+from privpipe.pipelines.rejections import NO_ROWS, all_rejected
+from privpipe.pipelines.runner import check_runner, runner_for
 from privpipe.timing import stage
-from transforms.anonymize import (
+from privpipe.transforms.anonymize import (
     AnonymizeRelease,
     SearchReleases,
     Summarise,
     counted_columns,
     hash_units,
 )
-from transforms.audit_truth import StageAuditTruth
-from transforms.dp_aggregate import AggregateDPCells, DPCellsJob
-from transforms.holdout import CONTROLS, MEMBERS, HoldOut
-from transforms.io import InputSpec, ReadMicrodata, inspect_input
-from transforms.local_dp import PerturbLocalDP
-from transforms.profile import ProfileMicrodata, split_internal
-from transforms.sink import WriteTable, load_json, write_json
-from transforms.timing import stage_counters
+from privpipe.transforms.audit_truth import StageAuditTruth
+from privpipe.transforms.dp_aggregate import AggregateDPCells, DPCellsJob
+from privpipe.transforms.holdout import CONTROLS, MEMBERS, HoldOut
+from privpipe.transforms.io import InputSpec, ReadMicrodata, inspect_input
+from privpipe.transforms.local_dp import PerturbLocalDP
+from privpipe.transforms.profile import ProfileMicrodata, split_internal
+from privpipe.transforms.sink import WriteTable, load_json, write_json
+from privpipe.transforms.timing import stage_counters
 
 REJECTED_COLUMNS = ("file", "line", "reason")
 LOCAL_REPORTS = "local_reports"  # internal/local_reports/<name>/reports.csv

@@ -33,7 +33,7 @@ def runner_for(options: PipelineOptions) -> Any:
         return FnApiRunner()
     if name.lower() in DASK_NAMES:
         try:
-            from pipelines.dask_runner import DaskRunner
+            from privpipe.pipelines.dask_runner import DaskRunner
         except ImportError as e:
             raise ConfigError(
                 f"--runner {name}: Dask is not installed ({e}); install privpipe[dask] "

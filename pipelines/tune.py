@@ -26,17 +26,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dp.cells import contributions, hash_keys, key_frame
-from dp.release import public_domain
-from dp.spec import TOP_KINDS
-from dp.tuning import KIND_ERRORS, MEASURES, NOT_PRIVATE, QueryData, TuneResult, tune_release
-from pipelines.control import holdout_share
-from pipelines.dp_release import DPJob, dp_jobs
-from pipelines.hierarchies import HierarchyLabeler, check_static
-from pipelines.plan import Plan
-from pipelines.run import check_rejected
+from privpipe.dp.cells import contributions, hash_keys, key_frame
+from privpipe.dp.release import public_domain
+from privpipe.dp.spec import TOP_KINDS
+from privpipe.dp.tuning import (
+    KIND_ERRORS,
+    MEASURES,
+    NOT_PRIVATE,
+    QueryData,
+    TuneResult,
+    tune_release,
+)
 from privpipe.errors import ConfigError, InputDataError
-from transforms.driver_read import DriverRead
+from privpipe.pipelines.control import holdout_share
+from privpipe.pipelines.dp_release import DPJob, dp_jobs
+from privpipe.pipelines.hierarchies import HierarchyLabeler, check_static
+from privpipe.pipelines.plan import Plan
+from privpipe.pipelines.run import check_rejected
+from privpipe.transforms.driver_read import DriverRead
 
 TUNE_FOLDER = "tune"
 SHOWN = 8  # candidates printed per release (all are in tune.json / tune.csv)

@@ -10,7 +10,7 @@ Pure core (pandas, numpy, matplotlib; never Beam). For a finished run directory:
 ``compare_runs([audit, ...])`` combines several runs' audits (releases as series).
 """
 
-from reports.audit import (
+from privpipe.reports.audit import (
     AUDIT_FORMAT,
     audit_run,
     build_audit,
@@ -20,8 +20,8 @@ from reports.audit import (
     normalise_attacks,
     release_entry,
 )
-from reports.render import render_html, render_markdown
-from reports.run import (
+from privpipe.reports.render import render_html, render_markdown
+from privpipe.reports.run import (
     Release,
     Run,
     dumps_audit,
@@ -30,8 +30,14 @@ from reports.run import (
     load_run,
     write_reports,
 )
-from reports.utility import UtilityOptions, cover_table, raw_release, release_utility, score
-from reports.workload import CountQuery, Truth, Workload, build_workload, true_answers
+from privpipe.reports.utility import (
+    UtilityOptions,
+    cover_table,
+    raw_release,
+    release_utility,
+    score,
+)
+from privpipe.reports.workload import CountQuery, Truth, Workload, build_workload, true_answers
 
 __all__ = [
     "AUDIT_FORMAT",

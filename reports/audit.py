@@ -32,13 +32,13 @@ from typing import Any, Final
 
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy
-from attacks.result import AttackResult, plain
-from attacks.stats import wilson_interval
-from reports.distributions import distributions, generalisation_levels
-from reports.run import ANONYMISED_KINDS, Release, Run
-from reports.utility import COMMON_RULE, UtilityOptions, raw_release, release_utility
-from reports.workload import Workload, build_workload, true_answers
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.attacks.result import AttackResult, plain
+from privpipe.attacks.stats import wilson_interval
+from privpipe.reports.distributions import distributions, generalisation_levels
+from privpipe.reports.run import ANONYMISED_KINDS, Release, Run
+from privpipe.reports.utility import COMMON_RULE, UtilityOptions, raw_release, release_utility
+from privpipe.reports.workload import Workload, build_workload, true_answers
 
 __all__ = [
     "AUDIT_FORMAT",

@@ -17,10 +17,10 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from anonymity.hierarchy import Hierarchy
-from reports.run import ANONYMISED_KINDS, Release
-from reports.utility import UtilityOptions, _Answerer, release_sources
-from reports.workload import Truth
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.reports.run import ANONYMISED_KINDS, Release
+from privpipe.reports.utility import UtilityOptions, _Answerer, release_sources
+from privpipe.reports.workload import Truth
 
 __all__ = ["OTHER", "distributions", "generalisation_levels"]
 

@@ -24,8 +24,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from reports.decide import advantage_interval, pareto_front, recommend
-from reports.decide import points as decide_points
+from privpipe.reports.decide import advantage_interval, pareto_front, recommend
+from privpipe.reports.decide import points as decide_points
 
 __all__ = [
     "GLOSSARY",
@@ -832,7 +832,7 @@ GLOSSARY: Final = {
 def _glossary(audit: Mapping[str, Any]) -> dict[str, str]:
     """Every rate's definition: the common measures' (reports.audit.COMMON_DEFINITIONS,
     when present), ours, then the run's attack definitions."""
-    from reports import audit as audit_module
+    from privpipe.reports import audit as audit_module
 
     out: dict[str, str] = {}
     common = getattr(audit_module, "COMMON_DEFINITIONS", None)

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from attacks.matching import WEIGHT
-from dp.noise import planned_guarantee
+from privpipe.attacks.matching import WEIGHT
+from privpipe.dp.noise import planned_guarantee
 from privpipe.formulas import unescape, unescape_column
 
 __all__ = [
@@ -267,7 +267,7 @@ def write_reports(run_dir: str | os.PathLike[str], audit: Mapping[str, Any]) -> 
     Everything is rendered first, then each file goes through a temporary file and
     ``os.replace``, so a reader never sees a half-written report.
     """
-    from reports.render import render_html, render_markdown
+    from privpipe.reports.render import render_html, render_markdown
 
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)

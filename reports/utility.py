@@ -72,10 +72,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import SUPPRESSED, Hierarchy
-from attacks.matching import WEIGHT, frequency_table
-from reports.run import ANONYMISED_KINDS, LOCAL_DP_KINDS, Release
-from reports.workload import CountQuery, Marginal, Truth, canonical_column, canonical_frame
+from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy
+from privpipe.attacks.matching import WEIGHT, frequency_table
+from privpipe.reports.run import ANONYMISED_KINDS, LOCAL_DP_KINDS, Release
+from privpipe.reports.workload import CountQuery, Marginal, Truth, canonical_column, canonical_frame
 
 __all__ = [
     "COMMON_RULE",

@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from anonymity.hierarchy import canonical_column, canonical_factorize
-from attacks.matching import WEIGHT, frequency_table
+from privpipe.anonymity.hierarchy import canonical_column, canonical_factorize
+from privpipe.attacks.matching import WEIGHT, frequency_table
 
 __all__ = [
     "CountQuery",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.runner import runner_for
+from privpipe.pipelines.runner import runner_for
 
 
 def local_pipeline() -> beam.Pipeline:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from dp.budget import ApproxBudget, to_fraction
-from dp.ledger import Ledger, ledger_path
-from dp.ledger_auth import LedgerKey, load_key, new_key_file
+from privpipe.dp.budget import ApproxBudget, to_fraction
+from privpipe.dp.ledger import Ledger, ledger_path
+from privpipe.dp.ledger_auth import LedgerKey, load_key, new_key_file
 
 TEST_KEY = "privpipe-tests-ledger-key-0123456789abcdef0123456789abcdef"
 

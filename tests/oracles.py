@@ -9,8 +9,8 @@ from collections import Counter
 import numpy as np
 from hypothesis import strategies as st
 
-from anonymity.hierarchy import Hierarchy
-from anonymity.models import (
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.models import (
     DistinctLDiversity,
     EntropyLDiversity,
     KAnonymity,

@@ -18,13 +18,13 @@ import numpy.typing as npt
 import pandas as pd
 import pytest
 
-from anonymity.hierarchy import Hierarchy, load_arx_csv
-from anonymity.metrics import loss
-from anonymity.models import DistinctLDiversity, KAnonymity, PrivacyModel
-from anonymity.risk import risk_profile
-from anonymity.search import SearchResult, heuristic, optimal
-from anonymity.summary import Summary
-from anonymity.transformation import Evaluator
+from privpipe.anonymity.hierarchy import Hierarchy, load_arx_csv
+from privpipe.anonymity.metrics import loss
+from privpipe.anonymity.models import DistinctLDiversity, KAnonymity, PrivacyModel
+from privpipe.anonymity.risk import risk_profile
+from privpipe.anonymity.search import SearchResult, heuristic, optimal
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import Evaluator
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 
 QIS = list(ADULT_QIS)

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import anonymity.bases as bases
-import anonymity.transformation as transformation
-from anonymity.hierarchy import Hierarchy, build_grouping
-from anonymity.summary import Summary
-from anonymity.transformation import EquivalenceClasses, Evaluator
+import privpipe.anonymity.bases as bases
+import privpipe.anonymity.transformation as transformation
+from privpipe.anonymity.hierarchy import Hierarchy, build_grouping
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator
 from tests.test_anonymity_rollup import same_classes
 from tests.test_units import person_tables
 

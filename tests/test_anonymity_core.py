@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anonymity.hierarchy import Hierarchy, build_grouping
-from anonymity.lattice import Lattice
-from anonymity.metrics import (
+from privpipe.anonymity.hierarchy import Hierarchy, build_grouping
+from privpipe.anonymity.lattice import Lattice
+from privpipe.anonymity.metrics import (
     all_metrics,
     average_class_size,
     discernibility,
@@ -31,7 +31,7 @@ from anonymity.metrics import (
     non_uniform_entropy,
     precision,
 )
-from anonymity.models import (
+from privpipe.anonymity.models import (
     DistinctLDiversity,
     EntropyLDiversity,
     KAnonymity,
@@ -44,10 +44,10 @@ from anonymity.models import (
     recursive_cl_holds,
     t_distance,
 )
-from anonymity.risk import journalist, marketer, prosecutor, risk_profile
-from anonymity.search import heuristic, optimal, search
-from anonymity.summary import Summary
-from anonymity.transformation import Evaluator
+from privpipe.anonymity.risk import journalist, marketer, prosecutor, risk_profile
+from privpipe.anonymity.search import heuristic, optimal, search
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import Evaluator
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 # --------------------------------------------------------------------------- helpers

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from anonymity.api import anonymize
-from anonymity.hierarchy import load_arx_csv
-from anonymity.spec import AnonymizationSpec
-from pipelines.cli import main
+from privpipe.anonymity.api import anonymize
+from privpipe.anonymity.hierarchy import load_arx_csv
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.pipelines.cli import main
 from tests.conftest import ADULT_QIS, ARX, Project
 from tests.layout import internal_file, release_dir
 
@@ -218,7 +218,7 @@ def test_suppression_the_recoding_did_not_plan_is_refused(
     project: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The verifier counts what the recoding suppressed, not what the plan claims."""
-    from anonymity.recoding import BatchRecoder
+    from privpipe.anonymity.recoding import BatchRecoder
 
     original = BatchRecoder.apply
 

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anonymity.hierarchy import Hierarchy, build_grouping
-from anonymity.lattice import Lattice
-from anonymity.metrics import METRICS, get_metric
-from anonymity.models import (
+from privpipe.anonymity.hierarchy import Hierarchy, build_grouping
+from privpipe.anonymity.lattice import Lattice
+from privpipe.anonymity.metrics import METRICS, get_metric
+from privpipe.anonymity.models import (
     DistinctLDiversity,
     EntropyLDiversity,
     KAnonymity,
@@ -32,9 +32,9 @@ from anonymity.models import (
     TCloseness,
     assess,
 )
-from anonymity.search import heuristic, optimal
-from anonymity.summary import Summary
-from anonymity.transformation import Evaluator
+from privpipe.anonymity.search import heuristic, optimal
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import Evaluator
 from privpipe.errors import PrivacyRefusal
 from tests.oracles import naive_violates_k_or_l
 

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anonymity.api import identity_recoding, person_class_sizes, recoding_from_search
-from anonymity.models import KAnonymity
-from anonymity.recoding import Recoding
-from anonymity.search import optimal
-from anonymity.summary import Summary
-from anonymity.transformation import EquivalenceClasses, Evaluator
+from privpipe.anonymity.api import identity_recoding, person_class_sizes, recoding_from_search
+from privpipe.anonymity.models import KAnonymity
+from privpipe.anonymity.recoding import Recoding
+from privpipe.anonymity.search import optimal
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator
 from privpipe.errors import PrivacyRefusal
 from tests.test_anonymity_core import tiny
 from tests.test_units import person_tables, qi_names

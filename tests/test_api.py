@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anonymity import api
-from anonymity.api import (
+from privpipe.anonymity import api
+from privpipe.anonymity.api import (
     AnonymizedRelease,
     anonymize,
     identity_recoding,
@@ -25,17 +25,17 @@ from anonymity.api import (
     publish,
     release_document,
 )
-from anonymity.hierarchy import Hierarchy, build_intervals, build_mask, load_arx_csv
-from anonymity.models import (
+from privpipe.anonymity.hierarchy import Hierarchy, build_intervals, build_mask, load_arx_csv
+from privpipe.anonymity.models import (
     DistinctLDiversity,
     EntropyLDiversity,
     KAnonymity,
     RecursiveCLDiversity,
     TCloseness,
 )
-from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary
-from anonymity.verify import verify_counts
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.verify import verify_counts
 from privpipe.errors import ConfigError, PrivacyRefusal
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anonymity.arrays import (
+from privpipe.anonymity.arrays import (
     sorted_unique,
     sum_by_key,
     unique_counts,

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attacks import (
+from privpipe.attacks import (
     AttackerKnowledge,
     NoNoise,
     difference_histograms,
@@ -29,8 +29,8 @@ from attacks import (
     optimal_success,
     report_attack,
 )
-from dp.aggregate import count_cells, noisy_counts
-from dp.noise import SeededTestSampler, discrete_laplace_p, rho_to_epsilon
+from privpipe.dp.aggregate import count_cells, noisy_counts
+from privpipe.dp.noise import SeededTestSampler, discrete_laplace_p, rho_to_epsilon
 from tests.conftest import ARX
 
 
@@ -211,7 +211,7 @@ def test_ldp_report_attack_catches_a_leaky_protocol() -> None:
 def test_membership_and_differencing_shift_by_the_persons_full_contribution() -> None:
     """A person who adds 3 to a count (dp_zip: 1 partition x 3 visits) is simulated as 3,
     not 1: the measured success is the shift-3 test's, clearly above the shift-1 one."""
-    from attacks import person_contribution
+    from privpipe.attacks import person_contribution
 
     scale = 3.0  # b = sensitivity / ε with sensitivity 3, ε = 1
     one, three = (
@@ -252,7 +252,7 @@ def test_ldp_bound_uses_the_real_prior_and_reports_map_and_most_common() -> None
     """With a skewed attribute, always guessing the most common value beats the uniform
     prior's 'bound' e^ε/(e^ε+d-1); the real-prior bound (posterior odds <= e^ε × prior
     odds) holds for it and for the MAP guess, which beats the always-most-common guess."""
-    from attacks.ldp import map_guess
+    from privpipe.attacks.ldp import map_guess
 
     d, eps, n = 10, 0.5, 40_000
     prior = np.array([0.5, 0.2, *([0.3 / 8] * 8)])

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipelines.cli import main
+from privpipe.pipelines.cli import main
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 from tests.layout import internal_file
 from tests.ledgers import provision_ledger

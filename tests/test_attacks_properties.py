@@ -23,10 +23,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anonymity.api import AnonymizedRelease, anonymize
-from anonymity.hierarchy import Hierarchy, load_arx_csv
-from anonymity.spec import AnonymizationSpec
-from attacks import (
+from privpipe.anonymity.api import AnonymizedRelease, anonymize
+from privpipe.anonymity.hierarchy import Hierarchy, load_arx_csv
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.attacks import (
     AttackerKnowledge,
     attack_table,
     background_knowledge,
@@ -36,8 +36,8 @@ from attacks import (
     match_targets,
     skewness,
 )
-from attacks.matching import WEIGHT, frequency_table
-from attacks.table import posterior_after_elimination, worst_elimination
+from privpipe.attacks.matching import WEIGHT, frequency_table
+from privpipe.attacks.table import posterior_after_elimination, worst_elimination
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 
 QIS = list(ADULT_QIS)

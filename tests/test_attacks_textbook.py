@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anonymity.hierarchy import Hierarchy
-from attacks import (
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.attacks import (
     AttackerKnowledge,
     AttackResult,
     attack_table,
@@ -37,7 +37,7 @@ from attacks import (
     similarity,
     wilson_interval,
 )
-from attacks.matching import coverage
+from privpipe.attacks.matching import coverage
 
 HD, VI, CA, FLU = "Heart Disease", "Viral Infection", "Cancer", "Flu"
 CERTAIN = AttackerKnowledge(tau=1.0)  # a disclosure only when the attacker is certain
@@ -442,7 +442,7 @@ def test_matching_reads_labels_at_the_published_level_only() -> None:
     """A leaf called like another level's group ('X' is a value under 'Y' and the level-1
     group of A and B): at published level 1, a target whose value is 'X' is in class 'Y'
     only, not also in the class labelled 'X' (which is {A, B})."""
-    from attacks import match_targets
+    from privpipe.attacks import match_targets
 
     h = Hierarchy(
         "q",
@@ -475,7 +475,7 @@ def test_matching_reads_labels_at_the_published_level_only() -> None:
 def test_reproduced_cells_read_a_full_domain_table_at_its_level() -> None:
     """The same collision in the publication attack's to_level: a table published at
     level 1 whose 'X' means {A, B} is mapped to level 1 as 'X', never as the leaf's 'Y'."""
-    from attacks.publication import to_level
+    from privpipe.attacks.publication import to_level
 
     h = Hierarchy(
         "q",

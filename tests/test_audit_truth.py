@@ -13,17 +13,23 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anonymity.hierarchy import Hierarchy
-from attacks.common import public_prior
-from attacks.composition import compose_tables
-from attacks.control import keyed_hashes, new_holdout_key
-from attacks.matching import WEIGHT, expand_rows, frequency_table, records_of, suppressed_rows
-from attacks.publication import reproduced_cells, row_order_alignment
-from reports.run import Release, count_rows, head_rows, load_release
-from reports.utility import own_utility
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.attacks.common import public_prior
+from privpipe.attacks.composition import compose_tables
+from privpipe.attacks.control import keyed_hashes, new_holdout_key
+from privpipe.attacks.matching import (
+    WEIGHT,
+    expand_rows,
+    frequency_table,
+    records_of,
+    suppressed_rows,
+)
+from privpipe.attacks.publication import reproduced_cells, row_order_alignment
+from privpipe.reports.run import Release, count_rows, head_rows, load_release
+from privpipe.reports.utility import own_utility
+from privpipe.transforms.anonymize import COUNT
+from privpipe.transforms.audit_truth import RECORDS, SmallestHashRows, published_table
 from tests.layout import internal_file, release_dir
-from transforms.anonymize import COUNT
-from transforms.audit_truth import RECORDS, SmallestHashRows, published_table
 
 KEY = "0123456789abcdef"
 
@@ -226,8 +232,8 @@ def test_a_run_stages_each_tables_published_counts_and_the_audit_reads_only_thos
     of its published rows in the private work folder (never in public/), equal to the
     table's rows; the attacks, the publication check and the audit read those (counting a
     published file instead fails the run here)."""
-    from pipelines.cli import main
-    from pipelines.output import RunOutput
+    from privpipe.pipelines.cli import main
+    from privpipe.pipelines.output import RunOutput
     from tests.test_attacks_pipeline import adult_config
 
     kept = tmp_path / "work"

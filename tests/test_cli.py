@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.cli import main
 from privpipe.errors import ConfigError
+from privpipe.pipelines.cli import main
 from tests.conftest import ROWS, Project
 from tests.layout import internal_file
 from tests.ledgers import open_config_ledger, provision_ledger
@@ -411,7 +411,7 @@ def test_only_runs_a_subset_without_spending(
 
 
 def test_select_releases_keeps_sweeps_and_publish_semantics() -> None:
-    from pipelines.plan import select_releases
+    from privpipe.pipelines.plan import select_releases
 
     data = {
         "releases": [{"name": "a"}, {"name": "b"}, {"name": "c"}],

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attacks import AttackerKnowledge
-from attacks.common import (
+from privpipe.attacks import AttackerKnowledge
+from privpipe.attacks.common import (
     CellModel,
     LocalReportModel,
     RawRowsModel,
@@ -26,8 +26,8 @@ from attacks.common import (
     public_prior,
     risk_interval,
 )
-from dp.local import parameters
-from dp.noise import SeededTestSampler
+from privpipe.dp.local import parameters
+from privpipe.dp.noise import SeededTestSampler
 
 B0 = AttackerKnowledge()
 
@@ -94,7 +94,7 @@ def test_noisy_histogram_by_hand() -> None:
 
 
 def test_cells_at_coarser_levels_map_the_target_and_share_a_category_by_the_prior() -> None:
-    from anonymity.hierarchy import Hierarchy
+    from privpipe.anonymity.hierarchy import Hierarchy
 
     hq = Hierarchy("q", np.array([["a1", "A", "*"], ["a2", "A", "*"], ["b1", "B", "*"]], object))
     hs = Hierarchy("s", np.array([["x1", "X", "*"], ["x2", "X", "*"], ["y1", "Y", "*"]], object))
@@ -242,7 +242,7 @@ SUMMARY_KEYS = {
 def test_audit_has_the_common_attacker_for_every_release_and_the_baseline(
     tmp_path: Path,
 ) -> None:
-    from pipelines.cli import main
+    from privpipe.pipelines.cli import main
     from tests.conftest import ADULT_SA
     from tests.layout import internal_file
     from tests.test_attacks_pipeline import adult_config

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.config import PrivpipeConfig, json_schema, read_config, validate_config
 from privpipe.errors import ConfigError
+from privpipe.pipelines.config import PrivpipeConfig, json_schema, read_config, validate_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from dp.continual import node_scale
-from dp.ledger import Ledger
-from dp.noise import planned_guarantee
-from pipelines.cli import main
+from privpipe.dp.continual import node_scale
+from privpipe.dp.ledger import Ledger
+from privpipe.dp.noise import planned_guarantee
+from privpipe.pipelines.cli import main
 from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published, snapshot
@@ -330,7 +330,7 @@ def test_counts_that_are_not_the_states_noisy_nodes_are_refused(
     nodes; a release that adds anything else (here one extra count per cell) is exit 4."""
     import dataclasses
 
-    from dp.state_store import ContinualStore
+    from privpipe.dp.state_store import ContinualStore
 
     p = StreamProject(tmp_path, pan_private=False, epsilon=1.0)
     assert p.run(1, capsys)[0] == 0

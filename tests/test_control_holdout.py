@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from attacks.control import holdout_mask, key_from_hex, new_holdout_key
-from attacks.matching import WEIGHT, expand_rows, frequency_table
-from pipelines.cli import main
+from privpipe.attacks.control import holdout_mask, key_from_hex, new_holdout_key
+from privpipe.attacks.matching import WEIGHT, expand_rows, frequency_table
 from privpipe.errors import ConfigError
+from privpipe.pipelines.cli import main
 from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger
 
@@ -154,7 +154,7 @@ def holdout_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, dict[str, Any], Path]:
     """One run with holdout 0.3, ``run_attacks`` spied on (what the attacks received)."""
-    import pipelines.run as run_module
+    import privpipe.pipelines.run as run_module
 
     tmp = tmp_path_factory.mktemp("holdout")
     config = write_config(tmp, {"holdout": 0.3})
@@ -236,8 +236,8 @@ def test_attacks_get_members_as_raw_and_the_others_as_control(
 def test_the_frequency_table_gives_the_rows_figures(holdout_run: tuple[Path, Any, Path]) -> None:
     """The staged frequency table (never every row) and the rows it stands for give the
     same attacks, common attacker and publication attacks on the same targets."""
-    from pipelines.audit import run_attacks, run_common
-    from pipelines.pubattacks import publication_attacks
+    from privpipe.pipelines.audit import run_attacks, run_common
+    from privpipe.pipelines.pubattacks import publication_attacks
 
     _, seen, _ = holdout_run
     plan, loaded, table, hierarchies = seen["args"][:4]
@@ -296,7 +296,7 @@ def test_public_holds_no_key_and_no_control_count(holdout_run: tuple[Path, Any, 
 def test_report_rebuilds_with_members_only(
     holdout_run: tuple[Path, Any, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import reports
+    from privpipe import reports
 
     out, _, _ = holdout_run
     data = visits(range(PERSONS), 0)
@@ -318,8 +318,8 @@ def test_report_rebuilds_with_members_only(
 
 
 def test_report_on_a_holdout_run_without_its_key_is_refused(tmp_path: Path) -> None:
-    from pipelines.control import read_key
     from privpipe.errors import InputDataError
+    from privpipe.pipelines.control import read_key
 
     (tmp_path / "internal").mkdir()
     with pytest.raises(InputDataError, match="holdout key"):
@@ -333,7 +333,7 @@ def test_report_on_a_holdout_run_without_its_key_is_refused(tmp_path: Path) -> N
 def test_a_control_file_is_read_and_handed_to_the_attacks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.run as run_module
+    import privpipe.pipelines.run as run_module
 
     config = write_config(tmp_path, {"file": "later.csv"}, visits(range(200), 0))
     visits(range(1000, 1050), 5).to_csv(tmp_path / "later.csv", index=False)
@@ -389,7 +389,7 @@ def test_bad_control_config_is_exit_2_naming_the_key(
 
 
 def test_control_needs_qis_and_a_sensitive_attribute() -> None:
-    from pipelines.config import validate_config
+    from privpipe.pipelines.config import validate_config
 
     cfg = {
         "name": "x",

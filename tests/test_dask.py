@@ -47,7 +47,7 @@ def beam_runner() -> Any:
 
 
 def privpipe_runner() -> Any:
-    from pipelines.dask_runner import DaskRunner
+    from privpipe.pipelines.dask_runner import DaskRunner
 
     return DaskRunner()
 
@@ -211,7 +211,7 @@ def test_privpipe_dask_groups_by_key_across_workers(cluster: Any, tmp_path: Path
 
 
 def test_privpipe_dask_reports_counters(cluster: Any) -> None:
-    from transforms.timing import stage_counters
+    from privpipe.transforms.timing import stage_counters
 
     class Count(beam.DoFn):  # type: ignore[misc]
         def process(self, x: int) -> Iterator[int]:
@@ -302,15 +302,15 @@ def first_rows(out: Path, name: str) -> list[Any]:
 
 
 def run_plan(plan: Any, out: Path, *flags: str) -> Path:
-    from pipelines.run import run
+    from privpipe.pipelines.run import run
 
     run(plan, beam_args=list(flags), log=lambda _m: None, insecure_seed=SEED)
     return out
 
 
 def demo_plan(out: Path, data: Path) -> Any:
-    from pipelines.cli import DEMO_CONFIG, demo_ledger
-    from pipelines.plan import load_plan
+    from privpipe.pipelines.cli import DEMO_CONFIG, demo_ledger
+    from privpipe.pipelines.plan import load_plan
     from tests.test_runners import without_holdout
 
     ledger, key = demo_ledger(out / "budget")  # a ledger per run, as `privpipe demo` makes
@@ -350,7 +350,7 @@ def adult_config(folder: Path) -> Path:
 
 def test_demo_equal_on_dask_and_direct(cluster: Any, tmp_path: Path) -> None:
     """The demo (every release kind, attacks, audit) gives the same outputs on Dask."""
-    from pipelines.demo_data import write_csv
+    from privpipe.pipelines.demo_data import write_csv
 
     data = tmp_path / "demo.csv"
     write_csv(data, DEMO_ROWS)
@@ -368,7 +368,7 @@ def test_demo_equal_on_dask_and_direct(cluster: Any, tmp_path: Path) -> None:
 
 
 def test_adult_equal_on_dask_and_direct(cluster: Any, tmp_path: Path) -> None:
-    from pipelines.plan import load_plan
+    from privpipe.pipelines.plan import load_plan
 
     cfg = adult_config(tmp_path)
     direct = run_plan(load_plan(cfg, output_dir=tmp_path / "direct"), tmp_path / "direct")
@@ -387,18 +387,18 @@ def test_adult_equal_on_dask_and_direct(cluster: Any, tmp_path: Path) -> None:
     "name", ["dask", "DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner"]
 )
 def test_every_dask_name_gets_privpipes_runner(name: str) -> None:
-    from pipelines.dask_runner import DaskRunner
-    from pipelines.run import pipeline_options
-    from pipelines.runner import runner_for
+    from privpipe.pipelines.dask_runner import DaskRunner
+    from privpipe.pipelines.run import pipeline_options
+    from privpipe.pipelines.runner import runner_for
 
     assert isinstance(runner_for(pipeline_options([], name)), DaskRunner)
 
 
 def test_an_unknown_runner_name_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from pipelines.cli import main
-    from pipelines.run import pipeline_options
-    from pipelines.runner import runner_for
     from privpipe.errors import ConfigError
+    from privpipe.pipelines.cli import main
+    from privpipe.pipelines.run import pipeline_options
+    from privpipe.pipelines.runner import runner_for
     from tests.conftest import ROOT
 
     with pytest.raises(ConfigError, match="--runner Daskk: no such Beam runner; did you mean dask"):

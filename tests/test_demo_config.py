@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.cli import DEMO_CONFIG
-from pipelines.config import validate_config
-from pipelines.demo_config import BASE_MAX_UNITS, adapt, demo_config_for, demo_size
-from pipelines.plan import load_plan
 from privpipe.errors import ConfigError
+from privpipe.pipelines.cli import DEMO_CONFIG
+from privpipe.pipelines.config import validate_config
+from privpipe.pipelines.demo_config import BASE_MAX_UNITS, adapt, demo_config_for, demo_size
+from privpipe.pipelines.plan import load_plan
 
 DEMO = yaml.safe_load(DEMO_CONFIG.read_text(encoding="utf-8"))
 
@@ -70,7 +70,7 @@ def test_the_adapted_copy_loads_with_the_demo_hierarchies(tmp_path: Path) -> Non
 def test_demo_refuses_fewer_rows_than_k_before_any_data(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipelines.cli import main
+    from privpipe.pipelines.cli import main
 
     assert main(["demo", "--rows", "3", "--output", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
@@ -94,7 +94,7 @@ def test_demo_of_50_rows_finishes_with_every_stage_timed(
     import json
     import os
 
-    from pipelines.cli import main
+    from privpipe.pipelines.cli import main
     from tests.layout import internal_file
 
     out = tmp_path / "d"

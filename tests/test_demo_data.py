@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipelines import demo_data as dd
+from privpipe.pipelines import demo_data as dd
 
 N = 20_000
 HIERARCHY_FILES = ("sex", "race", "education", "marital-status", "occupation", "diagnosis")

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from dp.accounting import (
+from privpipe.dp.accounting import (
     Accountant,
     DiscreteGaussian,
     DiscreteLaplace,

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dp.aggregate import (
+from privpipe.dp.aggregate import (
     clamp_nonnegative,
     complete_domain,
     count_cells,
@@ -20,8 +20,8 @@ from dp.aggregate import (
     round_cells,
     sum_cells,
 )
-from dp.bounding import bound_contributions, sensitivities
-from dp.noise import SeededTestSampler, laplace_tail
+from privpipe.dp.bounding import bound_contributions, sensitivities
+from privpipe.dp.noise import SeededTestSampler, laplace_tail
 from privpipe.errors import ConfigError, InputDataError
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy.stats import chisquare
 
-from dp.bounding import bound_contributions, bounding_rng, sensitivities
+from privpipe.dp.bounding import bound_contributions, bounding_rng, sensitivities
 from privpipe.errors import ConfigError, InputDataError
 
 
@@ -152,7 +152,7 @@ def test_rank_within_one_key_sort_equals_the_pair_sort() -> None:
     """The single int64 key ``group·n + key`` ranks exactly as lexsort of (group, key) did:
     the same kept rows for the same random keys (so the sampling stays uniform), also for
     ids outside 0..n-1, which take the general sort."""
-    from dp.bounding import _rank_within
+    from privpipe.dp.bounding import _rank_within
 
     def reference(groups: np.ndarray, keys: np.ndarray) -> np.ndarray:
         order = np.lexsort((keys, groups))

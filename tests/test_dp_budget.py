@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from dp.budget import ApproxBudget, PureBudget, RhoBudget
+from privpipe.dp.budget import ApproxBudget, PureBudget, RhoBudget
 from privpipe.errors import ConfigError
 
 

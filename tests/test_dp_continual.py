@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta as beta_dist
 
-from dp.continual import (
+from privpipe.dp.continual import (
     TreeCounter,
     advance,
     node_scale,
@@ -27,8 +27,8 @@ from dp.continual import (
     stream_sensitivity,
     tree_levels,
 )
-from dp.noise import SecureSampler, SeededTestSampler, discrete_laplace_variance
-from dp.state_store import ContinualStore, load, state_path
+from privpipe.dp.noise import SecureSampler, SeededTestSampler, discrete_laplace_variance
+from privpipe.dp.state_store import ContinualStore, load, state_path
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 Z = 5.0

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from dp.exponential import exponential_mechanism, selection_probabilities, top_k
-from dp.noise import SecureSampler, SeededTestSampler
+from privpipe.dp.exponential import exponential_mechanism, selection_probabilities, top_k
+from privpipe.dp.noise import SecureSampler, SeededTestSampler
 from privpipe.errors import ConfigError
 
 

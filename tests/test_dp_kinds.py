@@ -14,10 +14,10 @@ import pytest
 from scipy.stats import beta as beta_dist
 from scipy.stats import chisquare
 
-from dp.cells import CellPartial, bound_and_aggregate, concat, contributions
-from dp.exponential import exponential_mechanism
-from dp.noise import NoiseSampler, SecureSampler, SeededTestSampler
-from dp.release import (
+from privpipe.dp.cells import CellPartial, bound_and_aggregate, concat, contributions
+from privpipe.dp.exponential import exponential_mechanism
+from privpipe.dp.noise import NoiseSampler, SecureSampler, SeededTestSampler
+from privpipe.dp.release import (
     cell_histograms,
     dp_release,
     moment_estimate,
@@ -26,7 +26,7 @@ from dp.release import (
     release_query,
     verify_release,
 )
-from dp.spec import DPReleaseSpec, Query, QueryPlan, from_config_values, plan_queries
+from privpipe.dp.spec import DPReleaseSpec, Query, QueryPlan, from_config_values, plan_queries
 from privpipe.errors import ConfigError, PrivacyRefusal
 
 HALF = Fraction(1, 2)
@@ -377,10 +377,10 @@ def test_new_kinds_run_from_yaml_match_the_pure_api_and_are_audited(
 ) -> None:
     import json
 
-    from dp.noise import SeededTestSampler as Seeded
-    from pipelines.cli import main
-    from pipelines.dp_release import dp_jobs
-    from pipelines.plan import load_plan
+    from privpipe.dp.noise import SeededTestSampler as Seeded
+    from privpipe.pipelines.cli import main
+    from privpipe.pipelines.dp_release import dp_jobs
+    from privpipe.pipelines.plan import load_plan
     from tests.layout import internal_file, release_dir
     from tests.ledgers import provision_ledger
     from tests.test_dp_pipeline import DPProject
@@ -438,7 +438,7 @@ def test_new_kinds_run_from_yaml_match_the_pure_api_and_are_audited(
 
 
 def test_yaml_keys_of_the_new_kinds_are_checked() -> None:
-    from pipelines.config import validate_config
+    from privpipe.pipelines.config import validate_config
     from tests.test_config import base, error_of
 
     def with_release(**release: Any) -> dict[str, Any]:
@@ -489,8 +489,8 @@ def test_verifier_refuses_quantiles_off_the_grid_and_variances_outside_their_int
 
 
 def test_bounded_truth_of_the_audit_is_the_statistic_of_the_kept_rows(tmp_path: Path) -> None:
-    from pipelines.dp_release import bounded_truth
-    from transforms.dp_aggregate import write_pickle
+    from privpipe.pipelines.dp_release import bounded_truth
+    from privpipe.transforms.dp_aggregate import write_pickle
 
     rng = np.random.default_rng(9)
     df = pd.DataFrame(

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from dp.budget import ApproxBudget, PureBudget, RhoBudget
-from dp.ledger import Ledger, ledger_path
-from dp.ledger_auth import HeadRecord, LedgerKey, load_key, new_key_file
+from privpipe.dp.budget import ApproxBudget, PureBudget, RhoBudget
+from privpipe.dp.ledger import Ledger, ledger_path
+from privpipe.dp.ledger_auth import HeadRecord, LedgerKey, load_key, new_key_file
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 

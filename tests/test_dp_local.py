@@ -17,7 +17,7 @@ import pytest
 from scipy.stats import beta as beta_dist
 from scipy.stats import chi2, chisquare
 
-from dp.local import (
+from privpipe.dp.local import (
     PROTOCOLS,
     FrequencyOracle,
     Reports,
@@ -33,7 +33,7 @@ from dp.local import (
     support_counts,
     variance,
 )
-from dp.multiparty import (
+from privpipe.dp.multiparty import (
     central_variance,
     compare_models,
     local_variance,
@@ -42,8 +42,8 @@ from dp.multiparty import (
     party_histograms,
     split_evenly,
 )
-from dp.noise import INSECURE_SEED_MESSAGE, SeededTestSampler, discrete_laplace_variance
-from dp.secure_random import (
+from privpipe.dp.noise import INSECURE_SEED_MESSAGE, SeededTestSampler, discrete_laplace_variance
+from privpipe.dp.secure_random import (
     SecureRandom,
     SeededRandom,
     bernoulli_threshold,

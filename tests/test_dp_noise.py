@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta as beta_dist
 
-from dp.noise import (
+from privpipe.dp.noise import (
     INSECURE_SEED_MESSAGE,
     NoiseSampler,
     SecureSampler,

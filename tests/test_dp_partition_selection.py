@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import beta
 
-from dp.noise import SecureSampler, SeededTestSampler
-from dp.partition_selection import (
+from privpipe.dp.noise import SecureSampler, SeededTestSampler
+from privpipe.dp.partition_selection import (
     Method,
     bernoulli,
     keep_probability,

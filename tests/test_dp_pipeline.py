@@ -12,12 +12,12 @@ import pandas as pd
 import pytest
 import yaml
 
-import pipelines.dp_release
-from dp.noise import SeededTestSampler
-from dp.release import dp_release
-from pipelines.cli import main
-from pipelines.dp_release import dp_jobs
-from pipelines.plan import load_plan
+from privpipe import pipelines
+from privpipe.dp.noise import SeededTestSampler
+from privpipe.dp.release import dp_release
+from privpipe.pipelines.cli import main
+from privpipe.pipelines.dp_release import dp_jobs
+from privpipe.pipelines.plan import load_plan
 from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published, snapshot

@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dp.accounting import Accountant, ApproxDP, DiscreteLaplace, Parallel
-from dp.cells import bound_and_aggregate, concat, contributions
-from dp.noise import SeededTestSampler, discrete_laplace_variance
-from dp.release import check_delta, dp_release, release_query, verify_release
-from dp.spec import DPReleaseSpec, Query, charge, from_config_values, plan_queries
+from privpipe.dp.accounting import Accountant, ApproxDP, DiscreteLaplace, Parallel
+from privpipe.dp.cells import bound_and_aggregate, concat, contributions
+from privpipe.dp.noise import SeededTestSampler, discrete_laplace_variance
+from privpipe.dp.release import check_delta, dp_release, release_query, verify_release
+from privpipe.dp.spec import DPReleaseSpec, Query, charge, from_config_values, plan_queries
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 DX = ["a", "b", "c", "d", "e"]

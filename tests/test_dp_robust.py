@@ -12,22 +12,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dp.release
-import dp.spec
-from dp import exact
-from dp.accounting import Accountant, ApproxDP, DiscreteLaplace, advanced_composition, group_privacy
-from dp.aggregate import noisy_sums, sum_cells
-from dp.bounding import sensitivities
-from dp.cells import bound_and_aggregate, concat, contributions, merge_partials
-from dp.noise import (
+from privpipe import dp
+from privpipe.dp import exact
+from privpipe.dp.accounting import (
+    Accountant,
+    ApproxDP,
+    DiscreteLaplace,
+    advanced_composition,
+    group_privacy,
+)
+from privpipe.dp.aggregate import noisy_sums, sum_cells
+from privpipe.dp.bounding import sensitivities
+from privpipe.dp.cells import bound_and_aggregate, concat, contributions, merge_partials
+from privpipe.dp.noise import (
     INSECURE_GUARANTEE,
     SeededTestSampler,
     discrete_laplace_variance,
     laplace_ci_halfwidth,
     laplace_tail,
 )
-from dp.release import dp_release
-from dp.spec import Query, from_config_values, guarantee, plan_queries, rho_for
+from privpipe.dp.release import dp_release
+from privpipe.dp.spec import Query, from_config_values, guarantee, plan_queries, rho_for
 from privpipe.errors import ConfigError, PrivacyRefusal
 
 BIG = 10**15

@@ -8,12 +8,12 @@ import apache_beam as beam
 import pandas as pd
 import pytest
 
-from pipelines.dp_release import dp_jobs
-from pipelines.hierarchies import HierarchyLabeler
-from pipelines.plan import load_plan
+from privpipe.pipelines.dp_release import dp_jobs
+from privpipe.pipelines.hierarchies import HierarchyLabeler
+from privpipe.pipelines.plan import load_plan
+from privpipe.transforms.dp_aggregate import AggregateDPCells, DPCellsJob, load_cells
 from tests.beamtest import local_pipeline
 from tests.test_dp_pipeline import DPProject
-from transforms.dp_aggregate import AggregateDPCells, DPCellsJob, load_cells
 
 
 def _aggregate(

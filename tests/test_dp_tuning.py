@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dp.bounding import bound_units
-from dp.noise import discrete_laplace_variance
-from dp.spec import DPReleaseSpec, Query, plan_queries
-from dp.tuning import (
+from privpipe.dp.bounding import bound_units
+from privpipe.dp.noise import discrete_laplace_variance
+from privpipe.dp.spec import DPReleaseSpec, Query, plan_queries
+from privpipe.dp.tuning import (
     Candidate,
     QueryData,
     bounded_cells,
@@ -353,8 +353,8 @@ def test_variance_bounds_from_quantiles_cut_a_planted_outlier() -> None:
 def test_quantile_error_is_the_exponential_mechanism_law_on_a_tiny_cell() -> None:
     """Values 0..4 (one row each), grid [0, 4], median at ε = 1: the error² is
     Σ P(c)·(c − 2)² with P the exact law of dp.exponential on dp.release's utilities."""
-    from dp.exponential import selection_probabilities
-    from dp.release import quantile_utilities
+    from privpipe.dp.exponential import selection_probabilities
+    from privpipe.dp.release import quantile_utilities
 
     d = QueryData(cell=np.zeros(5, np.uint64), unit=np.arange(5).astype(np.uint64),
                   value=np.arange(5.0), domain=np.zeros(1, np.uint64))  # fmt: skip
@@ -393,8 +393,8 @@ def test_quantile_runs_of_empty_grid_points_match_the_dense_law() -> None:
     """Values 3, 3, 10, 40 on the grid 0..50 (runs of empty points between them), the
     quantiles 0.5 and 0.9: the error² of each is Σ P(c)·(c − q)² over every grid point, P the
     exact law of dp.exponential on dp.release's utilities, q the raw quantile."""
-    from dp.exponential import selection_probabilities
-    from dp.release import quantile_utilities
+    from privpipe.dp.exponential import selection_probabilities
+    from privpipe.dp.release import quantile_utilities
 
     value = np.array([3.0, 3.0, 10.0, 40.0])
     d = QueryData(cell=np.zeros(4, np.uint64), unit=np.arange(4).astype(np.uint64),
@@ -418,7 +418,7 @@ def test_quantile_runs_of_empty_grid_points_match_the_dense_law() -> None:
 
 def test_quantile_cells_are_sampled_beyond_the_cap() -> None:
     """100 cells: the error is evaluated on an even sample of MAX_QUANTILE_CELLS of them."""
-    from dp.tuning import MAX_QUANTILE_CELLS
+    from privpipe.dp.tuning import MAX_QUANTILE_CELLS
 
     value = np.tile(np.arange(10.0), 100)
     cell = np.repeat(np.arange(100), 10).astype(np.uint64)

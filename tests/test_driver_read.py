@@ -9,9 +9,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from privpipe.transforms.driver_read import DriverRead
+from privpipe.transforms.io import InputSpec
 from tests.test_io import read, sorted_rows, write
-from transforms.driver_read import DriverRead
-from transforms.io import InputSpec
 
 
 def test_same_rows_types_and_rejections_as_the_beam_read(tmp_path: Path) -> None:

@@ -26,18 +26,18 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pipelines.cli import main
-from pipelines.hierarchies import label_collisions
-from pipelines.output import RunOutput
-from pipelines.plan import check_unchanged, input_stamps
 from privpipe.errors import ConfigError, InputDataError, OutputBusy
 from privpipe.formulas import escape, escape_table, needs_escape, unescape
-from reports import load_release
+from privpipe.pipelines.cli import main
+from privpipe.pipelines.hierarchies import label_collisions
+from privpipe.pipelines.output import RunOutput
+from privpipe.pipelines.plan import check_unchanged, input_stamps
+from privpipe.reports import load_release
+from privpipe.transforms.sink import write_table
 from tests.conftest import ROWS, Project
 from tests.faults import FILES, forked, stage_and_commit
 from tests.layout import internal_file, release_dir
 from tests.ledgers import open_config_ledger, provision_ledger
-from transforms.sink import write_table
 
 # ------------------------------------------------------------------ publishing (commit)
 
@@ -570,9 +570,9 @@ def test_every_row_rejected_says_all_n_and_the_reasons(
 
 
 def test_a_data_built_hierarchy_whose_labels_are_raw_values_is_refused() -> None:
-    from anonymity.hierarchy import Hierarchy
-    from pipelines.config import HierarchyConfig
-    from pipelines.hierarchies import HierarchyResolver
+    from privpipe.anonymity.hierarchy import Hierarchy
+    from privpipe.pipelines.config import HierarchyConfig
+    from privpipe.pipelines.hierarchies import HierarchyResolver
 
     swapped = Hierarchy(
         "sex", np.array([["Male", "Female", "*"], ["Female", "Male", "*"]], dtype=object)

@@ -8,7 +8,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.anonymize import COUNT, FrequencyTable, _value_counts
+from privpipe.transforms.anonymize import COUNT, FrequencyTable, _value_counts
 
 
 def key(d: pd.DataFrame) -> list[tuple[str, str, str, int]]:
@@ -69,11 +69,11 @@ def test_empty_input_gives_empty_table() -> None:
 def test_hashed_person_ids_count_persons_as_the_strings_do(seed: int, n: int, step: int) -> None:
     """Person ids carried as 64-bit hashes (``hashed=``) give the same summary, the same
     person-counted classes and the same verifier verdict as the id strings."""
-    from anonymity.hierarchy import build_grouping
-    from anonymity.spec import AnonymizationSpec
-    from anonymity.summary import Summary
-    from anonymity.transformation import Evaluator
-    from anonymity.verify import verify_counts
+    from privpipe.anonymity.hierarchy import build_grouping
+    from privpipe.anonymity.spec import AnonymizationSpec
+    from privpipe.anonymity.summary import Summary
+    from privpipe.anonymity.transformation import Evaluator
+    from privpipe.anonymity.verify import verify_counts
 
     rng = np.random.default_rng(seed)
     df = pd.DataFrame(

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anonymity.hierarchy import (
+from privpipe.anonymity.hierarchy import (
     Hierarchy,
     build_dates,
     build_grouping,
@@ -660,7 +660,7 @@ def test_numeric_yaml_keys_are_codes(tmp_path: Path) -> None:
     """`{1: male, 2: female}` used to give 'must be a string, got 1' per key."""
     import yaml
 
-    from pipelines.config import validate_config
+    from privpipe.pipelines.config import validate_config
 
     def config(groups: str) -> dict[str, object]:
         return {  # the groups as YAML reads them

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from privpipe.errors import ConfigError, InputDataError
+from privpipe.transforms.io import InputSpec, ReadMicrodata, inspect_input
 from tests.beamtest import local_pipeline
-from transforms.io import InputSpec, ReadMicrodata, inspect_input
 
 # --------------------------------------------------------------------------- helpers
 
@@ -580,7 +580,7 @@ def test_parallel_multiline_chunks_and_jsonl_match_serial(tmp_path: Path) -> Non
 
 
 def test_pieces_cut_at_line_ends_with_their_line_numbers() -> None:
-    from transforms.io import _pieces
+    from privpipe.transforms.io import _pieces
 
     buf = b"".join(f"line {i}\n".encode() for i in range(1, 200))
     pieces = _pieces(buf, 1000, 5, 64)

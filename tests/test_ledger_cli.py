@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import main
+from privpipe.pipelines.cli import main
 from tests.layout import internal_file
 from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published, snapshot

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import yaml
 
-import dp.local
-from dp.local import parameters
-from dp.local_release import PARTICIPATION, verify_local_release
-from dp.multiparty import TRUST_SIMULATION
-from pipelines.cli import main
+from privpipe import dp
+from privpipe.dp.local import parameters
+from privpipe.dp.local_release import PARTICIPATION, verify_local_release
+from privpipe.dp.multiparty import TRUST_SIMULATION
+from privpipe.pipelines.cli import main
 from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger
 from tests.test_cli import assert_nothing_published

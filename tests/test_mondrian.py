@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from anonymity.hierarchy import Hierarchy, build_intervals, load_arx_csv
-from anonymity.models import (
+from privpipe.anonymity.hierarchy import Hierarchy, build_intervals, load_arx_csv
+from privpipe.anonymity.models import (
     DistinctLDiversity,
     EntropyLDiversity,
     KAnonymity,
@@ -33,14 +33,14 @@ from anonymity.models import (
     RecursiveCLDiversity,
     TCloseness,
 )
-from anonymity.mondrian import MondrianResult, mondrian, parse_range, range_label
-from anonymity.quality import class_sizes, recoding_metrics
-from anonymity.recoding import Recoding, full_domain_labels
-from anonymity.search import optimal
-from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary
-from anonymity.transformation import Evaluator
-from anonymity.verify import verify_grid_labels
+from privpipe.anonymity.mondrian import MondrianResult, mondrian, parse_range, range_label
+from privpipe.anonymity.quality import class_sizes, recoding_metrics
+from privpipe.anonymity.recoding import Recoding, full_domain_labels
+from privpipe.anonymity.search import optimal
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import Evaluator
+from privpipe.anonymity.verify import verify_grid_labels
 from privpipe.errors import ConfigError, PrivacyRefusal
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 from tests.oracles import naive_violates_k_or_l, tree_hierarchy

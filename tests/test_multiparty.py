@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dp.multiparty import (
+from privpipe.dp.multiparty import (
     PARTY_FORMAT,
     SUBSTITUTION_L1,
     TRUST_SEPARATE,
@@ -29,7 +29,7 @@ from dp.multiparty import (
     party_seed,
     party_share,
 )
-from dp.noise import SecureSampler, SeededTestSampler, laplace_scale, planned_guarantee
+from privpipe.dp.noise import SecureSampler, SeededTestSampler, laplace_scale, planned_guarantee
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 from tests.layout import release_dir
 from tests.ledgers import provision_ledger

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipelines.cli import main
+from privpipe.pipelines.cli import main
 from tests.conftest import ROOT
 from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.output import STAGING_PREFIX, WORK_PREFIX, RunOutput, recover
 from privpipe.errors import OutputBusy, OutputError
+from privpipe.pipelines.output import STAGING_PREFIX, WORK_PREFIX, RunOutput, recover
 
 
 def _stage(out: RunOutput, manifest: str, releases: tuple[str, ...]) -> None:

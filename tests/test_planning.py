@@ -15,14 +15,14 @@ import pandas as pd
 import psutil
 import pytest
 
-from anonymity.hierarchy import Hierarchy, load_arx_csv
-from anonymity.spec import AnonymizationSpec
+from privpipe.anonymity.hierarchy import Hierarchy, load_arx_csv
+from privpipe.anonymity.spec import AnonymizationSpec
 from privpipe.errors import PrivacyRefusal
+from privpipe.transforms import planning
+from privpipe.transforms.anonymize import FrequencyTable
+from privpipe.transforms.context import ReleaseContext, SlimContext
+from privpipe.transforms.planning import Planned, expected_effort, plan_releases
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
-from transforms import planning
-from transforms.anonymize import FrequencyTable
-from transforms.context import ReleaseContext, SlimContext
-from transforms.planning import Planned, expected_effort, plan_releases
 
 pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs ../shared/data/arx")
 

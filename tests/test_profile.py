@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.profile import ProfileFn, _combine, _hash, split_internal
+from privpipe.transforms.profile import ProfileFn, _combine, _hash, split_internal
 
 
 def run_combine(fn: ProfileFn, batches: list[pd.DataFrame], split: int) -> dict:
@@ -146,7 +146,7 @@ def test_columns_no_release_uses_are_estimated_and_marked() -> None:
 
 
 def test_hll_estimate_tracks_the_true_count() -> None:
-    from transforms.profile import _HLL_M, hll_estimate, hll_update
+    from privpipe.transforms.profile import _HLL_M, hll_estimate, hll_update
 
     for n in (0, 1, 500, 200_000):
         registers = np.zeros(_HLL_M, dtype=np.uint8)

@@ -10,8 +10,8 @@ import time
 import pandas as pd
 import pytest
 
-from pipelines.cli import main
 from privpipe import progress
+from privpipe.pipelines.cli import main
 from privpipe.timing import StageClock
 from tests.conftest import Project
 

@@ -18,13 +18,13 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from attacks.publication import row_order_alignment
-from pipelines.audit import audit_columns, read_columns
-from pipelines.cli import main
-from pipelines.hierarchies import HierarchyResolver
-from pipelines.plan import load_plan
-from pipelines.pubattacks import publication_attacks
-from reports import load_release
+from privpipe.attacks.publication import row_order_alignment
+from privpipe.pipelines.audit import audit_columns, read_columns
+from privpipe.pipelines.cli import main
+from privpipe.pipelines.hierarchies import HierarchyResolver
+from privpipe.pipelines.plan import load_plan
+from privpipe.pipelines.pubattacks import publication_attacks
+from privpipe.reports import load_release
 from tests.layout import internal_file
 from tests.ledgers import open_config_ledger, provision_ledger
 from tests.test_reports_pipeline import demo_project

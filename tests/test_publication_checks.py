@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anonymity.hierarchy import Hierarchy
-from attacks.publication import reproduced_cells, row_order_alignment
-from pipelines.publication import split_document
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.attacks.publication import reproduced_cells, row_order_alignment
+from privpipe.pipelines.publication import split_document
 
 AGE = Hierarchy(
     "age",
@@ -161,7 +161,7 @@ def test_a_dp_mean_is_checked_like_a_count() -> None:
     that count exactly voids the noise on it, so its keys enter the combination check."""
     from types import SimpleNamespace
 
-    from pipelines.publication import dp_count_keys
+    from privpipe.pipelines.publication import dp_count_keys
 
     query = SimpleNamespace(name="mean_salary", group_by=("dx",), levels={"dx": 1})
     jobs = [
@@ -177,7 +177,7 @@ def test_publication_attacks_reuse_the_runs_row_order_check() -> None:
     is given, and the check's figures (not a new alignment) when they differ."""
     from types import SimpleNamespace
 
-    from pipelines.pubattacks import _tables_pairwise
+    from privpipe.pipelines.pubattacks import _tables_pairwise
 
     raw = _records()
     fine = raw.assign(age=_decade(raw["age"]), sex="*")
@@ -200,7 +200,7 @@ def test_distinct_counts_are_checked_like_counts() -> None:
     table's rows per cell are the exact persons per cell, so the check must see it."""
     from types import SimpleNamespace
 
-    from pipelines.publication import dp_count_keys
+    from privpipe.pipelines.publication import dp_count_keys
 
     query = SimpleNamespace(name="q", group_by=("sex", "dx"), levels=(("sex", 0),))
     for kind, checked in (("dp_count_distinct", True), ("dp_count", True), ("dp_quantile", False)):
@@ -216,7 +216,7 @@ def _aligned_by_strings(
 ) -> tuple[int, tuple[str, ...], float, float]:
     """The row-order attack as it was computed on strings (common_level per pair, one
     factorisation of both mapped columns): the oracle of the coded one."""
-    from attacks.publication import _agree, _codes, common_level
+    from privpipe.attacks.publication import _agree, _codes, common_level
 
     n = min(len(first), len(second))
     a_cols, b_cols, used = [], [], []
@@ -238,7 +238,7 @@ def test_the_coded_row_order_attack_is_the_string_one() -> None:
     """Tables encoded once (``encode_rows``) and compared pairwise give the figures the
     string comparison gave: mixed levels, suppressed rows, tables of different lengths,
     a column that is one label, aligned and shuffled pairs."""
-    from attacks.publication import encode_rows
+    from privpipe.attacks.publication import encode_rows
 
     raw = _records(500)
     fine = raw.assign(age=_decade(raw["age"]))

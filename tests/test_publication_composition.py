@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from anonymity.hierarchy import Hierarchy
-from attacks.composition import claimed_values, compose_tables
-from pipelines.cli import main
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.attacks.composition import claimed_values, compose_tables
+from privpipe.pipelines.cli import main
 from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger
 
@@ -232,7 +232,7 @@ def test_across_runs_two_nights_of_a_scheduled_config(tmp_path: Path) -> None:
 def test_breach_findings_keep_published_breaches_apart_from_hypothetical_ones() -> None:
     """A published breach is a finding of its own; breaches that need a candidate published
     are grouped in one line per attack (their sentences stay in publication_attacks)."""
-    from pipelines.pubattacks import breach_findings
+    from privpipe.pipelines.pubattacks import breach_findings
 
     entries = {
         "differencing": [

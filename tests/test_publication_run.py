@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipelines.cli import main
-from pipelines.output import WORK_PREFIX
+from privpipe.pipelines.cli import main
+from privpipe.pipelines.output import WORK_PREFIX
 from tests.conftest import ROWS, Project
 from tests.layout import candidate_dir, internal_file, public_dir
 from tests.ledgers import provision_ledger

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from anonymity.hierarchy import Hierarchy, build_intervals, load_arx_csv
-from anonymity.models import DistinctLDiversity, KAnonymity, PrivacyModel, TCloseness
-from anonymity.quality import class_sizes, recoding_metrics
-from anonymity.recoding import Recoding, full_domain_labels
-from anonymity.search import SearchResult, optimal
-from anonymity.summary import Summary
-from anonymity.transformation import Evaluator
+from privpipe.anonymity.hierarchy import Hierarchy, build_intervals, load_arx_csv
+from privpipe.anonymity.models import DistinctLDiversity, KAnonymity, PrivacyModel, TCloseness
+from privpipe.anonymity.quality import class_sizes, recoding_metrics
+from privpipe.anonymity.recoding import Recoding, full_domain_labels
+from privpipe.anonymity.search import SearchResult, optimal
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import Evaluator
 from privpipe.errors import PrivacyRefusal
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 from tests.oracles import tree_hierarchy

@@ -38,7 +38,7 @@ def test_budget_session_refuses_before_drawing(monkeypatch: pytest.MonkeyPatch) 
     """A refused release draws no noise: the sampler is never asked."""
     import pandas as pd
 
-    import pipelines.notebook as notebook
+    import privpipe.pipelines.notebook as notebook
     from privpipe.errors import ConfigError, PrivacyRefusal
 
     df = pd.DataFrame({"u": [1, 2, 3], "g": ["a", "b", "a"]})
@@ -63,10 +63,10 @@ def test_budget_session_on_a_ledger(tmp_path: object) -> None:
 
     import pandas as pd
 
-    from dp.budget import ApproxBudget
-    from dp.ledger import Ledger
-    from dp.ledger_auth import load_key
-    from pipelines.notebook import BudgetSession
+    from privpipe.dp.budget import ApproxBudget
+    from privpipe.dp.ledger import Ledger
+    from privpipe.dp.ledger_auth import load_key
+    from privpipe.pipelines.notebook import BudgetSession
 
     path = Path(str(tmp_path)) / "ledger.sqlite"
     Ledger.create(path, "visits", ApproxBudget(2, 0), load_key("visits", None, None, None))

@@ -10,16 +10,16 @@ import pandas as pd
 import pytest
 from scipy.optimize import linprog
 
-from attacks.reconstruction import (
+from privpipe.attacks.reconstruction import (
     Marginal,
     independence,
     match_share,
     reconstruct,
     round_to,
 )
-from dp.noise import SecureSampler, laplace_scale
-from pipelines.pubattacks import reconstruction_entry
-from reports import Release
+from privpipe.dp.noise import SecureSampler, laplace_scale
+from privpipe.pipelines.pubattacks import reconstruction_entry
+from privpipe.reports import Release
 
 DOMAIN = (4, 3, 3)  # three small columns: 36 cells
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines.config import ReportConfig
-from reports.decide import (
+from privpipe.pipelines.config import ReportConfig
+from privpipe.reports.decide import (
     DEFAULT_MAX_ADVANTAGE,
     Point,
     advantage_interval,
@@ -173,7 +173,7 @@ def test_config_default_threshold_is_the_rule_default() -> None:
 
 @pytest.mark.slow
 def test_demo_recommendation_and_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from pipelines.cli import main
+    from privpipe.pipelines.cli import main
 
     out = tmp_path / "d"
     assert main(["demo", "--output", str(out), "--rows", "3000"]) == 0, capsys.readouterr().err

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.cli import main
-from pipelines.demo_data import write_csv
+from privpipe.pipelines.cli import main
+from privpipe.pipelines.demo_data import write_csv
 from tests.layout import internal_file, release_dir
 from tests.ledgers import provision_ledger
 

@@ -19,19 +19,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anonymity.api import anonymize
-from anonymity.hierarchy import Hierarchy, build_intervals, build_mask
-from anonymity.spec import AnonymizationSpec
-from attacks import (
+from privpipe.anonymity.api import anonymize
+from privpipe.anonymity.hierarchy import Hierarchy, build_intervals, build_mask
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.attacks import (
     AttackerKnowledge,
     NoNoise,
     attack_table,
     baseline_table,
     histogram_attribute_inference,
 )
-from dp.release import dp_release
-from dp.spec import Query, from_config_values
-from reports import (
+from privpipe.dp.release import dp_release
+from privpipe.dp.spec import Query, from_config_values
+from privpipe.reports import (
     audit_run,
     compare_runs,
     dumps_audit,
@@ -40,9 +40,9 @@ from reports import (
     render_markdown,
     write_reports,
 )
-from reports.audit import comparison_findings
-from reports.decide import recommend
-from reports.render import (
+from privpipe.reports.audit import comparison_findings
+from privpipe.reports.decide import recommend
+from privpipe.reports.render import (
     MAX_TABLE_COLUMNS,
     SECTIONS,
     fmt_one_in,

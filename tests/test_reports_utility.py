@@ -9,14 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anonymity.api import anonymize
-from anonymity.hierarchy import Hierarchy, load_arx_csv
-from anonymity.spec import AnonymizationSpec
-from attacks import NoNoise
-from dp.release import dp_release
-from dp.spec import Query, from_config_values
-from reports.run import Release
-from reports.utility import (
+from privpipe.anonymity.api import anonymize
+from privpipe.anonymity.hierarchy import Hierarchy, load_arx_csv
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.attacks import NoNoise
+from privpipe.dp.release import dp_release
+from privpipe.dp.spec import Query, from_config_values
+from privpipe.reports.run import Release
+from privpipe.reports.utility import (
     UtilityOptions,
     cover_table,
     raw_release,
@@ -25,7 +25,7 @@ from reports.utility import (
     release_utility,
     score,
 )
-from reports.workload import build_workload, parse_queries, true_answers
+from privpipe.reports.workload import build_workload, parse_queries, true_answers
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 
 # --------------------------------------------------------------------------- workload
@@ -308,7 +308,7 @@ def test_adult_k_anonymous_release_costs_utility(
 
 def test_dp_fraction_epsilon_is_plain_json() -> None:
     # guarantees may carry Fractions in pure-core documents; the audit stores floats
-    from reports.audit import guarantee_text
+    from privpipe.reports.audit import guarantee_text
 
     assert guarantee_text("dp_count", {"epsilon": Fraction(1, 2), "delta": 0}) == "ε=0.5"
     assert guarantee_text("l_diversity", {"k": 5, "l": 3, "variant": "recursive", "c": 4.0}) == (
@@ -323,7 +323,7 @@ def test_dp_fraction_epsilon_is_plain_json() -> None:
 def test_bound_warning_only_when_the_interval_excludes_the_bound() -> None:
     """A point estimate just above the bound whose Wilson interval holds it is what an
     attack at the bound measures half the time: no WARNING; an interval above: WARNING."""
-    from reports.audit import findings
+    from privpipe.reports.audit import findings
 
     def audit(rate: float, interval: list[float], bound_rate: str = "rate") -> dict:
         attack = {"rate": rate, "targets": 10_000, "interval": interval, "bound": 0.6225,
@@ -446,7 +446,7 @@ def test_dp_mean_is_scored_against_true_means_and_counts_split_bias_from_noise()
 def test_true_answers_on_distinct_rows_equal_the_row_counts() -> None:
     """The truth is counted on distinct rows with their multiplicities: the same cells,
     counts, query answers and domains (first-appearance order) as counting every row."""
-    from reports.workload import canonical_frame
+    from privpipe.reports.workload import canonical_frame
 
     rng = np.random.default_rng(7)
     n = 3000

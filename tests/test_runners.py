@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from pipelines.cli import main
-from pipelines.demo_data import write_csv
+from privpipe.pipelines.cli import main
+from privpipe.pipelines.demo_data import write_csv
 from tests.layout import internal_file
 from tests.ledgers import provision_ledger
 
@@ -95,9 +95,9 @@ def direct_figures(tmp_path_factory: pytest.TempPathFactory, demo_input: Path) -
 
 
 def _run(out: Path, demo_input: Path, *extra: str) -> Path:
-    from pipelines.cli import DEMO_CONFIG, demo_ledger
-    from pipelines.plan import load_plan
-    from pipelines.run import run
+    from privpipe.pipelines.cli import DEMO_CONFIG, demo_ledger
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.pipelines.run import run
 
     # a ledger (and continual state) per run, as `privpipe demo` makes: the demo's shared
     # one would refuse re-runs
@@ -157,7 +157,7 @@ def test_runner_flag_passes_through_the_cli(
     tmp_path: Path, demo_input: Path, job_service: int, direct_figures: dict
 ) -> None:
     cfg = tmp_path / "demo.yaml"
-    from pipelines.cli import DEMO_CONFIG
+    from privpipe.pipelines.cli import DEMO_CONFIG
 
     text = DEMO_CONFIG.read_text().replace("../demo-out/input/demo.csv", str(demo_input))
     text = text.replace("demo/hierarchies/", str(DEMO_CONFIG.parent / "demo" / "hierarchies") + "/")
@@ -187,7 +187,7 @@ def test_runner_flag_passes_through_the_cli(
 def test_pipeline_options_make_each_view_once_and_share_values() -> None:
     from apache_beam.options.pipeline_options import DirectOptions, StandardOptions, TypeOptions
 
-    from pipelines.run import pipeline_options
+    from privpipe.pipelines.run import pipeline_options
 
     options = pipeline_options(["--direct_num_workers=2"], None)
     # one view per class (Beam asks for one per applied transform; each new one re-parses)
@@ -209,8 +209,8 @@ def test_direct_runner_makes_no_prism_download_folder(monkeypatch: pytest.Monkey
 
     import apache_beam as beam
 
-    from pipelines.run import pipeline_options
-    from pipelines.runner import runner_for
+    from privpipe.pipelines.run import pipeline_options
+    from privpipe.pipelines.runner import runner_for
 
     made: list[str] = []
     real = tempfile.mkdtemp

@@ -12,12 +12,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from anonymity.spec import AnonymizationSpec
-from pipelines.cli import main
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.pipelines.cli import main
+from privpipe.transforms import planning
 from tests.conftest import Project
 from tests.layout import internal_file, release_dir
 from tests.test_planning import workers
-from transforms import planning
 
 RELEASES = [
     {"name": "k2", "kind": "k_anonymity", "k": 2},
@@ -90,7 +90,7 @@ def test_a_refusal_in_a_worker_exits_4_with_its_message(
 def test_ctrl_c_inside_a_step_stays_an_interrupt() -> None:
     """Beam wraps a step's KeyboardInterrupt in a RuntimeError; the run unwraps it, so the
     CLI exits 130 ("interrupted") as for Ctrl-C anywhere else, not 1 ("unexpected")."""
-    from pipelines.run import unwrap_pipeline_error
+    from privpipe.pipelines.run import unwrap_pipeline_error
 
     interrupt = KeyboardInterrupt()
     try:

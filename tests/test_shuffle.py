@@ -27,12 +27,12 @@ import pandas as pd
 import pytest
 import yaml
 
-import transforms.sink as sink
-from anonymity.api import anonymize, shuffled
-from anonymity.hierarchy import build_intervals
-from anonymity.spec import AnonymizationSpec
-from dp.secure_random import SecureRandom, SeededRandom
-from pipelines.cli import main
+import privpipe.transforms.sink as sink
+from privpipe.anonymity.api import anonymize, shuffled
+from privpipe.anonymity.hierarchy import build_intervals
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.dp.secure_random import SecureRandom, SeededRandom
+from privpipe.pipelines.cli import main
 from tests.beamtest import local_pipeline
 from tests.layout import release_dir
 

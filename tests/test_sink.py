@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
+from privpipe.transforms.io import InputSpec, ReadMicrodata
+from privpipe.transforms.sink import WriteTable, write_json
 from tests.beamtest import local_pipeline
-from transforms.io import InputSpec, ReadMicrodata
-from transforms.sink import WriteTable, write_json
 
 COLUMNS = ("id", "name", "age", "score")
 

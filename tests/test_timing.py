@@ -10,8 +10,8 @@ import pytest
 
 from privpipe import timing
 from privpipe.timing import StageClock, merge_stages, slowest
+from privpipe.transforms.timing import TimedCombineFn, TimedDoFn, stage_counters, stage_ms, timed
 from tests.beamtest import local_pipeline
-from transforms.timing import TimedCombineFn, TimedDoFn, stage_counters, stage_ms, timed
 
 
 def test_stages_accumulate_and_nest_exclusively() -> None:

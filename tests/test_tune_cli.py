@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipelines.cli import main
+from privpipe.pipelines.cli import main
 from tests.ledgers import provision_ledger
 from tests.test_cli import snapshot
 from tests.test_dp_pipeline import DPProject
@@ -167,7 +167,7 @@ def test_a_kind_tune_does_not_cover_is_skipped_and_named(
     dpp: DPProject, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A kind without a tuning function (as a new kind is until it gets one)."""
-    import dp.tuning
+    from privpipe import dp
 
     monkeypatch.delitem(dp.tuning.KIND_ERRORS, "dp_sum")
     code, out, err = tune([str(dpp.config)], capsys)

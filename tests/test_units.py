@@ -20,24 +20,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anonymity.api import anonymize
-from anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv
-from anonymity.models import (
+from privpipe.anonymity.api import anonymize
+from privpipe.anonymity.hierarchy import Hierarchy, build_grouping, load_arx_csv
+from privpipe.anonymity.models import (
     DistinctLDiversity,
     KAnonymity,
     PrivacyModel,
     RecursiveCLDiversity,
     assess,
 )
-from anonymity.search import heuristic, optimal
-from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary
-from anonymity.transformation import Evaluator
-from anonymity.verify import verify_table
-from attacks.knowledge import AttackerKnowledge
-from attacks.matching import match_targets
-from attacks.table import homogeneity
-from dp.secure_random import SeededRandom
+from privpipe.anonymity.search import heuristic, optimal
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import Evaluator
+from privpipe.anonymity.verify import verify_table
+from privpipe.attacks.knowledge import AttackerKnowledge
+from privpipe.attacks.matching import match_targets
+from privpipe.attacks.table import homogeneity
+from privpipe.dp.secure_random import SeededRandom
 from privpipe.errors import ConfigError, PrivacyRefusal
 from tests.conftest import ARX
 from tests.oracles import naive_violates_k_or_l
@@ -169,9 +169,9 @@ def test_unit_person_needs_a_privacy_unit() -> None:
 
 
 def test_the_config_key_and_its_default(project: object) -> None:
-    from pipelines.config import validate_config
-    from pipelines.plan import load_plan
-    from pipelines.run import anonymization_spec
+    from privpipe.pipelines.config import validate_config
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.pipelines.run import anonymization_spec
 
     cfg = project.cfg  # type: ignore[attr-defined]
     cfg["releases"] = [

@@ -35,13 +35,13 @@ import pandas as pd
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsSingleton
 
-from anonymity.api import release_document
-from anonymity.spec import AnonymizationSpec
-from anonymity.summary import group_rows, unit_hashes
-from anonymity.verify import verify_counts, verify_grid_labels
+from privpipe.anonymity.api import release_document
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.anonymity.summary import group_rows, unit_hashes
+from privpipe.anonymity.verify import verify_counts, verify_grid_labels
 from privpipe.errors import PrivacyRefusal
 from privpipe.timing import NAMESPACE
-from transforms.context import (  # noqa: F401 (re-exported: the composites' contexts)
+from privpipe.transforms.context import (  # noqa: F401 (re-exported: the composites' contexts)
     COUNT,
     RecodeContext,
     ReleaseContext,
@@ -50,11 +50,11 @@ from transforms.context import (  # noqa: F401 (re-exported: the composites' con
     _value_counts,
     make_context,
 )
-from transforms.io import InputSpec, ReadMicrodata
-from transforms.memory import release_free_memory
-from transforms.planning import plan_releases
-from transforms.sink import WriteTable, write_json_step
-from transforms.timing import TimedCombineFn, TimedDoFn, stage_ms, timed
+from privpipe.transforms.io import InputSpec, ReadMicrodata
+from privpipe.transforms.memory import release_free_memory
+from privpipe.transforms.planning import plan_releases
+from privpipe.transforms.sink import WriteTable, write_json_step
+from privpipe.transforms.timing import TimedCombineFn, TimedDoFn, stage_ms, timed
 
 
 @dataclass
@@ -455,7 +455,7 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
             TimedCombineFn(f"verify:{spec.name}", FrequencyTable(counted, True, hashed))
         )
         if self.counts_dir is not None:  # the audit reads these counts, not the table
-            from transforms.audit_truth import StagePublishedCounts
+            from privpipe.transforms.audit_truth import StagePublishedCounts
 
             _ = classes | "PublishedCounts" >> StagePublishedCounts(
                 self.counts_dir, str(spec.name), cols

@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 from apache_beam.pvalue import PCollection
 
-from attacks.control import keyed_hashes
-from attacks.matching import WEIGHT
-from transforms.anonymize import COUNT, FrequencyTable
-from transforms.sink import WriteTable
+from privpipe.attacks.control import keyed_hashes
+from privpipe.attacks.matching import WEIGHT
+from privpipe.transforms.anonymize import COUNT, FrequencyTable
+from privpipe.transforms.sink import WriteTable
 
 RECORDS = "__records__"  # the sample's column: how many rows the whole input had
 _FIRST, _SECOND = "__h1__", "__h2__"

@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from anonymity.api import RecodingPlan, plan_recoding
-from anonymity.hierarchy import Hierarchy
-from anonymity.recoding import BatchRecoder, Recoding
-from anonymity.spec import AnonymizationSpec
-from anonymity.summary import Summary
-from transforms.memory import release_free_memory
+from privpipe.anonymity.api import RecodingPlan, plan_recoding
+from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.recoding import BatchRecoder, Recoding
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.anonymity.summary import Summary
+from privpipe.transforms.memory import release_free_memory
 
 COUNT = "count"
 Resolver = Callable[[Mapping[str, pd.Series]], dict[str, Hierarchy]]

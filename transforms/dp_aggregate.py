@@ -35,7 +35,7 @@ import apache_beam as beam
 import numpy as np
 import pandas as pd
 
-from dp.cells import (
+from privpipe.dp.cells import (
     CellPartial,
     Contributions,
     Labeler,
@@ -47,8 +47,8 @@ from dp.cells import (
     merge_partials,
     split_by_shard,
 )
-from dp.spec import DPReleaseSpec, QueryPlan
-from transforms.timing import TimedCombineFn, TimedDoFn
+from privpipe.dp.spec import DPReleaseSpec, QueryPlan
+from privpipe.transforms.timing import TimedCombineFn, TimedDoFn
 
 SHARDS = 16
 _COMPACT_AT = 32

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from apache_beam.pvalue import TaggedOutput
 
-from transforms.io import (
+from privpipe.transforms.io import (
     REJECTED_COLUMNS,
     InputSpec,
     ParquetSplit,

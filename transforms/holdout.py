@@ -15,8 +15,8 @@ import apache_beam as beam
 import pandas as pd
 from apache_beam.pvalue import PCollection, TaggedOutput
 
-from attacks.control import holdout_mask
-from transforms.timing import TimedDoFn
+from privpipe.attacks.control import holdout_mask
+from privpipe.transforms.timing import TimedDoFn
 
 MEMBERS = "members"
 CONTROLS = "controls"

@@ -91,7 +91,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import AsDict, PBegin, PCollection, TaggedOutput
 
 from privpipe.errors import ConfigError, InputDataError
-from transforms.timing import TimedDoFn
+from privpipe.transforms.timing import TimedDoFn
 
 __all__ = ["REJECTED_COLUMNS", "InputSpec", "ReadMicrodata", "inspect_input"]
 

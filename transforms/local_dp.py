@@ -34,13 +34,13 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from dp.cells import canonical_labels, hash_units, split_by_shard
-from dp.local import FrequencyOracle, reports_to_frame, support_counts
-from dp.local_release import encode_values, one_per_person
-from dp.secure_random import RandomSource, random_source_for
-from transforms.dp_aggregate import spill, unspill, write_pickle
-from transforms.sink import WriteTable
-from transforms.timing import TimedCombineFn, TimedDoFn
+from privpipe.dp.cells import canonical_labels, hash_units, split_by_shard
+from privpipe.dp.local import FrequencyOracle, reports_to_frame, support_counts
+from privpipe.dp.local_release import encode_values, one_per_person
+from privpipe.dp.secure_random import RandomSource, random_source_for
+from privpipe.transforms.dp_aggregate import spill, unspill, write_pickle
+from privpipe.transforms.sink import WriteTable
+from privpipe.transforms.timing import TimedCombineFn, TimedDoFn
 
 SHARDS = 16
 IntArray = npt.NDArray[np.int64]

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from anonymity.spec import AnonymizationSpec
 from privpipe import progress
-from transforms.context import (
+from privpipe.anonymity.spec import AnonymizationSpec
+from privpipe.transforms.context import (
     ReleaseContext,
     Resolved,
     Resolver,

@@ -29,10 +29,10 @@ import apache_beam as beam
 import numpy as np
 import pandas as pd
 
-from anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
-from transforms.memory import release_free_memory
-from transforms.sink import write_json_step
-from transforms.timing import TimedCombineFn
+from privpipe.anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
+from privpipe.transforms.memory import release_free_memory
+from privpipe.transforms.sink import write_json_step
+from privpipe.transforms.timing import TimedCombineFn
 
 
 def _hash(values: pd.Series | pd.DataFrame) -> np.ndarray:

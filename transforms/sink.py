@@ -53,10 +53,10 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import AsList, AsSingleton, PCollection
 
-from dp.secure_random import SecureRandom
+from privpipe.dp.secure_random import SecureRandom
 from privpipe.errors import ConfigError
 from privpipe.formulas import escape, escape_table
-from transforms.timing import TimedDoFn
+from privpipe.transforms.timing import TimedDoFn
 
 __all__ = ["WriteTable", "load_json", "write_json", "write_json_step", "write_table"]
 

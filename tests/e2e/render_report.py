@@ -52,7 +52,7 @@ def main() -> int:
     else:
         run_dir = ROOT / "demo-out"
         subprocess.run(
-            [sys.executable, "-m", "pipelines.cli", "demo", "--output", str(run_dir)],
+            [sys.executable, "-m", "privpipe.pipelines.cli", "demo", "--output", str(run_dir)],
             check=True,
             cwd=ROOT,
         )

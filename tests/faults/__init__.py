@@ -6,8 +6,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.output import KILL_ENV, RunOutput
 from privpipe.errors import PrivpipeError
+from privpipe.pipelines.output import KILL_ENV, RunOutput
 
 FILES = ("manifest.json", "report.md", "audit.json")
 
