@@ -991,6 +991,12 @@ class OutputConfig(_Model):
         "deleted at the end) is created; must be visible to every Beam worker. Default: "
         "the system temp folder. Never inside output.dir's public/ or internal/.",
     )
+    world_readable: bool = Field(
+        default=False,
+        description="public/ readable by every user of the machine (mode 0755); by default "
+        "0750: the owner and group only, until the operator hands the publication out. "
+        "internal/, the ledger and the scratch folder are never world-readable.",
+    )
 
 
 # -------------------------------------------------------------------------- config

@@ -239,9 +239,11 @@ class RunOutput:
         run_id: str,
         source: str = "output.dir",
         work_dir: Path | None = None,
+        world_readable: bool = False,
     ) -> None:
         self.out_dir = out_dir
         self.run_id = run_id
+        self.world_readable = world_readable  # output.world_readable: public/ 0755, not 0750
         self._lock: IO[str] | None = None
         self._dir_lock: int | None = None
         self._work_lock: IO[str] | None = None
@@ -336,7 +338,9 @@ class RunOutput:
         missing = sorted(n for n in chosen if not (self.public / n).is_dir())
         if missing:
             raise OutputError(f"publish: release(s) {missing} were not produced by this run")
-        os.chmod(self.public, 0o755)  # public/ is meant to be read; internal/ stays 0700
+        # public/ is for the operator to hand out: group-readable, world-readable only with
+        # output.world_readable; internal/ stays 0700
+        os.chmod(self.public, 0o755 if self.world_readable else 0o750)
 
     def commit(self) -> list[str]:
         """Swap the staged public/ and internal/ into the output folder."""

@@ -405,7 +405,12 @@ def _run(
     options = pipeline_options(beam_args, runner)
     runner_name = str(options.view_as(StandardOptions).runner)
     work_dir = plan.config.output.work_dir
-    out = RunOutput(plan.output_dir, run_id, work_dir=plan.resolve(work_dir) if work_dir else None)
+    out = RunOutput(
+        plan.output_dir,
+        run_id,
+        work_dir=plan.resolve(work_dir) if work_dir else None,
+        world_readable=plan.config.output.world_readable,
+    )
     for note in out.notes:  # what recovery after a killed run did (faults)
         log(note)
     try:

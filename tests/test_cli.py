@@ -428,3 +428,24 @@ def test_select_releases_keeps_sweeps_and_publish_semantics() -> None:
     assert select_releases(single, ["a"], "x.yaml")["publish"] == ["a"]
     with pytest.raises(ConfigError, match="did you mean 'c'"):
         select_releases(data, ["cc"], "x.yaml")
+
+
+def test_outputs_are_not_world_readable_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """public/ 0750 (0755 only with output.world_readable), internal/ 0700, ledger 0600."""
+    import stat
+
+    config, cfg = dp_project(tmp_path)
+    assert run_cli(["run", str(config)], capsys)[0] == 0
+    out = tmp_path / "out"
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    assert mode(out / "public") == 0o750 and mode(out / "internal") == 0o700
+    assert mode(tmp_path / "ledger.sqlite") == 0o600
+    cfg["output"]["world_readable"] = True
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert run_cli(["run", str(config), "--only", "k2"], capsys)[0] == 0  # no DP spend again
+    assert mode(out / "public") == 0o755 and mode(out / "internal") == 0o700
