@@ -181,7 +181,8 @@ def static_problems(cfg: PrivpipeConfig, loaded: Mapping[str, Hierarchy]) -> lis
         key = f"hierarchies.{col}.{hc.kind}"
         declared = types.get(col)
         if (hc.mask is not None or hc.prefix is not None) and declared == "float":
-            out.append(f"{key}: works on codes as text, but schema.types.{col} is float; "
+            verb = "masks" if hc.mask is not None else "cuts prefixes of"
+            out.append(f"{key}: {verb} codes as text, but schema.types.{col} is float; "
                        f"declare it string (or integer) or use intervals")  # fmt: skip
         if hc.dates is not None and declared in ("integer", "float"):
             out.append(f"{key}: needs dates as text in format {hc.dates.format!r}, but "

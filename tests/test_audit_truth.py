@@ -247,7 +247,7 @@ def test_a_run_stages_each_tables_published_counts_and_the_audit_reads_only_thos
         raise AssertionError("a published table was read whole: its counts were not staged")
 
     monkeypatch.setattr(RunOutput, "_drop_work", keep)
-    monkeypatch.setattr("reports.run.count_rows", refuse)
+    monkeypatch.setattr("privpipe.reports.run.count_rows", refuse)
     releases = [
         {"name": "k5", "kind": "k_anonymity", "k": 5, "suppression_limit": 0.05},
         {"name": "l2", "kind": "l_diversity", "k": 2, "l": 2, "suppression_limit": 0.05},

@@ -497,7 +497,7 @@ def test_a_full_ledger_disk_is_an_io_error_naming_the_ledger(
 
     _cfg(project, releases=[DP_SEX], budget={"ledger": "ledger.sqlite", "lifetime_epsilon": 10})
     provision_ledger(project.config)
-    monkeypatch.setattr("pipelines.run.open_ledger", full)
+    monkeypatch.setattr("privpipe.pipelines.run.open_ledger", full)
     code = main(["run", str(project.config)])
     err = capsys.readouterr().err
     assert code == 1, err
@@ -513,7 +513,7 @@ def test_a_full_disk_is_an_io_error_naming_the_path(
     def full(*_: Any, **__: Any) -> Any:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
 
-    monkeypatch.setattr("pipelines.run.RunOutput", full)
+    monkeypatch.setattr("privpipe.pipelines.run.RunOutput", full)
     code = main(["run", str(project.config)])
     err = capsys.readouterr().err
     assert code == 1, err
@@ -533,7 +533,7 @@ def test_an_input_changed_during_the_run_says_so(
             f.write("10;47677;31;Male;Flu\n")
         raise InputDataError("column 'zip': value '47677' is not in hierarchies.zip")
 
-    monkeypatch.setattr("pipelines.run.build_graph", grow_then_fail)
+    monkeypatch.setattr("privpipe.pipelines.run.build_graph", grow_then_fail)
     code = main(["run", str(project.config)])
     err = capsys.readouterr().err
     assert code == 3, err
