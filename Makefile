@@ -41,7 +41,7 @@ run: $(STAMP) pyc
 ## make test: set up .venv with dev extras, lint, run the whole test suite
 test: $(DEVSTAMP)
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=12
 
 lint: $(DEVSTAMP)
 	$(VENV)/bin/ruff check .
