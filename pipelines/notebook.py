@@ -16,7 +16,6 @@ import re
 from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -32,7 +31,7 @@ from privpipe.pipelines.config import DP_KINDS, NAME_PATTERN, validate_config
 from privpipe.pipelines.dp_release import coarsen_for, dp_spec, sampler
 from privpipe.pipelines.hierarchies import HierarchyLabeler
 from privpipe.pipelines.output import new_run_id
-from privpipe.pipelines.plan import Plan, load_static_hierarchy
+from privpipe.pipelines.plan import Plan, with_static_hierarchies
 
 
 class BudgetSession:
@@ -178,13 +177,7 @@ class BudgetSession:
             input_format="csv",
             output_dir=Path("notebook-out"),
         )
-        loaded = {}
-        for col, h in cfg.hierarchies.items():
-            static = load_static_hierarchy(plan, col, h)
-            if static is not None:
-                loaded[col] = static
-        plan = Plan(**{**plan.__dict__, "hierarchies": MappingProxyType(loaded)})
-        return plan, cfg.releases[0]
+        return with_static_hierarchies(plan), cfg.releases[0]
 
     def _charge(self, name: str, cost: ApproxBudget) -> None:
         if self._ledger is not None:

@@ -329,10 +329,10 @@ def load_plan(
         period_override=period_override,
         only=tuple(only) if only is not None else None,
     )
-    return _with_static_hierarchies(plan)
+    return with_static_hierarchies(plan)
 
 
-def _with_static_hierarchies(plan: Plan) -> Plan:
+def with_static_hierarchies(plan: Plan) -> Plan:
     """Load the hierarchies that need no data: ARX files and explicit groupings."""
     loaded: dict[str, Hierarchy] = {}
     for col, h in plan.config.hierarchies.items():

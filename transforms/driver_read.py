@@ -18,13 +18,13 @@ from apache_beam.pvalue import TaggedOutput
 from privpipe.transforms.io import (
     REJECTED_COLUMNS,
     InputSpec,
-    ParquetSplit,
     TextSplit,
     _CountNewlinesFn,
     _inspect,
     _ReadParquetSplitFn,
     _ReadTextSplitFn,
     _text_splits,
+    parquet_splits,
 )
 
 
@@ -63,13 +63,7 @@ class DriverRead:
         columns, infos = _inspect(self.spec)
         if self.spec.format == "parquet":
             pq_fn = _ReadParquetSplitFn(self.spec, columns)
-            groups: list[ParquetSplit] = []
-            for info in infos:
-                before = 0
-                for g, n in enumerate(info.row_groups):
-                    if n:
-                        groups.append((info.path, g, before))
-                    before += n
+            groups = parquet_splits(infos)
             outputs = (out for split in groups for out in pq_fn.process(split))
         else:
             text_fn = _ReadTextSplitFn(self.spec, columns)

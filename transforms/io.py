@@ -549,6 +549,18 @@ def _inspect_parquet_file(path: str) -> _FileInfo:
     return _FileInfo(path, size, tuple(schema.names), sum(groups) > 0, groups)
 
 
+def parquet_splits(infos: list[_FileInfo]) -> list[ParquetSplit]:
+    """One split per non-empty row group: (file, group, rows of the file before it)."""
+    groups: list[ParquetSplit] = []
+    for info in infos:
+        before = 0
+        for g, rows in enumerate(info.row_groups):
+            if rows:
+                groups.append((info.path, g, before))
+            before += rows
+    return groups
+
+
 def _inspect(spec: InputSpec) -> tuple[tuple[str, ...], list[_FileInfo]]:
     """Inspect every file (driver side, cheap) and return the columns and per-file facts."""
     if spec.format == "parquet":
@@ -1496,13 +1508,7 @@ class ReadMicrodata(beam.PTransform[PBegin, dict[str, PCollection[Any]]]):
         spec = self.spec
         columns, infos = _inspect(spec)
         if spec.format == "parquet":
-            groups: list[ParquetSplit] = []
-            for info in infos:
-                before = 0
-                for g, rows in enumerate(info.row_groups):
-                    if rows:
-                        groups.append((info.path, g, before))
-                    before += rows
+            groups = parquet_splits(infos)
             parse_fn: beam.DoFn = TimedDoFn("read", _ReadParquetSplitFn(spec, columns))
             parsed = _distributed(pbegin, groups) | "Parse" >> beam.ParDo(parse_fn).with_outputs(  # type: ignore[no-untyped-call]
                 _REJECTED, main=_BATCHES
