@@ -38,7 +38,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from privpipe.anonymity.arrays import unique_first_inverse
-from privpipe.anonymity.hierarchy import Hierarchy, canonical_scalar
+from privpipe.anonymity.hierarchy import Hierarchy, canonical_factorize, canonical_scalar
 from privpipe.errors import ConfigError, InputDataError
 
 __all__ = ["Hierarchies", "Summary", "group_rows", "resolve_hierarchies", "unit_hashes"]
@@ -500,17 +500,20 @@ def unit_hashes(column: pd.Series, name: str) -> IntArray:
     column holds such hashes already (``FrequencyTable(hashed=...)``) and is taken as is."""
     if column.dtype == np.uint64:
         return np.ascontiguousarray(column.to_numpy()).view(np.int64)
-    codes, uniques = pd.factorize(column, use_na_sentinel=True)
-    codes = np.asarray(codes, dtype=np.int64)
-    strings = [canonical_scalar(v) for v in np.asarray(uniques, dtype=object)]
-    empty = [i for i, v in enumerate(strings) if v == ""]
-    n_missing = int((codes < 0).sum()) + sum(int((codes == i).sum()) for i in empty)
+    if pd.api.types.infer_dtype(column, skipna=True) in ("string", "integer", "empty"):
+        codes, strings = canonical_factorize(column)  # in C: the same strings, no loop
+    else:  # floats, mixed: Python's repr per distinct id, as always (no hash may change)
+        codes, uniques = pd.factorize(column, use_na_sentinel=True)
+        codes = np.asarray(codes, dtype=np.int64)
+        strings = np.array([canonical_scalar(v) for v in np.asarray(uniques, dtype=object)])
+    empty = np.flatnonzero(strings == "")
+    n_missing = int((codes < 0).sum()) + (int(np.isin(codes, empty).sum()) if empty.size else 0)
     if n_missing:
         raise InputDataError(
             f"column {name!r} (schema.privacy_unit): {n_missing} rows without a person id; "
             "every row needs one (fill or drop them)"
         )
-    hashed = pd.util.hash_array(np.array(strings, dtype=object), categorize=False)
+    hashed = pd.util.hash_array(np.asarray(strings, dtype=object), categorize=False)
     units: IntArray = np.asarray(hashed, dtype=np.uint64).view(np.int64)[codes]
     return units
 

@@ -113,3 +113,47 @@ def test_hashed_person_ids_count_persons_as_the_strings_do(seed: int, n: int, st
         for table in (plain, hashed_table)
     ]
     assert verdicts[0] == verdicts[1]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-50, 50), max_size=200),
+        max_size=40,
+    )
+)
+def test_hash_dictionary_codes_follow_first_appearance(batches: list[list[int]]) -> None:
+    """The person-hash dictionary (sorted runs merged like a binary counter) gives each
+    value the code a plain dict in order of first appearance would."""
+    from privpipe.transforms.anonymize import _HashDictionary
+
+    d, reference = _HashDictionary(), {}
+    for batch in batches:
+        distinct = list(dict.fromkeys(batch))  # encode takes distinct values, any order
+        codes = d.encode(np.array(distinct, dtype=np.int64))
+        for value in distinct:
+            reference.setdefault(value, len(reference))
+        assert codes.tolist() == [reference[v] for v in distinct]
+    assert len(d) == len(reference)
+    assert d.to_numpy().tolist() == list(reference)
+
+
+def test_unit_hashes_are_the_canonical_strings_hashes() -> None:
+    """Vectorised for strings and integers, per value otherwise: the same hash as the
+    canonical string's, so a person's hash never depends on the column's dtype path."""
+    from privpipe.anonymity.hierarchy import canonical_scalar
+    from privpipe.anonymity.summary import unit_hashes
+
+    columns = [
+        pd.Series(["p1", "p2", "p1"], dtype="str"),
+        pd.Series(["p1", "p2", "p1"], dtype=object),
+        pd.Series([7, 12, 7]),
+        pd.Series([7.0, 12.5, 1e300]),
+        pd.Series(["7", 7, 7.0], dtype=object),
+        pd.Series(["a", "b"], dtype="category"),
+    ]
+    for column in columns:
+        strings = np.array([canonical_scalar(v) for v in column], dtype=object)
+        expected = pd.util.hash_array(strings, categorize=False).view(np.int64)
+        np.testing.assert_array_equal(unit_hashes(column, "pid"), expected)
+    assert unit_hashes(columns[4], "pid").tolist().count(unit_hashes(columns[2], "pid")[0]) == 3
