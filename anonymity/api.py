@@ -161,9 +161,9 @@ def input_sa_distribution(summary: Summary) -> dict[str, float] | None:
     counts = summary.sa_counts()
     if summary.unit_codes is not None:
         assert summary.sa_codes is not None
-        pairs = pd.DataFrame({"sa": summary.sa_codes, "unit": summary.unit_codes})
-        persons = pairs.drop_duplicates()["sa"].to_numpy(np.int64)
-        counts = np.bincount(persons, minlength=summary.sa_domain).astype(np.int64)
+        n_units, units = summary.dense_units()
+        pairs = sorted_unique(summary.sa_codes * n_units + units)  # distinct (SA, person)
+        counts = np.bincount(pairs // n_units, minlength=summary.sa_domain).astype(np.int64)
     values = summary.sa_values
     names = [str(v) for v in values] if values is not None else [str(i) for i in range(len(counts))]
     total = float(counts.sum())
@@ -192,20 +192,26 @@ def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     n_tuples, n_qi = recoding.labels.shape
     if n_tuples == 0 or summary.n_distinct == 0:
         return np.zeros(0, dtype=np.int64)
-    columns = [
-        np.asarray(pd.factorize(recoding.labels[:, j].astype(str))[0], dtype=np.int64)
-        for j in range(n_qi)
-    ]
+    columns = [_label_ids(recoding.labels[:, j]) for j in range(n_qi)]
     group, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
     rank = np.empty(first.shape[0], dtype=np.int64)  # classes in order of first tuple
     rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
     kept = ~np.asarray(recoding.suppressed, dtype=bool)[row]
     cls = rank[group][row][kept]
-    units, _ = pd.factorize(summary.unit_codes[kept])
-    n_units = max(int(units.max()) + 1, 1) if units.shape[0] else 1
-    pairs = sorted_unique(cls * n_units + np.asarray(units, dtype=np.int64))
+    n_units, dense = summary.dense_units()
+    n_units = max(n_units, 1)
+    pairs = sorted_unique(cls * n_units + dense[kept])
     sizes = np.bincount(pairs // n_units, minlength=first.shape[0])
     return np.asarray(sizes[sizes > 0], dtype=np.int64)
+
+
+def _label_ids(labels: npt.NDArray[Any]) -> IntArray:
+    """One id per distinct label *as a string* (``1`` and ``"1"`` are one class): the
+    distinct values first, then their strings (a string copy of every tuple's label took
+    seconds at 10M rows)."""
+    raw, uniques = pd.factorize(labels, use_na_sentinel=False)
+    ids = np.asarray(pd.factorize(np.asarray(uniques).astype(str))[0], dtype=np.int64)
+    return ids[np.asarray(raw, dtype=np.int64)]
 
 
 def _tuple_of_rows(summary: Summary, tuples: IntArray) -> IntArray:

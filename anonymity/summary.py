@@ -150,6 +150,9 @@ class Summary:
     qi_domains: tuple[int, ...] = ()
     unit_codes: IntArray | None = None
     n_records: int = field(init=False)
+    _dense_units: tuple[int, IntArray] | None = field(
+        init=False, default=None, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         names = tuple(self.qi_names)
@@ -231,7 +234,19 @@ class Summary:
         """Distinct privacy units (persons); the number of records without units."""
         if self.unit_codes is None:
             return self.n_records
-        return int(np.unique(self.unit_codes).shape[0])
+        return self.dense_units()[0]
+
+    def dense_units(self) -> tuple[int, IntArray]:
+        """The number of distinct units and each row's unit as a dense id (the rank of its
+        hash), computed once: every person count of the planning starts from it."""
+        if self.unit_codes is None:
+            raise ValueError("this summary has no privacy unit")
+        if self._dense_units is None:
+            distinct, _, dense = unique_first_inverse(self.unit_codes)
+            ids = _readonly(dense.ravel().astype(np.int64, copy=False))
+            object.__setattr__(self, "_dense_units", (int(distinct.shape[0]), ids))
+        assert self._dense_units is not None
+        return self._dense_units
 
     def sa_counts(self) -> IntArray:
         """Records per SA code over the whole table (length ``sa_domain``)."""

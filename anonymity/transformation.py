@@ -378,6 +378,17 @@ class Evaluator:
     of the whole table D (the global distribution p of t-closeness).
     """
 
+    _UNIT_ARRAYS = (
+        "n_units",
+        "units",
+        "_single",
+        "_first",
+        "_multi",
+        "_single_rows",
+        "_first_rows",
+    )
+    """What ``without_sa`` shares: the person arrays depend on the rows, not on the SA."""
+
     def __init__(
         self,
         summary: Summary,
@@ -386,6 +397,7 @@ class Evaluator:
         use_sa: bool = True,
         packed: bool = True,
         _shared: tuple[QIArrays, ...] | None = None,
+        _units_of: Evaluator | None = None,
     ) -> None:
         self.summary = summary
         self.hierarchies = resolve_hierarchies(summary.qi_names, hierarchies)
@@ -457,13 +469,16 @@ class Evaluator:
         self._first_rows: IntArray = np.zeros(0, dtype=np.int64)  # where _first is 1
         self.n_units = summary.n_records
         self.unit_sa_distribution: FloatArray | None = None
-        if summary.unit_codes is not None:
-            distinct, dense = np.unique(summary.unit_codes, return_inverse=True)
-            self.n_units = max(int(distinct.shape[0]), 1)
+        if _units_of is not None:  # the same summary's person arrays (``without_sa``)
+            for name in self._UNIT_ARRAYS:
+                setattr(self, name, getattr(_units_of, name))
+        elif summary.unit_codes is not None:
+            n_units, dense = summary.dense_units()
+            self.n_units = max(n_units, 1)
             # one record per person (persons == records): every count is already in
             # persons, so the classes are their own person view (no recount per node)
             if self.n_units < summary.n_records:
-                self.units = dense.ravel().astype(np.int64)
+                self.units = dense
                 tuple_of_row, _ = self.qi_tuples()
                 n_tuples = int(tuple_of_row.max()) + 1
                 _, unit_tuples = group_rows([self.units, tuple_of_row], [self.n_units, n_tuples])
@@ -478,7 +493,7 @@ class Evaluator:
                 self._single_rows = np.flatnonzero(self._single).astype(np.int64)
                 self._first_rows = np.flatnonzero(self._first).astype(np.int64)
             if self.units is not None and self.use_sa:
-                pairs = np.unique(self._row_sa * self.n_units + self.units)
+                pairs = sorted_unique(self._row_sa * self.n_units + self.units)
                 persons = np.bincount(pairs // self.n_units, minlength=self.sa_radix)
                 self.unit_sa_distribution = persons.astype(np.float64) / persons.sum()
 
@@ -525,7 +540,12 @@ class Evaluator:
         if not self.use_sa:
             return self
         return Evaluator(
-            self.summary, self.hierarchies, use_sa=False, packed=self.packed, _shared=self._qi
+            self.summary,
+            self.hierarchies,
+            use_sa=False,
+            packed=self.packed,
+            _shared=self._qi,
+            _units_of=self,
         )
 
     # ----------------------------------------------------------------- privacy units

@@ -95,24 +95,28 @@ class RecodeContext:
 def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver) -> ReleaseContext:
     """On one worker: complete the hierarchies, build the summary, search the recoding."""
     release_free_memory()  # the search peaks on top of whatever the reads left behind
-    value_counts = column_counts(freq)
+    unit = spec.unit_by
+    value_counts = column_counts(freq, skip=unit)  # no hierarchy is built for person ids
     hierarchies = resolver(value_counts)
     sa = spec.sensitive
     sa_hierarchy = hierarchies.get(sa) if sa and spec.distance == "hierarchical" else None
     records = int(freq[COUNT].sum())
     sa_counts = value_counts[sa] if sa else None
-    unit = spec.unit_by
-    persons = records if unit is None else int(value_counts[unit].shape[0])
-    spec.check_feasible(persons, None if sa_counts is None else int((sa_counts > 0).sum()))
+    distinct_sa = None if sa_counts is None else int((sa_counts > 0).sum())
+    if unit is None:
+        spec.check_feasible(records, distinct_sa)
     qi_h = {q: hierarchies[q] for q in spec.qis}
     summary = Summary.from_frame(freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit)
+    if unit is not None:  # persons: the summary's dense ids (counted once for the planning)
+        spec.check_feasible(summary.n_units, distinct_sa)
     plan = plan_recoding(summary, spec, qi_h, sa_hierarchy)
     return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
 
 
-def column_counts(freq: pd.DataFrame) -> dict[str, pd.Series]:
-    """Records per value of every column of the frequency table (what resolvers take)."""
-    return {c: _value_counts(freq[c], freq[COUNT]) for c in freq.columns if c != COUNT}
+def column_counts(freq: pd.DataFrame, skip: str | None = None) -> dict[str, pd.Series]:
+    """Records per value of every column of the frequency table but ``skip`` (what
+    resolvers take)."""
+    return {c: _value_counts(freq[c], freq[COUNT]) for c in freq.columns if c not in (COUNT, skip)}
 
 
 @dataclass(frozen=True)

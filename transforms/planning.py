@@ -109,7 +109,7 @@ def plan_releases(
     cores = available_cores() if cores is None else max(1, cores)
     processes = min(cores, len(specs)) - 1
     if len(specs) > 1:  # the same answer for every release: resolved once, shipped as data
-        resolver = Resolved(resolver(column_counts(freq)))
+        resolver = Resolved(resolver(column_counts(freq, skip=specs[0].unit_by)))
     if processes <= 0:
         return {str(s.name): plan_one(freq, s, resolver, slim) for s in specs}
     order = sorted(range(len(specs)), key=lambda i: (-expected_effort(specs[i]), i))
