@@ -16,6 +16,7 @@ BENCHMARKS = [
     "bench_dp.py",
     "bench_local_dp.py",
     "bench_demo.py",
+    "bench_dask.py",  # DirectRunner against Dask with 1 and 2 workers (privpipe[dask])
 ]
 
 
