@@ -235,10 +235,15 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
         return acc
 
     def merge_accumulators(self, accs: Iterable[_Partial]) -> _Partial:
-        """Merge as the partials stream in (amortised), never holding all at once."""
+        """Merge as the partials stream in (amortised), never holding all at once, into
+        the first one (Beam lets a CombineFn modify and return its first accumulator: its
+        dictionaries are kept, not encoded again)."""
         release_free_memory()
-        out = self.create_accumulator()
-        for acc in accs:
+        stream = iter(accs)
+        out = next(stream, None)
+        if out is None:
+            return self.create_accumulator()
+        for acc in stream:
             mappings = [out.encode(j, v) for j, v in enumerate(acc.values)]
             for codes, counts in zip(acc.codes, acc.counts, strict=True):
                 remapped = np.empty_like(codes)
