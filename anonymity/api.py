@@ -160,10 +160,7 @@ def input_sa_distribution(summary: Summary) -> dict[str, float] | None:
         return None
     counts = summary.sa_counts()
     if summary.unit_codes is not None:
-        assert summary.sa_codes is not None
-        n_units, units = summary.dense_units()
-        pairs = sorted_unique(summary.sa_codes * n_units + units)  # distinct (SA, person)
-        counts = np.bincount(pairs // n_units, minlength=summary.sa_domain).astype(np.int64)
+        counts = summary.sa_unit_counts()
     values = summary.sa_values
     names = [str(v) for v in values] if values is not None else [str(i) for i in range(len(counts))]
     total = float(counts.sum())
@@ -198,9 +195,9 @@ def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
     kept = ~np.asarray(recoding.suppressed, dtype=bool)[row]
     cls = rank[group][row][kept]
-    n_units, dense = summary.dense_units()
-    n_units = max(n_units, 1)
-    pairs = sorted_unique(cls * n_units + dense[kept])
+    units = summary.dense_units()
+    n_units = max(units.n_units, 1)
+    pairs = sorted_unique(cls * n_units + units.ids[kept])
     sizes = np.bincount(pairs // n_units, minlength=first.shape[0])
     return np.asarray(sizes[sizes > 0], dtype=np.int64)
 

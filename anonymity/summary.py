@@ -31,13 +31,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias, cast
+from typing import Any, Final, NamedTuple, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.anonymity.arrays import unique_first_inverse
+from privpipe.anonymity.arrays import sorted_unique, unique_first_inverse
 from privpipe.anonymity.hierarchy import Hierarchy, canonical_factorize, canonical_scalar
 from privpipe.errors import ConfigError, InputDataError
 
@@ -47,6 +47,18 @@ IntArray: TypeAlias = npt.NDArray[np.int64]
 ObjArray: TypeAlias = npt.NDArray[np.object_]
 Hierarchies: TypeAlias = Mapping[str, Hierarchy] | Sequence[Hierarchy]
 """Hierarchies by QI name, or a sequence aligned with the QI names."""
+
+
+class DenseUnits(NamedTuple):
+    """The privacy units of a summary, counted once (``Summary.dense_units``)."""
+
+    n_units: int
+    """Distinct units (persons)."""
+    ids: IntArray
+    """Each summary row's unit as a dense id 0..n_units-1 (the rank of its hash)."""
+    first_rows: IntArray
+    """The first summary row of each unit, by dense id."""
+
 
 _KEY_LIMIT: Final = 1 << 62  # packed keys stay below this (int64 with room to spare)
 _EXAMPLES: Final = 5
@@ -150,9 +162,8 @@ class Summary:
     qi_domains: tuple[int, ...] = ()
     unit_codes: IntArray | None = None
     n_records: int = field(init=False)
-    _dense_units: tuple[int, IntArray] | None = field(
-        init=False, default=None, repr=False, compare=False
-    )
+    _dense_units: DenseUnits | None = field(init=False, default=None, repr=False, compare=False)
+    _sa_units: IntArray | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = tuple(self.qi_names)
@@ -234,19 +245,37 @@ class Summary:
         """Distinct privacy units (persons); the number of records without units."""
         if self.unit_codes is None:
             return self.n_records
-        return self.dense_units()[0]
+        return self.dense_units().n_units
 
-    def dense_units(self) -> tuple[int, IntArray]:
-        """The number of distinct units and each row's unit as a dense id (the rank of its
-        hash), computed once: every person count of the planning starts from it."""
+    def dense_units(self) -> DenseUnits:
+        """The units as dense ids, computed once (one sort of the unit hashes): every
+        person count of the planning starts from it."""
         if self.unit_codes is None:
             raise ValueError("this summary has no privacy unit")
         if self._dense_units is None:
-            distinct, _, dense = unique_first_inverse(self.unit_codes)
-            ids = _readonly(dense.ravel().astype(np.int64, copy=False))
-            object.__setattr__(self, "_dense_units", (int(distinct.shape[0]), ids))
+            distinct, first, dense = unique_first_inverse(self.unit_codes)
+            units = DenseUnits(
+                int(distinct.shape[0]),
+                _readonly(dense.ravel().astype(np.int64, copy=False)),
+                _readonly(first.astype(np.int64, copy=False)),
+            )
+            object.__setattr__(self, "_dense_units", units)
         assert self._dense_units is not None
         return self._dense_units
+
+    def sa_unit_counts(self) -> IntArray:
+        """Distinct units per SA code (length ``sa_domain``), computed once: the person
+        view of ``sa_counts`` (the p of person-level t-closeness)."""
+        if self.sa_codes is None or self.unit_codes is None:
+            raise ValueError("this summary has no sensitive attribute or no privacy unit")
+        if self._sa_units is None:
+            units = self.dense_units()
+            n = max(units.n_units, 1)
+            pairs = sorted_unique(self.sa_codes * n + units.ids)  # distinct (SA, unit)
+            counts = np.bincount(pairs // n, minlength=self.sa_domain).astype(np.int64)
+            object.__setattr__(self, "_sa_units", _readonly(counts))
+        assert self._sa_units is not None
+        return self._sa_units
 
     def sa_counts(self) -> IntArray:
         """Records per SA code over the whole table (length ``sa_domain``)."""

@@ -57,7 +57,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.anonymity.arrays import sorted_unique, unique_first_inverse
+from privpipe.anonymity.arrays import sorted_unique
 from privpipe.anonymity.bases import (
     Base,
     code_dtype,
@@ -473,28 +473,26 @@ class Evaluator:
             for name in self._UNIT_ARRAYS:
                 setattr(self, name, getattr(_units_of, name))
         elif summary.unit_codes is not None:
-            n_units, dense = summary.dense_units()
-            self.n_units = max(n_units, 1)
+            dense = summary.dense_units()
+            self.n_units = max(dense.n_units, 1)
             # one record per person (persons == records): every count is already in
             # persons, so the classes are their own person view (no recount per node)
             if self.n_units < summary.n_records:
-                self.units = dense
+                self.units = dense.ids
                 tuple_of_row, _ = self.qi_tuples()
                 n_tuples = int(tuple_of_row.max()) + 1
                 _, unit_tuples = group_rows([self.units, tuple_of_row], [self.n_units, n_tuples])
                 tuples_per_unit = np.bincount(self.units[unit_tuples], minlength=self.n_units)
                 single = tuples_per_unit[self.units] == 1
-                _, first_rows = unique_first_inverse(self.units)[:2]
                 first = np.zeros(summary.n_distinct, dtype=np.int64)
-                first[first_rows] = 1
+                first[dense.first_rows] = 1
                 self._single = single.astype(np.int64)
                 self._first = first * self._single
                 self._multi = np.flatnonzero(~single).astype(np.int64)
                 self._single_rows = np.flatnonzero(self._single).astype(np.int64)
                 self._first_rows = np.flatnonzero(self._first).astype(np.int64)
             if self.units is not None and self.use_sa:
-                pairs = sorted_unique(self._row_sa * self.n_units + self.units)
-                persons = np.bincount(pairs // self.n_units, minlength=self.sa_radix)
+                persons = summary.sa_unit_counts()
                 self.unit_sa_distribution = persons.astype(np.float64) / persons.sum()
 
     def __repr__(self) -> str:

@@ -66,12 +66,12 @@ def test_nothing_imports_the_old_top_level_names() -> None:
 
 @pytest.mark.slow
 def test_wheel_holds_only_the_privpipe_namespace(tmp_path: Path) -> None:
-    leftover = not (ROOT / "build").exists()  # setuptools builds in the source tree
+    made_here = not (ROOT / "build").exists()  # setuptools builds in the source tree
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(tmp_path)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
-    if leftover:
+    if made_here:
         shutil.rmtree(ROOT / "build", ignore_errors=True)
     assert build.returncode == 0, build.stderr
     warnings = [ln for ln in build.stderr.splitlines() if "Warning" in ln]

@@ -90,13 +90,12 @@ class _HashDictionary:
             found[hit] = run_codes[at[hit]]
         fresh = np.flatnonzero(found < 0)  # ascending ranks: the new values, sorted
         if fresh.size:
-            first_seen = np.sort(order[fresh])  # codes follow the order of ``values``
+            at = order[fresh]  # the new values' positions in ``values``
+            by_position = np.argsort(at, kind="stable")  # codes follow the order of ``values``
             new_codes = np.empty(fresh.size, dtype=np.int64)
-            new_codes[np.argsort(order[fresh], kind="stable")] = np.arange(
-                self._n, self._n + fresh.size, dtype=np.int64
-            )
+            new_codes[by_position] = np.arange(self._n, self._n + fresh.size, dtype=np.int64)
             found[fresh] = new_codes
-            self._append(values[first_seen])
+            self._append(values[at[by_position]])
             self._runs.append((ranked[fresh], new_codes))
             while len(self._runs) > 1 and 2 * self._runs[-1][0].size >= self._runs[-2][0].size:
                 (k1, c1), (k2, c2) = self._runs[-2], self._runs.pop()

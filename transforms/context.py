@@ -101,15 +101,9 @@ def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver
     sa = spec.sensitive
     sa_hierarchy = hierarchies.get(sa) if sa and spec.distance == "hierarchical" else None
     records = int(freq[COUNT].sum())
-    sa_counts = value_counts[sa] if sa else None
-    distinct_sa = None if sa_counts is None else int((sa_counts > 0).sum())
-    if unit is None:
-        spec.check_feasible(records, distinct_sa)
     qi_h = {q: hierarchies[q] for q in spec.qis}
     summary = Summary.from_frame(freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit)
-    if unit is not None:  # persons: the summary's dense ids (counted once for the planning)
-        spec.check_feasible(summary.n_units, distinct_sa)
-    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy)
+    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy)  # refuses k > persons etc. first
     return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
 
 
