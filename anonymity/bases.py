@@ -6,7 +6,12 @@ through the one or two QIs with the most values (zip codes, ages): generalised t
 coarser levels of those QIs, they collapse to far fewer rows. A ``Base`` is the summary
 regrouped at such levels (every other QI at level 0) with the weights that counting
 needs, summed per row; a node whose levels are at or above the base's is counted from
-the base's rows instead of the summary's, with the same classes:
+the base's rows instead of the summary's, with the same classes. With privacy units the
+root base (every QI at level 0) is itself such a regrouping: the summary's (QI, SA,
+person) rows with the simple persons merged per (QI tuple, SA) (6.8M rows become 4.0M
+at 10M demo rows).
+
+What a base's rows carry:
 
 - rows of persons whose rows all share one QI tuple ("simple" persons, or every row
   without privacy units) are merged per (QI labels, SA) cell: record counts, single

@@ -58,6 +58,11 @@ def test_classes_from_any_base_equal_classes_from_the_summary(
         patch.setattr(transformation, "BASE_GAIN", 1.0)  # keep every base, even small ones
         ev = Evaluator(summary, hier, use_sa=use_sa)
         reference = {node: _from_summary(ev, node) for node in nodes}
+        root = ev._root()  # with persons: simple persons merged per (QI tuple, SA)
+        assert (root is not ev._base_of_summary()) == with_units
+        for node in nodes:
+            _same(ev._count(root, node), reference[node])
+            _same(ev.in_units(ev._count(root, node)), ev.in_units(reference[node]))
         for node in order:  # bases built in a random order, each from the best one below
             _same(ev.classes(node), reference[node])
         built = dict(ev._bases)
@@ -201,7 +206,7 @@ def test_jointly_coded_rows_have_the_codes_of_the_per_qi_sum(use_sa: bool) -> No
         for node in nodes:
             _same(ev.classes(node), plain.classes(node))
             _same(ev.in_units(ev.classes(node)), plain.in_units(plain.classes(node)))
-    kept = [ev._base_of_summary(), *ev._bases.values()]
+    kept = [ev._root(), *ev._bases.values()]
     assert ev._bases and all(base.joint and base.packed for base in kept)
     summary_base = ev._base_of_summary()
     for node in nodes:
@@ -219,3 +224,46 @@ def test_jointly_coded_rows_have_the_codes_of_the_per_qi_sum(use_sa: bool) -> No
                 want, want_radices, want_space = plain._codes(base, node)
                 np.testing.assert_array_equal(codes, want)
                 assert (radices, space) == (want_radices, want_space)
+
+
+def _repeat_visits(seed: int) -> tuple[pd.DataFrame, dict[str, Hierarchy]]:
+    """The demo's shape: most persons visit several times with the same QIs and several
+    diagnoses (simple persons with several SA values), a few move (spanning persons)."""
+    rng = np.random.default_rng(seed)
+    sizes = {"zip": 6, "age": 5, "sex": 2}
+    hier = {}
+    for q, size in sizes.items():
+        first = {f"{q}{i}": f"{q}g{i // 2}" for i in range(size)}
+        hier[q] = build_grouping(q, [first, dict.fromkeys(set(first.values()), "*")])
+    rows: list[dict[str, str]] = []
+    for p in range(150):
+        qis = {q: f"{q}{rng.integers(0, size)}" for q, size in sizes.items()}
+        for _ in range(int(rng.integers(1, 5))):
+            if p % 10 == 0:  # every tenth person moves between visits
+                qis = {**qis, "zip": f"zip{rng.integers(0, sizes['zip'])}"}
+            rows.append({**qis, "S": f"s{rng.integers(0, 3)}", "P": f"p{p}"})
+    return pd.DataFrame(rows), hier
+
+
+@pytest.mark.parametrize("use_sa", [True, False])
+def test_the_root_merges_simple_persons_and_counts_as_the_summary_rows(use_sa: bool) -> None:
+    """With repeat visits the root base has fewer rows than the summary (simple persons
+    merged per (QI tuple, SA)); every node counted from it equals the count from the
+    summary rows, records and persons, and persons equal a brute-force count."""
+    df, hier = _repeat_visits(3)
+    qis = ["zip", "age", "sex"]
+    summary = Summary.from_frame(df, qis, "S", hier, unit="P")
+    ev = Evaluator(summary, hier, use_sa=use_sa)
+    root, rows = ev._root(), ev._base_of_summary()
+    assert root is not rows and root.n_rows <= transformation.BASE_GAIN * rows.n_rows
+    assert root.multi.shape[0] > 0  # the persons who moved stay (cell, person) pairs
+    units = summary.unit_codes
+    assert units is not None
+    for node in _nodes(ev):
+        counted = ev._count(root, node)
+        _same(counted, _from_summary(ev, node))
+        view = ev.in_units(counted)
+        _same(view, ev.in_units(_from_summary(ev, node)))
+        row_class = ev.classes(node).row_classes()
+        for c in range(view.n_classes):
+            assert view.sizes[c] == np.unique(units[row_class == c]).shape[0]
