@@ -11,9 +11,12 @@ Measured: wall seconds; user+sys CPU seconds of the whole process tree (less dis
 other work on a shared machine than wall); peak summed RSS of the tree; the CPU cores the
 tree used while the Beam pipeline ran (its CPU times sampled every 0.5 s); and the run's
 own stage timings (``manifest["timings"]``). Prints one JSON line; compare it with the
-recorded figures with ``benchmarks/regress.py`` (``make bench`` does both).
+recorded figures with ``benchmarks/regress.py`` (``make bench`` does both). ``--timeline
+FILE`` also writes the run's progress lines (every 10 s) and the tree's RSS and CPU
+samples, each with its elapsed seconds: which stage holds the memory at the peak.
 
-    python benchmarks/bench_demo.py [--rows 1000000] [--large] [--seed S] [--keep] [-- beam options]
+    python benchmarks/bench_demo.py [--rows 1000000] [--large] [--seed S] [--keep]
+        [--timeline FILE] [-- beam options]
 """
 
 from __future__ import annotations
@@ -91,11 +94,20 @@ def cores_between(samples: list[tuple[float, float]], start: float, end: float) 
     return round((_at(samples, end) - _at(samples, start)) / (end - start), 2)
 
 
-def run_demo(rows: int, seed: int, data: Path, out: Path, beam_args: list[str]) -> dict[str, Any]:
+def run_demo(
+    rows: int,
+    seed: int,
+    data: Path,
+    out: Path,
+    beam_args: list[str],
+    timeline: Path | None = None,
+) -> dict[str, Any]:
     """`privpipe demo --data` in a fresh process; its wall, CPU, peak RSS and cores."""
     privpipe = Path(sys.executable).parent / "privpipe"
     cmd = [str(privpipe), "demo", "--rows", str(rows), "--seed", str(seed)]
-    cmd += ["--output", str(out), "--data", str(data), *beam_args]
+    cmd += ["--output", str(out), "--data", str(data)]
+    cmd += [*(["--progress", "10"] if timeline else []), *beam_args]
+    log = timeline.open("w", encoding="utf-8") if timeline else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -106,6 +118,9 @@ def run_demo(rows: int, seed: int, data: Path, out: Path, beam_args: list[str]) 
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
+            if log is not None:
+                log.write(f"{time.perf_counter() - t0:9.1f} {line}")
+                log.flush()
             if not started and PIPELINE_STARTS in line:
                 started.append(time.perf_counter() - t0)
 
@@ -122,9 +137,14 @@ def run_demo(rows: int, seed: int, data: Path, out: Path, beam_args: list[str]) 
                     rss += p.memory_info().rss
             peak = max(peak, rss)
             samples.append((time.perf_counter() - t0, _tree_cpu(root)))
+            if log is not None and len(samples) % 10 == 0:
+                elapsed, cpu_now = samples[-1]
+                log.write(f"{elapsed:9.1f} # rss_mb={rss >> 20} cpu_s={cpu_now:.1f}\n")
         time.sleep(SAMPLE_S)
     wall = time.perf_counter() - t0
     thread.join()
+    if log is not None:
+        log.close()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
@@ -163,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large", action="store_true", help=f"{LARGE_ROWS:,} rows (slow)")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED, help="generator seed")
     ap.add_argument("--keep", action="store_true", help="keep the run's output folder")
+    ap.add_argument("--timeline", type=Path, help="write progress lines and RSS samples here")
     argv = list(sys.argv[1:] if argv is None else argv)
     beam_args = argv[argv.index("--") + 1 :] if "--" in argv else []  # after --: to Beam
     args, _ = ap.parse_known_args(argv[: argv.index("--")] if "--" in argv else argv)
@@ -174,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     data = demo_file(rows, args.seed)
     out = Path(tempfile.mkdtemp(prefix=f"demo-{rows}-", dir=cache_dir()))
     try:
-        figures = run_demo(rows, args.seed, data, out, beam_args)
+        figures = run_demo(rows, args.seed, data, out, beam_args, args.timeline)
     finally:
         if args.keep:
             print(f"# output kept in {out}", file=sys.stderr)
