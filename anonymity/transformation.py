@@ -1001,14 +1001,14 @@ class Evaluator:
         """The base with the fewest rows below ``node``. The base of ``node``'s levels of
         the base QIs is regrouped (once) from the best one there is, and kept when it
         has at most ``BASE_GAIN`` of its rows, within ``BASE_BYTES``."""
-        summary = self._root()
+        root = self._root()
         if not self._base_qis:
-            return summary
+            return root
         key = tuple(node[j] for j in self._base_qis)
         found = self._bases.get(key)
         if found is not None:
             return found
-        best = summary
+        best = root
         for levels, base in self._bases.items():
             if base.n_rows < best.n_rows and all(a <= b for a, b in zip(levels, key, strict=True)):
                 best = base
