@@ -968,33 +968,30 @@ class Evaluator:
             )
         return self._summary_base
 
+    def _regrouped(self, base: Base, levels: Node) -> Base | None:
+        """``base`` regrouped at ``levels`` (``bases.regroup``); None when its (cell,
+        person) pairs could not be packed in int64."""
+        if base.multi.shape[0] and base.n_rows * self.n_units >= _KEY_LIMIT:
+            return None
+        codes, radices, space = self._codes(base, levels)
+        dense_limit = max(DENSE_FACTOR * base.n_rows, 1 << 16)
+        return regroup(
+            base, levels, codes, space, radices, self.sa_radix, self.n_units, dense_limit
+        )
+
     def _root(self) -> Base:
         """The base every node can be counted from: with privacy units, the summary rows
         merged per (QI tuple, SA) for the simple persons (``anonymity.bases``; at 10M demo
         rows 6.8M (QI, SA, person) rows become 4.0M), when that saves at least
         ``1 - BASE_GAIN`` of them; else the summary rows themselves. Always kept."""
         if self._root_base is None:
-            summary = self._base_of_summary()
-            root = summary
-            fits = not summary.multi.shape[0] or summary.n_rows * self.n_units < _KEY_LIMIT
-            if self.summary.has_units and fits:
-                levels = (0,) * len(self._qi)
-                codes, radices, space = self._codes(summary, levels)
-                folded = regroup(
-                    summary,
-                    levels,
-                    codes,
-                    space,
-                    radices,
-                    self.sa_radix,
-                    self.n_units,
-                    max(DENSE_FACTOR * summary.n_rows, 1 << 16),
-                )
-                del codes
-                if folded.n_rows <= BASE_GAIN * summary.n_rows:
-                    root = folded
+            rows = self._base_of_summary()
+            self._root_base = rows
+            if self.summary.has_units:
+                merged = self._regrouped(rows, (0,) * len(self._qi))
+                if merged is not None and merged.n_rows <= BASE_GAIN * rows.n_rows:
+                    self._root_base = merged
                     self._summary_base = None  # its weights are not needed again
-            self._root_base = root
         return self._root_base
 
     def _base_for(self, node: Node) -> Base:
@@ -1014,22 +1011,12 @@ class Evaluator:
                 best = base
         if key in self._no_gain or not any(key):
             return best
-        if best.multi.shape[0] and best.n_rows * self.n_units >= _KEY_LIMIT:
-            return best  # its (cell, person) pairs could not be packed
         target = [0] * len(node)
         for j, level in zip(self._base_qis, key, strict=True):
             target[j] = level
-        codes, radices, space = self._codes(best, tuple(target))
-        built = regroup(
-            best,
-            tuple(target),
-            codes,
-            space,
-            radices,
-            self.sa_radix,
-            self.n_units,
-            max(DENSE_FACTOR * best.n_rows, 1 << 16),
-        )
+        built = self._regrouped(best, tuple(target))
+        if built is None:
+            return best  # its (cell, person) pairs could not be packed
         # kept only when it pays and fits (no eviction: a base evicted would be rebuilt)
         if built.n_rows > BASE_GAIN * best.n_rows or self._base_bytes + built.nbytes > BASE_BYTES:
             self._no_gain.add(key)
