@@ -36,10 +36,13 @@ from typing import Any, Final, NamedTuple, TypeAlias, cast
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from privpipe.anonymity.arrays import sorted_unique, unique_first_inverse
-from privpipe.anonymity.hierarchy import Hierarchy, canonical_factorize, canonical_scalar
+from privpipe.anonymity.hierarchy import Hierarchy, canonical_scalar
 from privpipe.errors import ConfigError, InputDataError
+from privpipe.hashing import string_hashes
 
 __all__ = ["Hierarchies", "Summary", "group_rows", "resolve_hierarchies", "unit_hashes"]
 
@@ -539,27 +542,38 @@ class Summary:
 
 
 def unit_hashes(column: pd.Series, name: str) -> IntArray:
-    """A 64-bit hash of each privacy-unit id (as its canonical string), the same in every
-    batch; a missing id is an InputDataError (every record needs its person). A ``uint64``
+    """A 64-bit hash of each privacy-unit id as its canonical string (``39.0`` is
+    ``"39"``; ``privpipe.hashing.string_hashes``), the same in every batch and step; a
+    missing or empty id is an InputDataError (every record needs its person). A ``uint64``
     column holds such hashes already (``FrequencyTable(hashed=...)``) and is taken as is."""
     if column.dtype == np.uint64:
         return np.ascontiguousarray(column.to_numpy()).view(np.int64)
-    if pd.api.types.infer_dtype(column, skipna=True) in ("string", "integer", "empty"):
-        codes, strings = canonical_factorize(column)  # in C: the same strings, no loop
-    else:  # floats, mixed: Python's repr per distinct id, as always (no hash may change)
-        codes, uniques = pd.factorize(column, use_na_sentinel=True)
-        codes = np.asarray(codes, dtype=np.int64)
-        strings = np.array([canonical_scalar(v) for v in np.asarray(uniques, dtype=object)])
-    empty = np.flatnonzero(strings == "")
-    n_missing = int((codes < 0).sum()) + (int(np.isin(codes, empty).sum()) if empty.size else 0)
+    inferred = pd.api.types.infer_dtype(column, skipna=True)
+    codes: IntArray | None = None
+    strings: pa.Array
+    if inferred in ("string", "empty"):  # the strings themselves, from their Arrow buffers
+        strings = pa.array(column.array, from_pandas=True)
+    elif inferred == "integer" and column.dtype.kind in "iu":  # decimal, as str(int)
+        strings = pa.array(column.array, from_pandas=True).cast(pa.string())
+    else:  # floats, mixed: Python's canonical string of each distinct id (as always)
+        factorized, uniques = pd.factorize(column, use_na_sentinel=True)
+        codes = np.asarray(factorized, dtype=np.int64)
+        table = [canonical_scalar(v) for v in np.asarray(uniques, dtype=object)]
+        strings = pa.array(table, type=pa.string())
+    if isinstance(strings, pa.ChunkedArray):
+        strings = strings.combine_chunks()
+    empty = pc.equal(pc.binary_length(strings), 0).to_numpy(zero_copy_only=False)
+    if codes is None:
+        n_missing = strings.null_count + int(np.count_nonzero(empty))
+    else:
+        n_missing = int((codes < 0).sum()) + int(np.isin(codes, np.flatnonzero(empty)).sum())
     if n_missing:
         raise InputDataError(
             f"column {name!r} (schema.privacy_unit): {n_missing} rows without a person id; "
             "every row needs one (fill or drop them)"
         )
-    hashed = pd.util.hash_array(np.asarray(strings, dtype=object), categorize=False)
-    units: IntArray = np.asarray(hashed, dtype=np.uint64).view(np.int64)[codes]
-    return units
+    hashes = string_hashes(strings).view(np.int64)
+    return hashes if codes is None else hashes[codes]
 
 
 def _merged_sa_values(parts: Sequence[Summary]) -> tuple[ObjArray, bool]:

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from privpipe.anonymity.arrays import unique_first_inverse
 from privpipe.errors import ConfigError, InputDataError
 
 RngLike = np.random.Generator | int | None
@@ -136,15 +137,25 @@ def bound_units(
     part = pd.factorize(partitions)[0].astype(np.int64)
     n_parts = int(part.max()) + 1
     # One id per distinct (unit, partition) pair; pairs sorted by unit.
-    pair_key = person * n_parts + part
-    uniq_pairs, pair_of_row = np.unique(pair_key, return_inverse=True)
-    pair_unit = uniq_pairs // n_parts
-    pair_rank = _rank_within(pair_unit, gen.permutation(uniq_pairs.size).astype(np.int64))
-    keep_pair = pair_rank < l0
-    row_rank = _rank_within(
-        pair_of_row.astype(np.int64), gen.permutation(units.size).astype(np.int64)
-    )
-    keep: npt.NDArray[np.bool_] = keep_pair[pair_of_row] & (row_rank < linf)
+    uniq_pairs, _, pair_of_row = unique_first_inverse(person * n_parts + part)
+    keep_pair = _keep_at_most(uniq_pairs // n_parts, int(person.max()) + 1, l0, gen)
+    keep_row = _keep_at_most(pair_of_row, uniq_pairs.size, linf, gen)
+    keep: npt.NDArray[np.bool_] = keep_pair[pair_of_row] & keep_row
+    return keep
+
+
+def _keep_at_most(
+    groups: npt.NDArray[np.int64], n_groups: int, limit: int, gen: np.random.Generator
+) -> npt.NDArray[np.bool_]:
+    """Keep mask: ``limit`` members of each group (ids ``0..n_groups-1``) chosen uniformly
+    at random, all members of a group that has no more; only the larger groups are ranked."""
+    over = np.bincount(groups, minlength=n_groups) > limit
+    keep = np.ones(groups.size, dtype=np.bool_)
+    members = np.flatnonzero(over[groups])
+    if members.size:
+        dense = (np.cumsum(over) - 1)[groups[members]]  # the larger groups as 0..k-1
+        ranks = _rank_within(dense, gen.permutation(members.size).astype(np.int64))
+        keep[members] = ranks < limit
     return keep
 
 

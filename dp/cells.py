@@ -8,8 +8,9 @@ dictionary from cell hash to the cell's labels. All rows of a person are brought
 reduced to per-cell counts, distinct persons and sums (:class:`CellPartial`), which add up
 across shards (:func:`merge_partials`).
 
-Hashes: pandas' ``hash_pandas_object`` (SipHash with a fixed key) of canonical strings, so
-every worker computes the same value. Two persons colliding in 64 bits would be bounded as
+Hashes: of canonical strings (persons: ``anonymity.summary.unit_hashes``, FNV-1a over the
+bytes; cells: pandas' ``hash_pandas_object``, SipHash with a fixed key), so every worker
+computes the same value. Two persons colliding in 64 bits would be bounded as
 one person (only stricter); two cells colliding would merge their counts, so merging the
 dictionaries refuses a hash that names two different cells.
 """
@@ -23,7 +24,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.anonymity.hierarchy import canonical_column, canonical_factorize
+from privpipe.anonymity.arrays import sorted_unique
+from privpipe.anonymity.hierarchy import canonical_column
+from privpipe.anonymity.summary import unit_hashes
 from privpipe.dp import exact
 from privpipe.dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
 from privpipe.dp.spec import MOMENT_KINDS, QUANTILE_KINDS, DPReleaseSpec, Query, QueryPlan
@@ -54,21 +57,10 @@ def hash_keys(keys: pd.DataFrame) -> U64:
 
 
 def hash_units(values: pd.Series) -> U64:
-    """64-bit person hashes; a missing person id is refused (it cannot be bounded)."""
-    if values.isna().any():
-        raise InputDataError(
-            f"column {values.name!r} (schema.privacy_unit) has missing values; every row "
-            "needs a person id"
-        )
-    codes, uniques = canonical_factorize(values)
-    blank = uniques == ""
-    if blank.any() and np.isin(codes, np.flatnonzero(blank)).any():
-        raise InputDataError(
-            f"column {values.name!r} (schema.privacy_unit) has empty values; every row "
-            "needs a person id"
-        )
-    per_unique = pd.util.hash_array(uniques.astype(object), categorize=False)
-    out: U64 = np.asarray(per_unique, dtype=np.uint64)[codes]
+    """64-bit person hashes (``anonymity.summary.unit_hashes``: the same hash the summary
+    and the verifiers count persons by); a missing or empty person id is refused (it
+    cannot be bounded)."""
+    out: U64 = unit_hashes(values, str(values.name)).view(np.uint64)
     return out
 
 
@@ -131,9 +123,16 @@ def contributions(
     spec: DPReleaseSpec,
     plans: Sequence[QueryPlan],
     labeler: Labeler = canonical_labels,
+    units: dict[str, U64] | None = None,
 ) -> list[Contributions]:
-    """Every query's contributions of one batch (vectorised; no loop over rows)."""
-    unit = hash_units(batch[spec.unit]) if spec.unit is not None else None
+    """Every query's contributions of one batch (vectorised; no loop over rows).
+    ``units`` keeps the batch's person hashes per column for the next release."""
+    unit = None
+    if spec.unit is not None:
+        known = {} if units is None else units
+        if spec.unit not in known:
+            known[spec.unit] = hash_units(batch[spec.unit])
+        unit = known[spec.unit]
     group = None
     if spec.unit is not None and spec.partition_by:
         group = hash_keys(batch[list(spec.partition_by)].astype(object))
@@ -218,24 +217,37 @@ def _merge_bins(parts: Sequence[pd.Series | None]) -> pd.Series | None:
 def _aggregate(c: Contributions, moments: bool = False) -> pd.DataFrame:
     """count, distinct units and value sum per cell of (already bounded) contributions;
     with ``moments`` also the exact sum of squared values (``sumsq_units``)."""
-    counts = pd.Series(c.cell).value_counts(sort=False)
-    cells = pd.DataFrame({"count": counts.to_numpy(dtype=np.int64)}, index=counts.index)
-    cells.index.name = "cell"
+    codes, uniques = pd.factorize(c.cell)
+    cells = pd.DataFrame(
+        {"count": np.bincount(codes, minlength=len(uniques)).astype(np.int64)},
+        index=pd.Index(uniques, name="cell"),
+    )
     if c.value is None:
         cells["sum_units"] = np.int64(0)
     else:  # exact: int64 only when rows × max |value| provably fits, else Python ints
         cells["sum_units"] = exact.group_sum(c.cell, c.value).reindex(cells.index)
     if c.unit is None:
         cells["units"] = cells["count"]
-    else:
-        pairs = pd.DataFrame({"cell": c.cell, "unit": c.unit}).drop_duplicates()
-        cells["units"] = pairs.groupby("cell", sort=False).size()
+    else:  # distinct (cell, person) pairs per cell
+        pairs = _pair_codes(codes, len(uniques), c.unit)
+        cells["units"] = np.bincount(pairs[0], minlength=len(uniques)).astype(np.int64)
     cols = ["count", "units", "sum_units"]
     if moments:  # |value| ≤ 2^26.5 (the planner's check), so each square is exact in int64
         assert c.value is not None
         cells["sumsq_units"] = exact.group_sum(c.cell, c.value * c.value).reindex(cells.index)
         cols.append("sumsq_units")
     return _typed(cells[cols])
+
+
+def _pair_codes(
+    first: npt.NDArray[np.intp], n_first: int, second: npt.NDArray[np.generic]
+) -> tuple[I64, I64]:
+    """The distinct (first, second) pairs as (first code, second code) arrays: codes
+    ``first`` in ``0..n_first-1`` and any ids ``second`` (one sort, no pandas groupby)."""
+    codes2, uniques2 = pd.factorize(second)
+    width = np.int64(max(len(uniques2), 1))
+    pairs = sorted_unique(first.astype(np.int64) * width + codes2.astype(np.int64))
+    return pairs // width, pairs % width
 
 
 def _typed(cells: pd.DataFrame) -> pd.DataFrame:
@@ -251,16 +263,21 @@ def _max_per(keys: Sequence[npt.NDArray[np.generic]]) -> int:
     """The largest number of rows sharing the same key tuple (0 when empty)."""
     if keys[0].size == 0:
         return 0
-    frame = pd.DataFrame({str(i): k for i, k in enumerate(keys)})
-    return int(frame.groupby(list(frame.columns), sort=False).size().max())
+    combined = np.zeros(keys[0].size, dtype=np.int64)
+    for key in keys:  # dense codes of the tuples so far times the next key's width
+        codes, uniques = pd.factorize(key)
+        combined = combined * np.int64(len(uniques)) + codes.astype(np.int64)
+        combined = pd.factorize(combined)[0].astype(np.int64)
+    return int(np.bincount(combined).max())
 
 
 def _max_distinct(owner: U64, item: npt.NDArray[np.generic]) -> int:
     """The largest number of distinct items of one owner."""
     if owner.size == 0:
         return 0
-    pairs = pd.DataFrame({"o": owner, "i": item}).drop_duplicates()
-    return int(pairs.groupby("o", sort=False).size().max())
+    codes, uniques = pd.factorize(owner)
+    owners, _ = _pair_codes(codes, len(uniques), item)
+    return int(np.bincount(owners).max())
 
 
 def bound_and_aggregate(c: Contributions, spec: DPReleaseSpec, rng: RngLike = None) -> CellPartial:

@@ -261,10 +261,14 @@ def build_graph(
 
 def exact_columns(plan: Plan) -> list[str]:
     """Columns whose distinct count the profile keeps exactly: the QIs, the sensitive
-    attribute, the privacy unit and every DP release's columns (the others are estimated)."""
+    attribute, the privacy unit and every DP release's key columns. The others, a DP
+    release's value column among them (often a distinct number per row, and nothing
+    reads its distinct count), are estimated."""
     s = plan.config.schema_
     cols = [*s.quasi_identifiers, s.sensitive, s.privacy_unit]
-    cols += [c for r in plan.config.releases for c in dp_columns(r)]
+    for r in plan.config.releases:
+        value = getattr(r, "value", None)
+        cols += [c for c in dp_columns(r) if c != value]
     return list(dict.fromkeys(c for c in cols if c))
 
 

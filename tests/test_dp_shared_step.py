@@ -17,7 +17,12 @@ from tests.test_dp_pipeline import DPProject
 
 
 def _aggregate(
-    project: DPProject, names: list[str], folder: Path, seed: int, spill: str | None = None
+    project: DPProject,
+    names: list[str],
+    folder: Path,
+    seed: int,
+    spill: str | None = None,
+    spill_after: int = 0,
 ) -> dict[str, dict]:
     plan = load_plan(project.config)
     jobs = {j.name: j for j in dp_jobs(plan)}
@@ -28,7 +33,11 @@ def _aggregate(
     frame = project.frame.astype({"salary": "Int64"})
     batches = [frame.iloc[i : i + 200].reset_index(drop=True) for i in range(0, len(frame), 200)]
     with local_pipeline() as p:
-        _ = p | beam.Create(batches) | AggregateDPCells(cells, labeler, seed, shards=4, spill=spill)
+        _ = (
+            p
+            | beam.Create(batches)
+            | AggregateDPCells(cells, labeler, seed, shards=4, spill=spill, spill_after=spill_after)
+        )
     return {n: load_cells(folder / f"{n}.pickle") for n in names}
 
 
@@ -74,8 +83,17 @@ def test_spilled_shards_give_the_cells_grouped_in_memory_give(tmp_path: Path) ->
     spill = tmp_path / "work" / "dp"
     memory = _aggregate(project, names, tmp_path / "memory", seed=5)
     spilled = _aggregate(project, names, tmp_path / "spilled", seed=5, spill=str(spill))
-    assert len(list(spill.iterdir())) > 0 and oct(spill.stat().st_mode & 0o777) == "0o700"
+    every = len(list(spill.iterdir()))
+    assert every > 0 and oct(spill.stat().st_mode & 0o777) == "0o700"
+    # past spill_after bytes only: the first pieces travel in memory, the rest as files
+    (tmp_path / "mixed").mkdir()
+    some = tmp_path / "work" / "some"
+    mixed = _aggregate(
+        project, names, tmp_path / "mixed", seed=5, spill=str(some), spill_after=20_000
+    )
+    assert 0 < len(list(some.iterdir())) < every
     for name in names:
-        for a, b in zip(memory[name]["partials"], spilled[name]["partials"], strict=True):
-            assert (a.query, a.rows_in, a.rows_kept) == (b.query, b.rows_in, b.rows_kept)
-            pd.testing.assert_frame_equal(a.cells.sort_index(), b.cells.sort_index())
+        for other in (spilled, mixed):
+            for a, b in zip(memory[name]["partials"], other[name]["partials"], strict=True):
+                assert (a.query, a.rows_in, a.rows_kept) == (b.query, b.rows_in, b.rows_kept)
+                pd.testing.assert_frame_equal(a.cells.sort_index(), b.cells.sort_index())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -112,8 +113,18 @@ def test_row_hashes_combine_column_hashes_like_pandas() -> None:
             "c": rng.random(n),
         }
     )
+
+    def pandas_hash(values: pd.Series | pd.DataFrame) -> np.ndarray:
+        return pd.util.hash_pandas_object(values, index=False).to_numpy(dtype=np.uint64)
+
     for cols in (["a"], ["a", "b"], ["c", "a", "b"]):
-        assert (_combine([_hash(df[c]) for c in cols]) == _hash(df[cols])).all()
+        assert (_combine([pandas_hash(df[c]) for c in cols]) == pandas_hash(df[cols])).all()
+    # the profile's own column hashes (strings by their bytes) keep rows apart the same way
+    for cols in (["a"], ["a", "b"], ["c", "a", "b"]):
+        ours = _combine([_hash(df[c]) for c in cols])
+        theirs = pandas_hash(df[cols])
+        assert len(np.unique(ours)) == len(np.unique(theirs))
+        assert pd.crosstab(ours, theirs).astype(bool).sum(axis=1).max() == 1
 
 
 def test_columns_no_release_uses_are_estimated_and_marked() -> None:
@@ -154,3 +165,21 @@ def test_hll_estimate_tracks_the_true_count() -> None:
         hll_update(registers, _hash(values))
         hll_update(registers, _hash(values[: n // 2]))  # repeats change nothing
         assert abs(hll_estimate(registers) - n) <= max(0.03 * n, 0 if n < 2 else 2), n
+
+
+def test_a_dp_value_column_is_estimated_its_key_columns_exact(tmp_path: Path) -> None:
+    """The profile counts exactly what a release keys on (QIs, sensitive, person, DP
+    group_by and partition_by) and estimates a DP release's value column."""
+    from privpipe.pipelines.plan import load_plan
+    from privpipe.pipelines.run import exact_columns
+    from tests.test_dp_pipeline import DPProject
+
+    project = DPProject(tmp_path, persons=20)
+    project.cfg["releases"].append(
+        {"name": "pay", "kind": "dp_sum", "epsilon": 0.5, "delta": 1e-6, "value": "salary",
+         "bounds": [0, 100000], "group_by": ["zip"], "max_partitions": 1}
+    )  # fmt: skip
+    project.save()
+    exact = exact_columns(load_plan(project.config))
+    assert {"id", "disease", "sex", "zip"} <= set(exact)
+    assert "salary" not in exact

@@ -2,8 +2,9 @@
 
     batches ─► Contributions (hashed arrays per release and query, per batch)
             ─► [privacy unit] shard by person hash ─► GroupByKey ─► bound each shard
-               (with ``spill``: each batch's piece of a shard is a file in the run's private
-               work folder and only its path is grouped)
+               (with ``spill``: once a worker has handed on ``spill_after`` bytes, each
+               batch's piece of a shard is a file in the run's private work folder and only
+               its path is grouped)
             ─► [no unit]      aggregate each batch (one row = one person: nothing to bound)
             ─► CombineGlobally: partials and cell dictionaries summed per release and query
             ─► one pickle per release in the run's internal folder
@@ -51,6 +52,10 @@ from privpipe.dp.spec import DPReleaseSpec, QueryPlan
 from privpipe.transforms.timing import TimedCombineFn, TimedDoFn
 
 SHARDS = 16
+# contributions a worker hands to the shuffle in memory before it spills the rest: a
+# million rows of one query (~24–32 MB) need no file per piece; the demo's 10M rows
+# (~330 bytes a row over its queries) stay ~64 MB above the spilled run
+SPILL_AFTER = 64 << 20
 _COMPACT_AT = 32
 
 
@@ -71,18 +76,37 @@ class ContributionsFn(beam.DoFn):  # type: ignore[misc]
     PARTIAL = "partial"
 
     def __init__(
-        self, jobs: Sequence[DPCellsJob], labeler: Labeler, shards: int, spill: str | None = None
+        self,
+        jobs: Sequence[DPCellsJob],
+        labeler: Labeler,
+        shards: int,
+        spill: str | None = None,
+        spill_after: int = SPILL_AFTER,
     ) -> None:
         self.jobs, self.labeler, self.shards = list(jobs), labeler, shards
-        self.spill = spill
+        self.spill, self.spill_after = spill, spill_after
+        self._held = 0  # bytes of contributions this instance handed to the shuffle as is
 
     def setup(self) -> None:
+        self._held = 0
         if self.spill is not None:
             os.makedirs(self.spill, mode=0o700, exist_ok=True)
 
+    def _shipped(self, part: Contributions) -> Contributions | str:
+        """The piece itself while this worker has handed on less than ``spill_after``
+        bytes (small inputs: no file per piece), else its spill file's path."""
+        size = sum(
+            a.nbytes for a in (part.cell, part.unit, part.group, part.value) if a is not None
+        )
+        if self.spill is None or self._held + size <= self.spill_after:
+            self._held += size
+            return part
+        return spill(self.spill, part)
+
     def process(self, batch: pd.DataFrame) -> Iterator[Any]:
+        units: dict[str, Any] = {}  # person hashes of this batch, shared by the releases
         for j, job in enumerate(self.jobs):
-            for c in contributions(batch, job.spec, list(job.plans), self.labeler):
+            for c in contributions(batch, job.spec, list(job.plans), self.labeler, units):
                 yield beam.pvalue.TaggedOutput(self.DICT, ((j, c.query), c.dictionary))
                 c.dictionary = pd.DataFrame()
                 if c.unit is None:  # one row, one person: already bounded
@@ -91,7 +115,7 @@ class ContributionsFn(beam.DoFn):  # type: ignore[misc]
                     continue
                 for s, rows in split_by_shard(c.unit, self.shards):
                     part = c.take(rows)
-                    yield (j, c.query, s), part if self.spill is None else spill(self.spill, part)
+                    yield (j, c.query, s), self._shipped(part)
 
 
 class BoundShardFn(beam.DoFn):  # type: ignore[misc]
@@ -226,14 +250,17 @@ class AggregateDPCells(beam.PTransform):  # type: ignore[misc]
         shards: int = SHARDS,
         stage: str = "dp",  # the timing stage of the shared step (all its releases)
         spill: str | None = None,  # a private folder every worker sees (module docstring)
+        spill_after: int = SPILL_AFTER,
     ) -> None:
         super().__init__()
         self.jobs, self.labeler = list(jobs), labeler
         self.seed, self.shards, self.stage = seed, shards, stage
-        self.spill = spill
+        self.spill, self.spill_after = spill, spill_after
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
-        contributions = ContributionsFn(self.jobs, self.labeler, self.shards, self.spill)
+        contributions = ContributionsFn(
+            self.jobs, self.labeler, self.shards, self.spill, self.spill_after
+        )
         fn = TimedDoFn(self.stage, contributions)
         parts = batches | "Contributions" >> beam.ParDo(fn).with_outputs(
             ContributionsFn.DICT, ContributionsFn.PARTIAL, main="sharded"

@@ -1,6 +1,7 @@
 """Profile of the microdata, computed batch-wise: rows, distinct values, QI combinations.
 
-Distinct counts use 64-bit hashes of the values (pandas' hash_pandas_object), so
+Distinct counts use 64-bit hashes of the values (strings: ``privpipe.hashing``, by their
+bytes; other types: pandas' hash_pandas_object), so
 memory grows with the number of distinct values at 8 bytes each, never with rows
 or with the length of the values; with 10^7 distinct values the chance that two
 collide is below 3·10^-6. The frequency table of the QI combinations is kept the
@@ -30,19 +31,26 @@ import numpy as np
 import pandas as pd
 
 from privpipe.anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
+from privpipe.hashing import string_hashes
 from privpipe.transforms.memory import release_free_memory
 from privpipe.transforms.sink import write_json_step
 from privpipe.transforms.timing import TimedCombineFn
 
 
-def _hash(values: pd.Series | pd.DataFrame) -> np.ndarray:
+def _hash(values: pd.Series) -> np.ndarray:
+    """64-bit hashes of a column: strings by their bytes (``string_hashes``, no Python
+    object per value), other types by pandas' ``hash_pandas_object``."""
+    if isinstance(values.dtype, pd.StringDtype) or (
+        values.dtype == object and pd.api.types.infer_dtype(values, skipna=True) == "string"
+    ):
+        return string_hashes(values)
     return pd.util.hash_pandas_object(values, index=False).to_numpy(dtype=np.uint64)
 
 
 def _combine(hashes: Sequence[np.ndarray]) -> np.ndarray:
-    """Row hashes of a frame from its columns' hashes: equal to ``_hash(frame)`` (the
-    combination ``hash_pandas_object`` applies to a DataFrame's column hashes), so each
-    column is hashed once per batch however many combinations it is part of."""
+    """Row hashes of a frame from its columns' hashes (the combination
+    ``hash_pandas_object`` applies to a DataFrame's column hashes), so each column is
+    hashed once per batch however many combinations it is part of."""
     out = np.zeros_like(hashes[0]) + np.uint64(0x345678)
     mult = np.uint64(1000003)
     for i, h in enumerate(hashes):

@@ -1,0 +1,116 @@
+"""64-bit hashes of strings computed on their UTF-8 bytes in numpy.
+
+pandas hashes a string column through one Python object per distinct value (SipHash on
+each), about 0.25 s per million person ids; every batch sees most persons again, so the
+summary, the profile, the verifiers and the DP steps each paid it. :func:`string_hashes`
+reads the Arrow buffers of the column instead (offsets and bytes, no object per value)
+and runs FNV-1a over the bytes, all strings at once, one byte position per step, then
+the length and a SplitMix64 finaliser for avalanche: 10–20× faster on ids.
+
+The hashes are used only inside one run (distinct counts, person identities for
+bounding and counting in persons, shards): every worker computes the same value, nothing
+keyed by them is kept between runs. Two different strings collide with probability about
+2^-64 per pair (below 3·10^-6 for 10^7 distinct ids); a collision can only merge two
+persons or two values, which makes bounding stricter and a distinct count one lower.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+
+__all__ = ["MISSING_HASH", "string_hashes"]
+
+U64 = npt.NDArray[np.uint64]
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+_LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)
+MISSING_HASH = np.uint64(0x6A09E667F3BCC909)  # a missing value (null), never a string's
+_MASKED_SPAN = 16  # lengths differing by more: longest-first prefixes instead of masks
+
+
+def _mix(h: U64) -> U64:
+    """SplitMix64's finaliser (in place): every input bit reaches every output bit."""
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    return h
+
+
+def _arrow_strings(values: Any) -> pa.Array:
+    """The column as one Arrow (large_)string array (zero-copy for Arrow-backed columns)."""
+    if isinstance(values, pd.Series | pd.Index):
+        values = values.array
+    array = pa.array(values, from_pandas=True)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+        raise TypeError(f"string_hashes needs strings, got {array.type}")
+    return array
+
+
+def _fnv_1a(
+    h: U64,
+    data: npt.NDArray[np.uint8],
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+) -> None:
+    """FNV-1a over each string's bytes, all strings at once (``h`` in place). Positions
+    every string has are one gather each; the rest go over the strings still going: a
+    mask while lengths differ little (ids), longest first when they differ a lot."""
+    shortest, longest = int(lengths.min()), int(lengths.max())
+    for i in range(shortest):
+        h ^= data[starts + i]
+        h *= _FNV_PRIME
+    if longest == shortest:
+        return
+    if longest - shortest <= _MASKED_SPAN:
+        last = max(len(data) - 1, 0)
+        for i in range(shortest, longest):
+            going = lengths > i
+            step = (h ^ data[np.minimum(starts + i, last)]) * _FNV_PRIME
+            np.copyto(h, step, where=going)
+        return
+    order = np.argsort(-lengths, kind="stable")  # longest first: the strings going at
+    first = starts[order]  # position i are a prefix
+    going_at = np.bincount(lengths, minlength=longest + 1)[::-1].cumsum()[::-1]
+    hs = h[order]
+    for i in range(shortest, longest):
+        m = int(going_at[i + 1])  # strings longer than i
+        part = hs[:m]
+        part ^= data[first[:m] + i]
+        part *= _FNV_PRIME
+    h[order] = hs
+
+
+def string_hashes(values: Any) -> U64:
+    """A 64-bit hash of each string of a column (str / Arrow string Series, or an object
+    array of str); a missing value gets :data:`MISSING_HASH`. Equal strings, equal hashes,
+    whatever the column's storage or batch."""
+    array = _arrow_strings(values)
+    n = len(array)
+    _, offsets_buf, data_buf = array.buffers()
+    width = np.int64 if pa.types.is_large_string(array.type) else np.int32
+    raw = np.frombuffer(offsets_buf, dtype=width)[array.offset : array.offset + n + 1]
+    offsets: npt.NDArray[np.int64] = raw.astype(np.int64)
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    )
+    lengths = np.diff(offsets)
+    h = np.full(n, _FNV_OFFSET, dtype=np.uint64)
+    if n:
+        _fnv_1a(h, data, offsets[:-1], lengths)
+    h ^= lengths.astype(np.uint64) * _LENGTH_MIX
+    out = _mix(h)
+    if array.null_count:
+        out[np.asarray(array.is_null())] = MISSING_HASH
+    return out
