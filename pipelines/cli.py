@@ -21,6 +21,7 @@ refused (pipelines/beam_flags.py); anything after `--` goes to Beam unchecked.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -889,5 +890,26 @@ def demo_ledger(folder: Path) -> tuple[Path, Path]:
     return ledger, key_file
 
 
+def entry() -> None:
+    """The ``privpipe`` command: :func:`main`, then exit without the interpreter's last
+    cyclic garbage collection (:func:`_quick_exit`)."""
+    code = main()
+    _quick_exit()
+    sys.exit(code)
+
+
+def _quick_exit() -> None:
+    """Before the process exits: flush the streams and freeze the garbage collector, so
+    the interpreter's final collection does not walk every object Beam, pandas and the
+    run left behind (0.4 s of a 4 s DP run at 1M rows, more on larger runs). Module
+    teardown, atexit handlers and finalizers still run. Only for the process's own exit:
+    the run's files are all closed and committed by then (``main`` returned), and a
+    caller in the same process (tests, notebooks) keeps its collector."""
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError):
+            stream.flush()
+    gc.freeze()
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

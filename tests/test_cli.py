@@ -268,10 +268,19 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.slow
 def test_subprocess_exit_code_and_stderr(project: Project) -> None:
-    """The installed console script: real process exit codes."""
+    """The installed console script: real process exit codes; a run's output, piped (block
+    buffered), is all there after the quick exit (``entry``: no last garbage collection)."""
+    exe = Path(sys.executable).parent / "privpipe"
+    done = subprocess.run(
+        [str(exe), "run", str(project.config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["status"] == "succeeded"
     project.cfg["input"]["batch_rows"] = 0
     project.save()
-    exe = Path(sys.executable).parent / "privpipe"
     proc = subprocess.run(
         [str(exe), "run", str(project.config)], capture_output=True, text=True, timeout=120
     )

@@ -88,4 +88,4 @@ def test_wheel_holds_only_the_privpipe_namespace(tmp_path: Path) -> None:
     assert "privpipe/configs/demo.yaml" in names  # privpipe demo works from a wheel
     assert "privpipe/configs/demo/hierarchies/diagnosis.csv" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "privpipe = privpipe.pipelines.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "privpipe = privpipe.pipelines.cli:entry" in zipfile.ZipFile(wheel).read(entry).decode()
