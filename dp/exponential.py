@@ -34,11 +34,15 @@ FloatArray = npt.NDArray[np.float64]
 @lru_cache(maxsize=256)
 def _opendp_gumbel_max(scale: float) -> Any:
     """OpenDP's report-noisy-max with Gumbel noise of ``scale`` over Vec<i64>."""
-    import opendp.prelude as dp
+    from opendp.domains import atom_domain, vector_domain  # core modules, no extras
+    from opendp.measurements import make_noisy_max
+    from opendp.measures import zero_concentrated_divergence
+    from opendp.metrics import linf_distance
+    from opendp.mod import enable_features
 
-    dp.enable_features("contrib")
-    space = dp.vector_domain(dp.atom_domain(T="i64")), dp.linf_distance(T="i64")
-    return dp.m.make_noisy_max(*space, dp.zero_concentrated_divergence(), scale=scale)
+    enable_features("contrib")
+    space = vector_domain(atom_domain(T="i64")), linf_distance(T="i64")
+    return make_noisy_max(*space, zero_concentrated_divergence(), scale=scale)
 
 
 def _utilities(utilities: npt.ArrayLike) -> IntArray:

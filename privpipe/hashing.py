@@ -5,7 +5,8 @@ each), about 0.25 s per million person ids; every batch sees most persons again,
 summary, the profile, the verifiers and the DP steps each paid it. :func:`string_hashes`
 reads the Arrow buffers of the column instead (offsets and bytes, no object per value)
 and runs FNV-1a over the bytes, all strings at once, one byte position per step, then
-the length and a SplitMix64 finaliser for avalanche: 10–20× faster on ids.
+the length and a SplitMix64 finaliser for avalanche: 0.06–0.09 s per million short ids
+against pandas' 0.25–0.42 s (measured on the 2-vCPU development VM).
 
 The hashes are used only inside one run (distinct counts, person identities for
 bounding and counting in persons, shards): every worker computes the same value, nothing

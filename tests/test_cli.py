@@ -458,3 +458,23 @@ def test_outputs_are_not_world_readable_by_default(
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     assert run_cli(["run", str(config), "--only", "k2"], capsys)[0] == 0  # no DP spend again
     assert mode(out / "public") == 0o755 and mode(out / "internal") == 0o700
+
+
+def test_the_collector_is_paused_for_the_first_imports_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gc
+
+    import privpipe.pipelines.run  # noqa: F401
+    from privpipe.pipelines import cli
+
+    assert gc.isenabled()
+    with cli._collector_paused():  # the pipeline's modules are imported: nothing to pause
+        assert gc.isenabled()
+    monkeypatch.delitem(sys.modules, "privpipe.pipelines.run")
+    with cli._collector_paused():  # a first import
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), cli._collector_paused():  # restored on errors too
+        raise ValueError("x")
+    assert gc.isenabled()
