@@ -82,7 +82,7 @@ from privpipe.transforms.anonymize import (
     hash_units,
 )
 from privpipe.transforms.audit_truth import StageAuditTruth
-from privpipe.transforms.dp_aggregate import AggregateDPCells, DPCellsJob
+from privpipe.transforms.dp_aggregate import AggregateDPCells, DPCellsJob, shards_for
 from privpipe.transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from privpipe.transforms.io import InputSpec, ReadMicrodata, inspect_input
 from privpipe.transforms.local_dp import PerturbLocalDP
@@ -240,7 +240,11 @@ def build_graph(
         DPCellsJob(j.spec, tuple(j.plans), str(out.work / f"dp-{j.name}.pickle")) for j in jobs
     ] + [DPCellsJob(c.spec, tuple(c.plans), str(out.work / f"dp-{c.name}.pickle")) for c in cjobs]
     if cells:
-        _ = batches | "DP" >> AggregateDPCells(cells, labeler, seed, spill=str(out.work / "dp"))
+        stamps = input_stamps(plan.input_paths)
+        size = sum(st[1] for st in stamps) if len(stamps) == len(plan.input_paths) else None
+        _ = batches | "DP" >> AggregateDPCells(
+            cells, labeler, seed, shards=shards_for(size), spill=str(out.work / "dp")
+        )
     for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
         _ = batches | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
             ljob.spec,

@@ -97,3 +97,13 @@ def test_spilled_shards_give_the_cells_grouped_in_memory_give(tmp_path: Path) ->
             for a, b in zip(memory[name]["partials"], other[name]["partials"], strict=True):
                 assert (a.query, a.rows_in, a.rows_kept) == (b.query, b.rows_in, b.rows_kept)
                 pd.testing.assert_frame_equal(a.cells.sort_index(), b.cells.sort_index())
+
+
+def test_shards_follow_the_input_size() -> None:
+    from privpipe.transforms.dp_aggregate import MIN_SHARDS, SHARDS, shards_for
+
+    mb = 1 << 20
+    assert shards_for(None) == SHARDS  # unknown (remote input): the most
+    assert shards_for(0) == shards_for(4 * mb) == shards_for(20 * mb) == MIN_SHARDS == 4
+    assert shards_for(85 * mb) == 11  # the demo's 1M rows
+    assert shards_for(851 * mb) == SHARDS == 16  # its 10M rows

@@ -22,6 +22,7 @@ releases the cells (pipelines/dp_release.py), so a run refused for its input spe
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import secrets
@@ -51,7 +52,22 @@ from privpipe.dp.cells import (
 from privpipe.dp.spec import DPReleaseSpec, QueryPlan
 from privpipe.transforms.timing import TimedCombineFn, TimedDoFn
 
-SHARDS = 16
+SHARDS = 16  # the most shards per query (large inputs)
+MIN_SHARDS = 4
+SHARD_INPUT_BYTES = 8 << 20  # input bytes per shard below SHARDS shards
+
+
+def shards_for(input_bytes: int | None) -> int:
+    """Shards per query for an input of ``input_bytes`` (None: unknown, e.g. remote):
+    one per 8 MB, 4 to 16. Bounding a shard pays a fixed cost per call (factorising,
+    frames) and a sort that grows faster than its rows: 4 shards bound a 1M-row query
+    in 0.31 s and a 200k-row one in 0.11 s, against 0.32 and 0.19 s with 16 (one: 0.59
+    and 0.14 s). Large inputs keep 16 (one shard's rows are in memory at once)."""
+    if input_bytes is None:
+        return SHARDS
+    return max(MIN_SHARDS, min(SHARDS, math.ceil(input_bytes / SHARD_INPUT_BYTES)))
+
+
 # contributions a worker hands to the shuffle in memory before it spills the rest: a
 # million rows of one query (~24–32 MB) need no file per piece; the demo's 10M rows
 # (~330 bytes a row over its queries) stay ~64 MB above the spilled run
