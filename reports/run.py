@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from privpipe.attacks.matching import WEIGHT
@@ -123,15 +124,21 @@ def _strings(table: pd.DataFrame) -> pd.DataFrame:
     reads them), ``WEIGHT`` as int64, rows sorted by their labels: the same table in the
     same order whether the pipeline staged it or the file was counted (a rebuilt report
     adds its figures up in the same order as the run's)."""
-    out = {
-        c: table[c].astype(object).where(table[c].notna(), "").astype(str).astype(object)
-        for c in table.columns
-        if c != WEIGHT
-    }
+    out = {c: pd.Series(_plain(table[c]), dtype=object) for c in table.columns if c != WEIGHT}
     frame = pd.DataFrame({**out, WEIGHT: table[WEIGHT].to_numpy(dtype=np.int64)})
     if not out or not len(frame):
         return frame
     return frame.sort_values(list(out), kind="stable", ignore_index=True)
+
+
+def _plain(column: pd.Series) -> npt.NDArray[np.object_]:
+    """A column's values as ``str`` objects, missing as ``""``: a categorical column (the
+    pipeline's staged tables) per category, then by code, instead of per row."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        table = np.array([*(str(v) for v in column.cat.categories), ""], dtype=object)
+        return np.asarray(table[column.cat.codes.to_numpy()], dtype=object)  # -1: missing
+    plain = column.astype(object).where(column.notna(), "").astype(str)
+    return plain.to_numpy(dtype=object)
 
 
 def count_rows(path: Path, rows: int = CHUNK_ROWS) -> pd.DataFrame:

@@ -605,3 +605,27 @@ def test_generalisation_levels_and_distributions(report: dict[str, Any]) -> None
     assert cols["zip"]["releases"]["dp1"] is None  # dp1 does not answer zip
     text = report["texts"]["report.html"]
     assert text.count('<figure class="dist"') == len(cols)
+
+
+def test_plain_labels_per_category_equal_the_per_row_strings() -> None:
+    """A staged (categorical) table's labels, turned to strings per category, are the
+    strings each row would give; missing is "" either way."""
+    import numpy as np
+    import pandas as pd
+
+    from privpipe.reports.run import _plain
+
+    def per_row(column: pd.Series) -> list[str]:
+        return column.astype(object).where(column.notna(), "").astype(str).tolist()
+
+    for values in (
+        ["02108", None, "*", "02108", "[30-40["],
+        [39.0, 40.5, None, 39.0, 7.0],
+        [1, 2, 2, 3, 1],
+    ):
+        for column in (pd.Series(values, dtype="category"), pd.Series(values, dtype=object)):
+            labels = _plain(column)
+            assert labels.dtype == object
+            assert labels.tolist() == per_row(column), (values, column.dtype)
+    assert _plain(pd.Series(pd.Categorical([None, None], categories=["a"]))).tolist() == ["", ""]
+    assert np.asarray(_plain(pd.Series([], dtype="category"))).size == 0
