@@ -562,6 +562,8 @@ def unit_hashes(column: pd.Series, name: str) -> IntArray:
         strings = pa.array(table, type=pa.string())
     if isinstance(strings, pa.ChunkedArray):
         strings = strings.combine_chunks()
+    if pa.types.is_null(strings.type):  # nothing but missing ids (or no rows)
+        strings = strings.cast(pa.string())
     empty = pc.equal(pc.binary_length(strings), 0).to_numpy(zero_copy_only=False)
     if codes is None:
         n_missing = strings.null_count + int(np.count_nonzero(empty))

@@ -54,6 +54,8 @@ def _arrow_strings(values: Any) -> pa.Array:
         array = array.combine_chunks()
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
+    if pa.types.is_null(array.type):  # nothing but missing values (or none at all)
+        array = array.cast(pa.string())
     if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
         raise TypeError(f"string_hashes needs strings, got {array.type}")
     return array

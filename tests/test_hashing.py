@@ -80,3 +80,23 @@ def test_refuses_what_is_not_strings() -> None:
 
     with pytest.raises(TypeError, match="needs strings"):
         string_hashes(pd.Series([1, 2, 3]))
+
+
+def test_columns_of_nothing_but_missing_values_or_no_rows() -> None:
+    import pytest
+
+    from privpipe.anonymity.summary import unit_hashes
+    from privpipe.errors import InputDataError
+
+    assert string_hashes(pd.Series([None, None], dtype=object)).tolist() == [MISSING_HASH] * 2
+    assert string_hashes(np.array([], dtype=object)).size == 0
+    assert unit_hashes(pd.Series([], dtype=object), "pid").size == 0
+    for column in (
+        pd.Series([None, None], dtype=object),
+        pd.Series(["p1", None], dtype="str"),
+        pd.Series(["p1", ""], dtype=object),
+        pd.Series([7, None], dtype="Int64"),
+        pd.Series([7.0, np.nan]),
+    ):
+        with pytest.raises(InputDataError, match=r"'pid' \(schema.privacy_unit\): [12] rows"):
+            unit_hashes(column, "pid")
