@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privpipe.dp.accounting import Accountant, ApproxDP, DiscreteLaplace, Parallel
 from privpipe.dp.cells import bound_and_aggregate, concat, contributions
@@ -440,3 +442,35 @@ def test_verification_checks_published_keys_and_the_ledger_charge() -> None:
     ghost = pd.concat([prel.table, prel.table.iloc[:1].assign(dx="ghost")], ignore_index=True)
     with pytest.raises(PrivacyRefusal, match="was not selected from the data"):
         verify_release(priv, pplans, [dataclasses.replace(prel, table=ghost)], len(df))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 6), st.integers(0, 5), st.integers(0, 3)), min_size=0, max_size=80
+    )
+)
+def test_the_bound_recounts_equal_a_brute_force_count(rows: list[tuple[int, int, int]]) -> None:
+    """The re-check of the bounds (rows per (person, cell), cells and groups per person)
+    and the persons per cell count what a dictionary counts: the verification can say no."""
+    from collections import Counter
+
+    from privpipe.dp.cells import Contributions, _aggregate, _max_distinct, _max_per
+
+    unit = np.array([r[0] for r in rows], dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    cell = np.array([r[1] for r in rows], dtype=np.uint64) + np.uint64(2**63)
+    group = np.array([r[2] for r in rows], dtype=np.uint64)
+    pairs = Counter(zip(unit.tolist(), cell.tolist(), strict=True))
+    assert _max_per([unit, cell]) == max(pairs.values(), default=0)
+    for item in (cell, group):
+        distinct: dict[int, set[int]] = {}
+        for u, i in zip(unit.tolist(), item.tolist(), strict=True):
+            distinct.setdefault(u, set()).add(i)
+        assert _max_distinct(unit, item) == max(map(len, distinct.values()), default=0)
+    if rows:
+        cells = _aggregate(Contributions(0, cell, unit, None, None))
+        persons: dict[int, set[int]] = {}
+        for u, c in zip(unit.tolist(), cell.tolist(), strict=True):
+            persons.setdefault(c, set()).add(u)
+        assert cells["units"].to_dict() == {c: len(p) for c, p in persons.items()}
+        assert cells["count"].to_dict() == dict(Counter(cell.tolist()))
