@@ -121,8 +121,8 @@ def _tuple_ids(
     cols = []
     for c in columns:
         values = np.concatenate(
-            [canonical_column(left[c].to_numpy(dtype=object)),
-             canonical_column(right[c].to_numpy(dtype=object))]
+            [canonical_column(left[c]),
+             canonical_column(right[c])]
         )  # fmt: skip
         cols.append(pd.factorize(pd.Series(values, dtype=object))[0].astype(np.int64))
     uniq, ids = unique_rows(np.stack(cols, axis=1))
@@ -181,7 +181,7 @@ class RawRowsModel:
         targets, local = np.unique(t_ids, return_inverse=True)
         slot = np.full(n_ids, -1, dtype=np.int64)
         slot[targets] = np.arange(targets.shape[0])
-        values = canonical_column(self.raw[self.sa].to_numpy(dtype=object))
+        values = canonical_column(self.raw[self.sa])
         labels = np.unique(values)
         sa = _codes(values, labels)
         row_slot = slot[r_ids]
@@ -361,7 +361,7 @@ class CellModel:
         c_ids, t_ids, n = _tuple_ids(cells, mapped, sel)
         noisy = np.clip(pd.to_numeric(cells[self.count]).to_numpy(dtype=np.float64), 0.0, None)
         if self.sa in self.keys:
-            sa_vals = canonical_column(cells[self.sa].to_numpy(dtype=object))
+            sa_vals = canonical_column(cells[self.sa])
             labels = np.unique(sa_vals).astype(object)
             sa = _codes(sa_vals, labels)
         else:
@@ -449,7 +449,7 @@ class LocalReportModel:
         w = np.zeros((len(records), d))
         if not members:
             return w, labels
-        codes = _codes(canonical_column(records[self.sa].to_numpy(dtype=object)), labels)
+        codes = _codes(canonical_column(records[self.sa]), labels)
         if self.other is not None and self.other in self.domain:  # reported as ``other``
             codes[codes < 0] = self.domain.index(self.other)
         reported = np.flatnonzero(codes >= 0)  # values outside the public domain: no report
@@ -466,9 +466,9 @@ class LocalReportModel:
         if self.estimates is None:
             return np.zeros(len(records))
         est = self.estimates
-        labels = canonical_column(est["value"].to_numpy(dtype=object))
+        labels = canonical_column(est["value"])
         values = pd.to_numeric(est["estimate"]).to_numpy(dtype=np.float64)
-        codes = _codes(canonical_column(records[self.sa].to_numpy(dtype=object)), labels)
+        codes = _codes(canonical_column(records[self.sa]), labels)
         return np.where(codes >= 0, values[np.maximum(codes, 0)], 0.0)
 
 
@@ -591,7 +591,7 @@ def _attack(
     members: bool,
 ) -> _Scored:
     n = len(records)
-    truth_base = _codes(canonical_column(records[sa].to_numpy(dtype=object)), domain)
+    truth_base = _codes(canonical_column(records[sa]), domain)
     w, labels = model.weights(records, domain, prior, members=members)
     extra = np.setdiff1d(labels.astype(str), domain.astype(str)).astype(object)
     full = np.concatenate([domain, extra]).astype(object)

@@ -380,12 +380,12 @@ def match_targets(
 
     # SA domain: published values (kept and suppressed rows), then true values of
     # targets absent from the release
-    sa_codes, sa_names = canonical_strings(kept[sa].to_numpy(dtype=object))
-    b_codes, b_names = canonical_strings(published.loc[hidden, sa].to_numpy(dtype=object))
+    sa_codes, sa_names = canonical_strings(kept[sa])
+    b_codes, b_names = canonical_strings(published.loc[hidden, sa])
     seen = np.union1d(sa_names.astype(str), b_names.astype(str))
     truth: IntArray | None = None
     if sa in targets.columns:
-        t_codes, t_names = canonical_strings(targets[sa].to_numpy(dtype=object))
+        t_codes, t_names = canonical_strings(targets[sa])
         extra = np.setdiff1d(t_names.astype(str), seen)
         domain = np.sort(np.concatenate([seen, extra])).astype(object)
         index = pd.Index(domain, dtype=object)
@@ -403,8 +403,8 @@ def match_targets(
     raw_cols: list[IntArray] = []
     relations: list[tuple[IntArray, IntArray, int, int]] = []
     for qi in known_qis:
-        lab_codes, lab_names = canonical_strings(kept[qi].to_numpy(dtype=object))
-        raw_codes, raw_names = canonical_strings(targets[qi].to_numpy(dtype=object))
+        lab_codes, lab_names = canonical_strings(kept[qi])
+        raw_codes, raw_names = canonical_strings(targets[qi])
         raw_ids, lab_ids = coverage(
             raw_names, lab_names, hierarchies.get(qi), (levels or {}).get(qi)
         )

@@ -133,10 +133,13 @@ def _strings(table: pd.DataFrame) -> pd.DataFrame:
 
 def _plain(column: pd.Series) -> npt.NDArray[np.object_]:
     """A column's values as ``str`` objects, missing as ``""``: a categorical column (the
-    pipeline's staged tables) per category, then by code, instead of per row."""
+    pipeline's staged tables) per category, then by code, and a string column in one
+    conversion, instead of three per row."""
     if isinstance(column.dtype, pd.CategoricalDtype):
         table = np.array([*(str(v) for v in column.cat.categories), ""], dtype=object)
         return np.asarray(table[column.cat.codes.to_numpy()], dtype=object)  # -1: missing
+    if isinstance(column.dtype, pd.StringDtype):  # strings already: one conversion
+        return np.asarray(column.to_numpy(dtype=object, na_value=""), dtype=object)
     plain = column.astype(object).where(column.notna(), "").astype(str)
     return plain.to_numpy(dtype=object)
 

@@ -623,7 +623,10 @@ def test_plain_labels_per_category_equal_the_per_row_strings() -> None:
         [39.0, 40.5, None, 39.0, 7.0],
         [1, 2, 2, 3, 1],
     ):
-        for column in (pd.Series(values, dtype="category"), pd.Series(values, dtype=object)):
+        columns = [pd.Series(values, dtype="category"), pd.Series(values, dtype=object)]
+        if all(v is None or isinstance(v, str) for v in values):
+            columns.append(pd.Series(values, dtype="str"))
+        for column in columns:
             labels = _plain(column)
             assert labels.dtype == object
             assert labels.tolist() == per_row(column), (values, column.dtype)
