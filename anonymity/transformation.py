@@ -793,8 +793,8 @@ class Evaluator:
             codes += base.sa
         scaled = np.empty(base.n_rows, dtype=np.int64)
         for j in range(len(node) - 1, -1, -1):
-            if joint is not None and j in self._joint_qis:
-                continue
+            if radices[j] == 1 or (joint is not None and j in self._joint_qis):
+                continue  # one label (the top, "*"): its digit is 0 in every row
             np.multiply(self._base_labels(base, j, node[j]), strides[j], out=scaled, dtype=np.int64)
             codes += scaled
         return codes, radices, stride
