@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from privpipe.anonymity.arrays import sorted_unique, unique_first_inverse
 from privpipe.anonymity.hierarchy import Hierarchy, canonical_scalar
 from privpipe.errors import ConfigError, InputDataError
-from privpipe.hashing import string_hashes
+from privpipe.hashing import arrow_strings, string_hashes
 
 __all__ = ["Hierarchies", "Summary", "group_rows", "resolve_hierarchies", "unit_hashes"]
 
@@ -550,20 +550,15 @@ def unit_hashes(column: pd.Series, name: str) -> IntArray:
         return np.ascontiguousarray(column.to_numpy()).view(np.int64)
     inferred = pd.api.types.infer_dtype(column, skipna=True)
     codes: IntArray | None = None
-    strings: pa.Array
     if inferred in ("string", "empty"):  # the strings themselves, from their Arrow buffers
-        strings = pa.array(column.array, from_pandas=True)
+        strings = arrow_strings(column)
     elif inferred == "integer" and column.dtype.kind in "iu":  # decimal, as str(int)
-        strings = pa.array(column.array, from_pandas=True).cast(pa.string())
+        strings = arrow_strings(pa.array(column.array, from_pandas=True).cast(pa.string()))
     else:  # floats, mixed: Python's canonical string of each distinct id (as always)
         factorized, uniques = pd.factorize(column, use_na_sentinel=True)
         codes = np.asarray(factorized, dtype=np.int64)
         table = [canonical_scalar(v) for v in np.asarray(uniques, dtype=object)]
-        strings = pa.array(table, type=pa.string())
-    if isinstance(strings, pa.ChunkedArray):
-        strings = strings.combine_chunks()
-    if pa.types.is_null(strings.type):  # nothing but missing ids (or no rows)
-        strings = strings.cast(pa.string())
+        strings = arrow_strings(pa.array(table, type=pa.string()))
     empty = pc.equal(pc.binary_length(strings), 0).to_numpy(zero_copy_only=False)
     if codes is None:
         n_missing = strings.null_count + int(np.count_nonzero(empty))

@@ -229,7 +229,7 @@ def _aggregate(c: Contributions, moments: bool = False) -> pd.DataFrame:
     if c.unit is None:
         cells["units"] = cells["count"]
     else:  # distinct (cell, person) pairs per cell
-        pairs = _pair_codes(codes, len(uniques), c.unit)
+        pairs = _pair_codes(codes, c.unit)
         cells["units"] = np.bincount(pairs[0], minlength=len(uniques)).astype(np.int64)
     cols = ["count", "units", "sum_units"]
     if moments:  # |value| ≤ 2^26.5 (the planner's check), so each square is exact in int64
@@ -239,11 +239,9 @@ def _aggregate(c: Contributions, moments: bool = False) -> pd.DataFrame:
     return _typed(cells[cols])
 
 
-def _pair_codes(
-    first: npt.NDArray[np.intp], n_first: int, second: npt.NDArray[np.generic]
-) -> tuple[I64, I64]:
+def _pair_codes(first: npt.NDArray[np.intp], second: npt.NDArray[np.generic]) -> tuple[I64, I64]:
     """The distinct (first, second) pairs as (first code, second code) arrays: codes
-    ``first`` in ``0..n_first-1`` and any ids ``second`` (one sort, no pandas groupby)."""
+    ``first`` (non-negative) and any ids ``second`` (one sort, no pandas groupby)."""
     codes2, uniques2 = pd.factorize(second)
     width = np.int64(max(len(uniques2), 1))
     pairs = sorted_unique(first.astype(np.int64) * width + codes2.astype(np.int64))
@@ -275,8 +273,7 @@ def _max_distinct(owner: U64, item: npt.NDArray[np.generic]) -> int:
     """The largest number of distinct items of one owner."""
     if owner.size == 0:
         return 0
-    codes, uniques = pd.factorize(owner)
-    owners, _ = _pair_codes(codes, len(uniques), item)
+    owners, _ = _pair_codes(pd.factorize(owner)[0], item)
     return int(np.bincount(owners).max())
 
 

@@ -240,6 +240,12 @@ def input_stamps(paths: tuple[str, ...]) -> list[Stamp]:
     return stamps
 
 
+def input_size(stamps: list[Stamp], paths: tuple[str, ...]) -> int | None:
+    """The inputs' total size from their :func:`input_stamps`; None when one of ``paths``
+    has none (a remote input)."""
+    return sum(st[1] for st in stamps) if len(stamps) == len(paths) else None
+
+
 def check_unchanged(stamps: list[Stamp]) -> None:
     """InputDataError (exit 3) when an input changed after :func:`input_stamps`: the
     pipeline reads inputs more than once, and two reads of a changing file disagree

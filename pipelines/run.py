@@ -63,7 +63,7 @@ from privpipe.pipelines.dp_release import DPJob, coarsen_for, open_ledger, publi
 from privpipe.pipelines.hierarchies import HierarchyLabeler, HierarchyResolver
 from privpipe.pipelines.local_release import LocalJob, charge_local, publish_local
 from privpipe.pipelines.output import INTERNAL, RunOutput, new_run_id
-from privpipe.pipelines.plan import Plan, check_unchanged, dp_columns, input_stamps
+from privpipe.pipelines.plan import Plan, check_unchanged, input_size, input_stamps
 from privpipe.pipelines.preflight import run_jobs
 from privpipe.pipelines.publication import (
     check_combination,
@@ -168,6 +168,7 @@ def build_graph(
     ljobs: Sequence[LocalJob] = (),
     cjobs: Sequence[ContinualJob] = (),
     holdout_key: str | None = None,
+    input_bytes: int | None = None,  # the inputs' size, None when unknown (remote)
 ) -> None:
     """Read batches once; profile, anonymise, aggregate DP cells, perturb local DP reports.
 
@@ -240,10 +241,8 @@ def build_graph(
         DPCellsJob(j.spec, tuple(j.plans), str(out.work / f"dp-{j.name}.pickle")) for j in jobs
     ] + [DPCellsJob(c.spec, tuple(c.plans), str(out.work / f"dp-{c.name}.pickle")) for c in cjobs]
     if cells:
-        stamps = input_stamps(plan.input_paths)
-        size = sum(st[1] for st in stamps) if len(stamps) == len(plan.input_paths) else None
         _ = batches | "DP" >> AggregateDPCells(
-            cells, labeler, seed, shards=shards_for(size), spill=str(out.work / "dp")
+            cells, labeler, seed, shards=shards_for(input_bytes), spill=str(out.work / "dp")
         )
     for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
         _ = batches | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
@@ -271,8 +270,8 @@ def exact_columns(plan: Plan) -> list[str]:
     s = plan.config.schema_
     cols = [*s.quasi_identifiers, s.sensitive, s.privacy_unit]
     for r in plan.config.releases:
-        value = getattr(r, "value", None)
-        cols += [c for c in dp_columns(r) if c != value]
+        key_columns = getattr(r, "key_columns", None)  # DP releases
+        cols += list(key_columns()) if key_columns is not None else []
     return list(dict.fromkeys(c for c in cols if c))
 
 
@@ -433,7 +432,7 @@ def _run(
             with stage("graph"):
                 build_graph(
                     p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs,
-                    cjobs, holdout_key,
+                    cjobs, holdout_key, input_size(stamps, plan.input_paths),
                 )  # fmt: skip
             if lpub and ledger is not None:  # local noise is drawn while reading: charge now
                 charge_local(ledger, run_id, lpub, log)

@@ -24,7 +24,7 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
-__all__ = ["MISSING_HASH", "string_hashes"]
+__all__ = ["MISSING_HASH", "arrow_strings", "string_hashes"]
 
 U64 = npt.NDArray[np.uint64]
 
@@ -45,8 +45,10 @@ def _mix(h: U64) -> U64:
     return h
 
 
-def _arrow_strings(values: Any) -> pa.Array:
-    """The column as one Arrow (large_)string array (zero-copy for Arrow-backed columns)."""
+def arrow_strings(values: Any) -> pa.Array:
+    """The column as one Arrow (large_)string array (zero-copy for Arrow-backed columns; a
+    column of nothing but missing values is a string array of nulls); TypeError when the
+    values are not strings."""
     if isinstance(values, pd.Series | pd.Index):
         values = values.array
     array = pa.array(values, from_pandas=True)
@@ -99,7 +101,7 @@ def string_hashes(values: Any) -> U64:
     """A 64-bit hash of each string of a column (str / Arrow string Series, or an object
     array of str); a missing value gets :data:`MISSING_HASH`. Equal strings, equal hashes,
     whatever the column's storage or batch."""
-    array = _arrow_strings(values)
+    array = arrow_strings(values)
     n = len(array)
     _, offsets_buf, data_buf = array.buffers()
     width = np.int64 if pa.types.is_large_string(array.type) else np.int32

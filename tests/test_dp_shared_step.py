@@ -107,3 +107,15 @@ def test_shards_follow_the_input_size() -> None:
     assert shards_for(0) == shards_for(4 * mb) == shards_for(20 * mb) == MIN_SHARDS == 4
     assert shards_for(85 * mb) == 11  # the demo's 1M rows
     assert shards_for(851 * mb) == SHARDS == 16  # its 10M rows
+
+
+def test_the_input_size_is_known_only_when_every_input_is_local(tmp_path: Path) -> None:
+    from privpipe.pipelines.plan import input_size, input_stamps
+
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("x\n1\n")
+    b.write_text("x\n22\n")
+    local = (str(a), str(b))
+    assert input_size(input_stamps(local), local) == 4 + 5
+    remote = (str(a), "gs://bucket/c.csv")  # not stat-able here: size unknown
+    assert input_size(input_stamps(remote), remote) is None
