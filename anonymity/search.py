@@ -36,16 +36,6 @@ holds.
 Ties: values within a relative 1e-9 are equal; the winner is then the node with the
 lower sum of levels, then the lexicographically smaller level vector.
 
-Cores: on large summaries (``THREADED_ROWS``) the optimal search decides in one
-thread, in the order above, while its nodes are evaluated on worker threads, one per
-core (``_Lookahead``): the node it waits for first, and meanwhile the next nodes of the
-order that are not yet known and whose bound does not exceed the best value found
-(numpy releases the GIL in the work of a node). A node's classes and assessment do not
-depend on when or where they were computed, so the nodes checked, the optimum and its
-figures are the same for any number of threads; a node evaluated ahead that the search
-then skips is discarded. On this project's 2-core VM two threads each run ~1.45× slower
-per node than one alone, so the gain is ~1.2× (t=0.3 at 1M demo rows).
-
 Pure core: numpy and the standard library only (no Beam).
 """
 
@@ -53,8 +43,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import os
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -90,26 +78,10 @@ RELATIVE_TIE: Final = 1e-9
 """Metric values closer than this (relative) are ties, broken by the node order."""
 CACHE_CELLS: Final = 4_000_000
 """Cells of equivalence classes kept for roll-ups during the optimal search (~64 MB)."""
-LOOKAHEAD_PER_THREAD: Final = 4
-"""Nodes evaluated ahead (in flight or waiting) per worker thread of the optimal search
-(1, 2, 4, 8 and 16 measured at 1M demo rows: 4 and 8 the fastest)."""
-THREADED_ROWS: Final = 400_000
-"""Summary rows from which the optimal search uses worker threads by default. Below,
-a node's work is too small to gain: at 200k demo rows (137k summary rows) the t=0.3
-search took 14.4 s with two threads against 13.6 s in one; at 1M (682k) 44–49 s against
-53–58 s."""
 ROLLUP_SORT_FACTOR: Final = 4
 """A farther cached specialisation (regrouped with a full sort) is used instead of a
 direct predecessor (merged sorted runs, near-linear) when it has this many times fewer
 cells."""
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity where the OS reports one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _tol(value: float) -> float:
@@ -189,11 +161,9 @@ class _ClassCache:
     """Equivalence classes of recently evaluated nodes, for roll-ups; at most
     ``CACHE_CELLS`` cells are kept (the oldest entries are evicted first). The levels and
     sizes of the entries are also kept in arrays (one slot per entry, freed slots reused)
-    so that ``smallest_below`` is one vectorised comparison. Safe from several threads
-    (the optimal search's workers)."""
+    so that ``smallest_below`` is one vectorised comparison."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._items: OrderedDict[object, tuple[EquivalenceClasses, int]] = OrderedDict()
         self._cells = 0
         self._levels = np.zeros((0, 0), dtype=np.int64)
@@ -202,16 +172,11 @@ class _ClassCache:
         self._by_slot: list[EquivalenceClasses | None] = []
 
     def get(self, key: object) -> EquivalenceClasses | None:
-        with self._lock:
-            item = self._items.get(key)
+        item = self._items.get(key)
         return None if item is None else item[0]
 
     def put(self, key: object, classes: EquivalenceClasses) -> None:
         size = _cached_cells(classes)
-        with self._lock:
-            self._put(key, classes, size)
-
-    def _put(self, key: object, classes: EquivalenceClasses, size: int) -> None:
         if size > CACHE_CELLS or key in self._items:
             return
         while self._items and self._cells + size > CACHE_CELLS:
@@ -245,10 +210,6 @@ class _ClassCache:
     def smallest_below(self, node: Sequence[int]) -> EquivalenceClasses | None:
         """The cached classes with the fewest cells whose node is a specialisation of
         ``node`` (every level lower or equal), None if there is none."""
-        with self._lock:
-            return self._smallest_below(node)
-
-    def _smallest_below(self, node: Sequence[int]) -> EquivalenceClasses | None:
         if not self._items:
             return None
         below = (self._sizes >= 0) & np.all(self._levels <= np.asarray(node), axis=1)
@@ -332,31 +293,6 @@ def _prepare(
     return items, chosen, lattice, work
 
 
-def _visit(state: _OptimalState, probe: bool) -> None:
-    """The optimal search's loop over the node order (module docstring)."""
-    # if the top fails the monotone models, every node does
-    if state.monotone and not state.evaluate(state.top_rank).satisfied and state.fails[-1]:
-        raise _refusal(
-            state.models, state.work, state.lattice, state.limit, state.watch, complete=True
-        )
-    for position, rank in enumerate(state.order.tolist()):
-        if state.best is not None and state.bounds is not None:
-            bound = float(state.bounds[rank])
-            if bound > state.best_value + _tol(state.best_value):
-                break  # bounds only grow from here
-            if bound >= state.best_value - _tol(state.best_value) and rank > state.best_rank:
-                continue  # at best a tie, which it would lose
-        if state.known(rank):
-            continue
-        if state.ahead is not None:
-            state.ahead.fill(position)
-        if probe and state.monotone:
-            state.probe(rank)
-            if state.known(rank):
-                continue
-        state.evaluate(rank)
-
-
 def _result(
     evaluator: Evaluator,
     work: Evaluator,
@@ -394,16 +330,12 @@ def optimal(
     metric: str | Metric = "loss",
     lattice: Lattice | None = None,
     probe: bool = True,
-    threads: int | None = None,
 ) -> SearchResult:
     """The node satisfying all models with the least ``metric`` (module docstring).
 
     Raises ConfigError for lattices above ``MAX_OPTIMAL_NODES`` (use ``heuristic``) and
     PrivacyRefusal, with the suppression needed, when no node satisfies the models.
     ``probe=False`` disables the chain probes (same answer, for tests and benchmarks).
-    ``threads``: worker threads evaluating nodes (default: the usable cores from
-    ``THREADED_ROWS`` summary rows, else none; 0 or 1: none, everything in this
-    thread); the answer and the nodes checked do not depend on it.
     """
     started = time.perf_counter()
     items, chosen, lattice, work = _prepare(evaluator, models, metric, lattice)
@@ -414,15 +346,23 @@ def optimal(
             "or restrict the levels (min/max level per quasi-identifier)"
         )
     state = _OptimalState(work, items, chosen, lattice, suppression_limit)
-    if threads is None:
-        threads = usable_cores() if work.summary.n_distinct >= THREADED_ROWS else 1
-    if threads > 1:
-        state.ahead = _Lookahead(state, threads)
-    try:
-        _visit(state, probe)
-    finally:
-        if state.ahead is not None:
-            state.ahead.close()
+    # if the top fails the monotone models, every node does
+    if state.monotone and not state.evaluate(state.top_rank).satisfied and state.fails[-1]:
+        raise _refusal(items, work, lattice, suppression_limit, state.watch, complete=True)
+    for rank in state.order.tolist():
+        if state.best is not None and state.bounds is not None:
+            bound = float(state.bounds[rank])
+            if bound > state.best_value + _tol(state.best_value):
+                break  # bounds only grow from here
+            if bound >= state.best_value - _tol(state.best_value) and rank > state.best_rank:
+                continue  # at best a tie, which it would lose
+        if state.known(rank):
+            continue
+        if probe and state.monotone:
+            state.probe(rank)
+            if state.known(rank):
+                continue
+        state.evaluate(rank)
     if state.best is None:
         raise _refusal(items, work, lattice, suppression_limit, state.watch, complete=True)
     return _result(
@@ -459,9 +399,7 @@ class _OptimalState:
         self.work = work
         self.models = models
         self.metric = metric
-        self.lattice = lattice
         self.limit = limit
-        self.ahead: _Lookahead | None = None
         self.mono = tuple(model for model in models if model.monotone)
         self.monotone = bool(self.mono)
         self.dominance = len(self.mono) == len(models) and metric.monotone_without_suppression
@@ -524,7 +462,7 @@ class _OptimalState:
             flags[current] = True
             stack.extend(self._neighbours(current, up))
 
-    def classes_of(self, rank: int) -> EquivalenceClasses:
+    def _classes(self, rank: int) -> EquivalenceClasses:
         """Rolled up from the cached node with the fewest cells among the node's
         specialisations (a direct predecessor merges sorted runs; any other is regrouped),
         else counted from a base (``Evaluator.classes``)."""
@@ -552,11 +490,8 @@ class _OptimalState:
 
     def evaluate(self, rank: int) -> Assessment:
         """Check a node, record what it implies for others, and update the best node."""
-        if self.ahead is not None:
-            classes, result = self.ahead.take(rank)
-        else:
-            classes = self.classes_of(rank)
-            result = assess(classes, self.models, self.limit)
+        classes = self._classes(rank)
+        result = assess(classes, self.models, self.limit)
         self.checked += 1
         progress.add_rows("search", 1, NODES)
         self.evaluated[rank] = True
@@ -616,135 +551,6 @@ class _OptimalState:
                     low = mid + 1
                 else:
                     high = mid
-
-
-NOW: Final = 0
-"""Priority of a node the search waits for."""
-AHEAD: Final = 1
-"""Priority of a node further along the order."""
-
-
-@dataclass(eq=False)
-class _Job:
-    priority: int
-    started: bool = False
-    done: bool = False
-    result: tuple[EquivalenceClasses, Assessment] | None = None
-    error: BaseException | None = None
-
-
-class _Lookahead:
-    """Nodes of the optimal search evaluated on worker threads, the one it waits for first.
-
-    The search decides alone, in its order; every node it checks is evaluated by a
-    worker (``take``, priority ``NOW``). Meanwhile idle workers evaluate the next nodes
-    of the order that are not known yet and whose bound does not exceed the best value
-    found (``AHEAD``, up to ``LOOKAHEAD_PER_THREAD`` per thread). Each is rolled up or
-    counted as the search would (``_OptimalState.classes_of``; the class cache and the
-    evaluator are safe from several threads) and assessed. A node that
-    becomes known before it is taken is dropped. (Queuing a probe's possible next nodes
-    too was measured and lost: 41–43 s against 41 s without, at 1M demo rows.)"""
-
-    def __init__(self, state: _OptimalState, threads: int) -> None:
-        self.state = state
-        self.window = LOOKAHEAD_PER_THREAD * threads
-        self.order = state.order.tolist()
-        self.cursor = 0  # the next position of the order not yet looked at
-        self._ahead: set[int] = set()
-        self._jobs: dict[int, _Job] = {}  # by rank: queued, running or done, not taken
-        self._queue: list[tuple[int, int, int]] = []  # (priority, sequence, rank)
-        self._sequence = 0
-        self._closed = False
-        self._cond = threading.Condition()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"privpipe-search-{i}", daemon=True)
-            for i in range(threads)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                priority, _, rank = heapq.heappop(self._queue)
-                job = self._jobs.get(rank)
-                if job is None or job.started or job.priority != priority:
-                    continue  # dropped, or queued again with a higher priority
-                job.started = True
-            try:
-                state = self.state
-                classes = state.classes_of(rank)
-                job.result = (classes, assess(classes, state.models, state.limit))
-            except BaseException as error:  # handed to the search by take()
-                job.error = error
-            with self._cond:
-                job.done = True
-                self._cond.notify_all()
-
-    def _submit(self, rank: int, priority: int) -> None:
-        """Queue ``rank`` (or raise its priority); call with the condition held."""
-        job = self._jobs.get(rank)
-        if job is None:
-            job = self._jobs[rank] = _Job(priority)
-        elif job.started or job.priority <= priority:
-            return
-        job.priority = priority
-        heapq.heappush(self._queue, (priority, self._sequence, rank))
-        self._sequence += 1
-        self._cond.notify()
-
-    def _drop(self, ranks: set[int]) -> None:
-        """Forget these ranks' jobs (a running one finishes unread); condition held."""
-        for rank in ranks:
-            self._jobs.pop(rank, None)
-        ranks.clear()
-
-    def fill(self, position: int) -> None:
-        """Queue nodes of the order after ``position`` (the node being decided)."""
-        state = self.state
-        self.cursor = max(self.cursor, position + 1)
-        limit = math.inf
-        if state.best is not None and state.bounds is not None:
-            limit = state.best_value + _tol(state.best_value)
-        with self._cond:
-            self._drop({r for r in self._ahead if state.known(r) or r not in self._jobs})
-            self._ahead.intersection_update(self._jobs)
-            while len(self._ahead) < self.window and self.cursor < len(self.order):
-                rank = self.order[self.cursor]
-                if state.bounds is not None and float(state.bounds[rank]) > limit:
-                    return  # the search stops before it
-                self.cursor += 1
-                if not state.known(rank):
-                    self._ahead.add(rank)
-                    self._submit(rank, AHEAD)
-
-    def take(self, rank: int) -> tuple[EquivalenceClasses, Assessment]:
-        """The node's classes and assessment, evaluated by a worker (first, if queued)."""
-        with self._cond:
-            self._submit(rank, NOW)
-            job = self._jobs[rank]
-            while not job.done:
-                self._cond.wait()
-            del self._jobs[rank]
-            self._ahead.discard(rank)
-        if job.error is not None:
-            raise job.error
-        assert job.result is not None
-        return job.result
-
-    def close(self) -> None:
-        """Drop what is queued; wait for the running evaluations to end."""
-        with self._cond:
-            self._closed = True
-            self._jobs.clear()
-            self._queue.clear()
-            self._cond.notify_all()
-        for thread in self._threads:
-            thread.join()
 
 
 def heuristic(

@@ -45,19 +45,12 @@ optimal search uses it from the cached node with the fewest cells below the node
 
 Rows stay the unit of the suppression limit and of the utility metrics.
 
-Threads: ``Evaluator.classes``, ``rollup`` and ``rollup_to`` may be called from several
-threads at once (the optimal search evaluates nodes ahead on the machine's cores; numpy
-releases the GIL in the gathers, sums and sorts). Building a base and caching an array
-with one are done under the evaluator's lock; the other caches only ever gain entries
-that any thread would compute identically.
-
 Pure core: numpy, pandas and the standard library only (no Beam).
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -454,7 +447,6 @@ class Evaluator:
         self._bases: dict[tuple[int, ...], Base] = {}  # never evicted: see BASE_BYTES
         self._no_gain: set[tuple[int, ...]] = set()
         self._base_bytes = 0
-        self._lock = threading.RLock()  # bases and the arrays cached with them
         self._summary_base: Base | None = None
         self._root_base: Base | None = None
         self._joint_sa, self._joint_qis, self._joint_space = self._joint_members()
@@ -505,15 +497,6 @@ class Evaluator:
             if self.units is not None and self.use_sa:
                 persons = summary.sa_unit_counts()
                 self.unit_sa_distribution = persons.astype(np.float64) / persons.sum()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_lock"]  # a lock does not pickle; a copy gets its own
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return (
@@ -827,25 +810,21 @@ class Evaluator:
             return base.packed[0]
         packed = np.multiply(base.singles, float(1 << self._pack_shift), dtype=np.float64)
         packed += base.counts
-        with self._lock:
-            if base.packed:  # another thread's, the same
-                return base.packed[0]
-            if self._keep(base, packed.nbytes):
-                base.packed.append(packed)
+        if self._keep(base, packed.nbytes):
+            base.packed.append(packed)
         return packed
 
     def _keep(self, base: Base, nbytes: int) -> bool:
         """Whether an array of ``nbytes`` derived from ``base`` is cached with it: always
         with the summary's own rows, with a kept base while ``BASE_BYTES`` allow (counted
-        there). Callers hold the lock from their look into the cache to their insert."""
-        with self._lock:
-            if base is self._summary_base or base is self._root_base:
-                return True
-            kept = self._bases.get(tuple(base.levels[j] for j in self._base_qis)) is base
-            if kept and self._base_bytes + nbytes <= BASE_BYTES:
-                self._base_bytes += nbytes
-                return True
-            return False
+        there)."""
+        if base is self._summary_base or base is self._root_base:
+            return True
+        kept = self._bases.get(tuple(base.levels[j] for j in self._base_qis)) is base
+        if kept and self._base_bytes + nbytes <= BASE_BYTES:
+            self._base_bytes += nbytes
+            return True
+        return False
 
     def _joint_members(self) -> tuple[bool, tuple[int, ...], int]:
         """Whether the SA is coded jointly, the QIs coded jointly (``JOINT_SPACE``) and
@@ -882,11 +861,8 @@ class Evaluator:
             ids += np.multiply(base.labels[j], stride, dtype=np.int64)
             stride *= self._qi[j].n_labels(0)
         compact = ids.astype(code_dtype(self._joint_space))
-        with self._lock:
-            if base.joint:  # another thread's, the same
-                return base.joint[0]
-            if self._keep(base, compact.nbytes):
-                base.joint.append(compact)
+        if self._keep(base, compact.nbytes):
+            base.joint.append(compact)
         return compact
 
     def _joint_table(self, node: Node, strides: Sequence[int]) -> IntArray | None:
@@ -919,12 +895,8 @@ class Evaluator:
         info = self._qi[qi]
         table = self._lift_table(qi, start, level, 1).astype(code_dtype(info.n_labels(level)))
         lifted = table[base.labels[qi]]
-        with self._lock:
-            cached = base.lifted.get((qi, level))
-            if cached is not None:  # another thread's, the same
-                return cached
-            if self._keep(base, lifted.nbytes):
-                base.lifted[(qi, level)] = lifted
+        if self._keep(base, lifted.nbytes):
+            base.lifted[(qi, level)] = lifted
         return lifted
 
     def _packed(self, codes: IntArray, radices: tuple[int, ...]) -> IntArray:
@@ -1011,33 +983,21 @@ class Evaluator:
         """The base every node can be counted from: with privacy units, the summary rows
         merged per (QI tuple, SA) for the simple persons (``anonymity.bases``; at 10M demo
         rows 6.8M (QI, SA, person) rows become 4.0M), when that saves at least
-        ``1 - BASE_GAIN`` of them; else the summary rows themselves. Always kept; built
-        once, under the lock."""
-        root = self._root_base
-        if root is not None:
-            return root
-        with self._lock:
-            if self._root_base is None:  # not built by another thread meanwhile
-                rows = self._base_of_summary()
-                root = rows
-                if self.summary.has_units:
-                    merged = self._regrouped(rows, (0,) * len(self._qi))
-                    if merged is not None and merged.n_rows <= BASE_GAIN * rows.n_rows:
-                        root = merged
-                self._root_base = root
-                if root is not rows:
+        ``1 - BASE_GAIN`` of them; else the summary rows themselves. Always kept."""
+        if self._root_base is None:
+            rows = self._base_of_summary()
+            self._root_base = rows
+            if self.summary.has_units:
+                merged = self._regrouped(rows, (0,) * len(self._qi))
+                if merged is not None and merged.n_rows <= BASE_GAIN * rows.n_rows:
+                    self._root_base = merged
                     self._summary_base = None  # its weights are not needed again
-            return self._root_base
+        return self._root_base
 
     def _base_for(self, node: Node) -> Base:
         """The base with the fewest rows below ``node``. The base of ``node``'s levels of
         the base QIs is regrouped (once) from the best one there is, and kept when it
-        has at most ``BASE_GAIN`` of its rows, within ``BASE_BYTES``. Under the lock: a
-        base is built once, by one thread."""
-        with self._lock:
-            return self._find_base(node)
-
-    def _find_base(self, node: Node) -> Base:
+        has at most ``BASE_GAIN`` of its rows, within ``BASE_BYTES``."""
         root = self._root()
         if not self._base_qis:
             return root

@@ -171,15 +171,6 @@ def test_optimal_finds_the_brute_force_minimum(
         adult.evaluator, models_of(scenario), suppression_limit=scenario[2], probe=False
     )
     assert again.transformation == node
-    # on worker threads: the same node, figures and nodes checked
-    threaded = optimal(
-        adult.evaluator, models_of(scenario), suppression_limit=scenario[2], threads=2
-    )
-    assert (threaded.transformation, threaded.value, threaded.nodes_checked) == (
-        result.transformation,
-        result.value,
-        result.nodes_checked,
-    )
     # the heuristic finds a satisfying node, never better than the optimum
     found = heuristic(
         adult.evaluator, models_of(scenario), suppression_limit=scenario[2], time_limit=0.5

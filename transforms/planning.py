@@ -42,7 +42,6 @@ from dataclasses import dataclass
 import pandas as pd
 
 from privpipe import progress
-from privpipe.anonymity.search import usable_cores
 from privpipe.anonymity.spec import AnonymizationSpec
 from privpipe.transforms.context import (
     ReleaseContext,
@@ -68,7 +67,12 @@ class Planned:
     seconds: float
 
 
-available_cores = usable_cores  # the one definition, in the pure core (tests patch this)
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS reports one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def expected_effort(spec: AnonymizationSpec) -> int:
