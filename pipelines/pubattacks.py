@@ -24,9 +24,10 @@ import hashlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -47,6 +48,7 @@ from privpipe.attacks.publication import (
 from privpipe.attacks.reconstruction import (
     MAX_CELLS,
     Marginal,
+    Reconstruction,
     independence,
     match_share,
     reconstruct,
@@ -390,12 +392,17 @@ def _marginal(
 class _Memo:
     """What the reconstructions of one publication share: each release's artefacts, the
     raw table's distinct values of a column (with their rows' codes), and solved
-    programs (the same counts give the same table: the published set is in every set)."""
+    programs (the same counts give the same table: the published set is in every set).
 
-    def __init__(self) -> None:
+    With a ``solver`` thread the programs are solved there while this thread goes on
+    (HiGHS releases the GIL: the solves overlap the other attacks' pandas work); the
+    solver sees only the programs' numpy arrays, never a pandas object."""
+
+    def __init__(self, solver: ThreadPoolExecutor | None = None) -> None:
         self.artefacts: dict[str, list[_Artefact]] = {}
         self.values: dict[str, tuple[np.ndarray, pd.Series]] = {}
-        self.solved: dict[bytes, Any] = {}
+        self.solved: dict[bytes, Future[Reconstruction]] = {}
+        self.solver = solver
 
     def artefacts_of(
         self,
@@ -419,7 +426,8 @@ class _Memo:
             self.values[column] = (codes, pd.Series(uniques, dtype=object))
         return self.values[column]
 
-    def reconstruct(self, sizes: Sequence[int], marginals: Sequence[Marginal]) -> Any:
+    def solve(self, sizes: Sequence[int], marginals: Sequence[Marginal]) -> Future[Reconstruction]:
+        """The program of these counts, solved once (on the solver thread if any)."""
         digest = hashlib.blake2b(repr(list(sizes)).encode(), digest_size=16)
         for m in marginals:
             digest.update(repr((m.sizes, m.kind, m.scale)).encode())
@@ -428,8 +436,34 @@ class _Memo:
                 digest.update(b"|")
         key = digest.digest()
         if key not in self.solved:
-            self.solved[key] = reconstruct(sizes, marginals, time_limit=TIME_LIMIT)
+            args = (list(sizes), list(marginals))
+            if self.solver is not None:
+                self.solved[key] = self.solver.submit(_solve, *args)
+            else:
+                done: Future[Reconstruction] = Future()
+                try:
+                    done.set_result(_solve(*args))
+                except Exception as error:  # raised where the result is read
+                    done.set_exception(error)
+                self.solved[key] = done
         return self.solved[key]
+
+    def reconstruct(self, sizes: Sequence[int], marginals: Sequence[Marginal]) -> Reconstruction:
+        """The reconstruction of these counts (ValueError: no table fits them)."""
+        return self.solve(sizes, marginals).result()
+
+
+def _solve(sizes: list[int], marginals: list[Marginal]) -> Reconstruction:
+    return reconstruct(sizes, marginals, time_limit=TIME_LIMIT)
+
+
+class _Prepared(NamedTuple):
+    """One set's reconstruction program and the true table it is scored against."""
+
+    domain: dict[str, tuple[int, list[str]]]
+    sizes: list[int]
+    marginals: list[Marginal]
+    truth: np.ndarray
 
 
 def reconstruction_entry(
@@ -445,6 +479,21 @@ def reconstruction_entry(
     """Reconstruct microdata from the counts of ``names`` and score it against ``raw``
     (``memo``: shared by the sets of one publication)."""
     memo = memo or _Memo()
+    prepared = _prepare_reconstruction(names, releases, raw, hierarchies, qis, columns, memo)
+    return None if prepared is None else _score_reconstruction(prepared, published, memo)
+
+
+def _prepare_reconstruction(
+    names: Sequence[str],
+    releases: Mapping[str, Release],
+    raw: pd.DataFrame,
+    hierarchies: Mapping[str, Hierarchy],
+    qis: Sequence[str],
+    columns: Sequence[str],
+    memo: _Memo,
+) -> _Prepared | None:
+    """The program of the counts of ``names`` (queued on the memo's solver, with the
+    tables-only one) and the true table; None when no domain or count fits."""
     artefacts = memo.artefacts_of(names, releases, columns, qis, hierarchies)
     domain = reconstruction_domain(artefacts, columns, hierarchies)
     if not domain:
@@ -464,6 +513,16 @@ def reconstruction_entry(
     flat = np.ravel_multi_index([t[ok] for t in truth_codes], sizes)
     weights = raw[WEIGHT].to_numpy(dtype=np.float64)[ok] if WEIGHT in raw.columns else None
     truth = np.rint(np.bincount(flat, weights, minlength=int(np.prod(sizes)))).astype(np.int64)
+    memo.solve(sizes, marginals)
+    exact = [m for m in marginals if m.kind != "noisy"]
+    if exact and len(exact) < len(marginals):
+        memo.solve(sizes, exact)
+    return _Prepared(domain, sizes, marginals, truth)
+
+
+def _score_reconstruction(prepared: _Prepared, published: set[str], memo: _Memo) -> dict[str, Any]:
+    """The entry of one set: its reconstruction scored against the true table."""
+    domain, sizes, marginals, truth = prepared
     try:
         found = memo.reconstruct(sizes, marginals)
     except ValueError as e:  # inconsistent exact counts: nothing fits them, nothing to score
@@ -534,24 +593,35 @@ def publication_attacks(
     tables = [n for n, r in releases.items() if r.kind in ANONYMITY_KINDS]
     counts = [n for n, r in releases.items() if r.kind in COUNT_KINDS]
     out: dict[str, list[dict[str, Any]]] = {a: [] for a in ATTACKS}
-    out["row_linking"], out["composition"] = _tables_pairwise(
-        plan, releases, tables, targets, hierarchies, published, known,
-        list((checked or {}).get("row_order") or []),
-    )  # fmt: skip
-    out["differencing"] = _differencing(releases, tables, counts, raw, hierarchies, qis, published)
     sets = [[n for n in releases if n in published]]
     if any(n not in published for n in releases):
         # hypothetically: each candidate added to the published set
         sets += [[*sets[0], n] for n in releases if n not in published]
-    memo = _Memo()
-    for names in sets:
-        entry = reconstruction_entry(
-            names, releases, raw, hierarchies, qis, columns, published, memo
+    # the reconstructions' programs first, solved on a thread beside the other attacks
+    solver = ThreadPoolExecutor(1, thread_name_prefix="privpipe-reconstruct")
+    try:
+        memo = _Memo(solver)
+        programs = [
+            (names, _prepare_reconstruction(names, releases, raw, hierarchies, qis, columns, memo))
+            for names in sets
+        ]
+        out["row_linking"], out["composition"] = _tables_pairwise(
+            plan, releases, tables, targets, hierarchies, published, known,
+            list((checked or {}).get("row_order") or []),
+        )  # fmt: skip
+        out["differencing"] = _differencing(
+            releases, tables, counts, raw, hierarchies, qis, published
         )
-        if entry is not None and entry not in out["reconstruction"]:
-            out["reconstruction"].append(
-                entry | {"hypothetical": any(n not in published for n in names)}
-            )
+        for names, prepared in programs:
+            if prepared is None:
+                continue
+            entry = _score_reconstruction(prepared, published, memo)
+            if entry not in out["reconstruction"]:
+                out["reconstruction"].append(
+                    entry | {"hypothetical": any(n not in published for n in names)}
+                )
+    finally:
+        solver.shutdown(wait=True, cancel_futures=True)
     del out["across_runs"]  # only for several runs (privpipe report RUN1 RUN2)
     return out
 
