@@ -279,6 +279,7 @@ def test_subprocess_exit_code_and_stderr(project: Project) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["status"] == "succeeded"
+    assert "bson" not in done.stderr and "apitools" not in done.stderr  # Beam's import noise
     project.cfg["input"]["batch_rows"] = 0
     project.save()
     proc = subprocess.run(
@@ -286,6 +287,25 @@ def test_subprocess_exit_code_and_stderr(project: Project) -> None:
     )
     assert proc.returncode == 2
     assert "privpipe: error: config.yaml: input.batch_rows" in proc.stderr
+
+
+def test_the_command_skips_beams_mongodb_libraries_and_beam_still_runs() -> None:
+    """``entry`` marks Beam's MongoDB client libraries absent before Beam is imported:
+    they are never loaded, Beam's warning about them is dropped, and a pipeline runs."""
+    code = (
+        "import sys\n"
+        "from privpipe.pipelines.cli import skip_unused_connectors\n"
+        "skip_unused_connectors()\n"
+        "import apache_beam as beam\n"
+        "from apache_beam.io import mongodbio\n"
+        "with beam.Pipeline() as p:\n"
+        "    _ = p | beam.Create([1, 2, 3]) | beam.Map(print)\n"
+        "print(sys.modules['pymongo'], sys.modules['bson'], mongodbio.MongoClient)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split().count("None") == 3 and {"1", "2", "3"} <= set(done.stdout.split())
+    assert "bson" not in done.stderr
 
 
 @pytest.mark.slow
