@@ -389,39 +389,57 @@ def _marginal(
     return Marginal(a.name, tuple(maps), tuple(sizes), counts, kind, a.scale * math.sqrt(summed))  # type: ignore[arg-type]
 
 
-class _Memo:
-    """What the reconstructions of one publication share: each release's artefacts, the
-    raw table's distinct values of a column (with their rows' codes), and solved
-    programs (the same counts give the same table: the published set is in every set).
+class _Prepared(NamedTuple):
+    """One set's reconstruction program and the true table it is scored against;
+    ``exact``: its exact (table) counts alone, when some counts are noisy."""
 
-    With a ``solver`` thread the programs are solved there while this thread goes on
+    domain: dict[str, tuple[int, list[str]]]
+    sizes: list[int]
+    marginals: list[Marginal]
+    exact: list[Marginal]
+    truth: np.ndarray
+
+
+class _Reconstructions:
+    """The reconstructions of one publication (its releases, the raw rows that score
+    them) and what they share: each release's artefacts, the raw table's distinct values
+    of a column (with their rows' codes), and solved programs (the same counts give the
+    same table: the published set is in every set).
+
+    With a ``solver`` thread the programs are solved there while the caller goes on
     (HiGHS releases the GIL: the solves overlap the other attacks' pandas work); the
     solver sees only the programs' numpy arrays, never a pandas object."""
 
-    def __init__(self, solver: ThreadPoolExecutor | None = None) -> None:
+    def __init__(
+        self,
+        releases: Mapping[str, Release],
+        raw: pd.DataFrame,
+        hierarchies: Mapping[str, Hierarchy],
+        qis: Sequence[str],
+        columns: Sequence[str],
+        published: set[str],
+        solver: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.releases, self.raw, self.hierarchies = releases, raw, hierarchies
+        self.qis, self.columns, self.published = qis, columns, published
+        self.solver = solver
         self.artefacts: dict[str, list[_Artefact]] = {}
         self.values: dict[str, tuple[np.ndarray, pd.Series]] = {}
         self.solved: dict[bytes, Future[Reconstruction]] = {}
-        self.solver = solver
 
-    def artefacts_of(
-        self,
-        names: Sequence[str],
-        releases: Mapping[str, Release],
-        columns: Sequence[str],
-        qis: Sequence[str],
-        hierarchies: Mapping[str, Hierarchy],
-    ) -> list[_Artefact]:
+    def artefacts_of(self, names: Sequence[str]) -> list[_Artefact]:
         for n in names:
             if n not in self.artefacts:
-                self.artefacts[n] = _artefacts([n], releases, columns, qis, hierarchies)
+                self.artefacts[n] = _artefacts(
+                    [n], self.releases, self.columns, self.qis, self.hierarchies
+                )
         return [a for n in names for a in self.artefacts[n]]
 
-    def distinct(self, raw: pd.DataFrame, column: str) -> tuple[np.ndarray, pd.Series]:
-        """Per row: the code of its canonical value; and the distinct canonical values."""
+    def distinct(self, column: str) -> tuple[np.ndarray, pd.Series]:
+        """Per raw row: the code of its canonical value; and the distinct canonical values."""
         if column not in self.values:
             codes, uniques = pd.factorize(
-                pd.Series(canonical_column(raw[column]), dtype=object).astype(str)
+                pd.Series(canonical_column(self.raw[column]), dtype=object).astype(str)
             )
             self.values[column] = (codes, pd.Series(uniques, dtype=object))
         return self.values[column]
@@ -448,22 +466,79 @@ class _Memo:
                 self.solved[key] = done
         return self.solved[key]
 
-    def reconstruct(self, sizes: Sequence[int], marginals: Sequence[Marginal]) -> Reconstruction:
-        """The reconstruction of these counts (ValueError: no table fits them)."""
-        return self.solve(sizes, marginals).result()
+    def prepare(self, names: Sequence[str]) -> _Prepared | None:
+        """The program of the counts of ``names`` (queued, with the tables-only one) and
+        the true table; None when no domain or count fits."""
+        hierarchies = self.hierarchies
+        artefacts = self.artefacts_of(names)
+        domain = reconstruction_domain(artefacts, self.columns, hierarchies)
+        if not domain:
+            return None
+        marginals = [m for a in artefacts if (m := _marginal(a, domain, hierarchies)) is not None]
+        if not marginals:
+            return None
+        sizes = [len(labels) for _, labels in domain.values()]
+        truth_codes = []
+        for c, (level, labels) in domain.items():
+            h = hierarchies.get(c)
+            codes, values = self.distinct(c)  # mapped once per distinct value
+            mapped = values.map(_ancestors(h, level)) if h is not None else values
+            found_at = pd.Index(labels, dtype=object).get_indexer(mapped.fillna("\x00"))
+            truth_codes.append(np.asarray(found_at, dtype=np.int64)[codes])
+        ok = np.all(np.stack(truth_codes) >= 0, axis=0)
+        flat = np.ravel_multi_index([t[ok] for t in truth_codes], sizes)
+        raw = self.raw
+        weights = raw[WEIGHT].to_numpy(dtype=np.float64)[ok] if WEIGHT in raw.columns else None
+        truth = np.rint(np.bincount(flat, weights, minlength=int(np.prod(sizes))))
+        exact = [m for m in marginals if m.kind != "noisy"]
+        self.solve(sizes, marginals)
+        if exact and len(exact) < len(marginals):
+            self.solve(sizes, exact)
+        return _Prepared(domain, sizes, marginals, exact, truth.astype(np.int64))
+
+    def score(self, prepared: _Prepared) -> dict[str, Any]:
+        """The entry of one set: its reconstruction scored against the true table."""
+        domain, sizes, marginals, exact, truth = prepared
+        published = self.published
+        try:
+            found = self.solve(sizes, marginals).result()
+        except ValueError as e:  # inconsistent exact counts: nothing fits, nothing to score
+            names_used = sorted({m.name.split("/")[0] for m in marginals})
+            return _entry(
+                names_used, published, columns=", ".join(domain), cells=int(np.prod(sizes)),
+                method="none", records=0, matched=0.0, chance=0.0, uniform=0.0,
+                tables_only=0.0, breach=False,
+                finding=f"no table fits the published counts ({e})",
+            )  # fmt: skip
+        matched = match_share(found.counts, truth)
+        chance = match_share(independence(found.counts, sizes), truth)
+        uniform = match_share(round_to(np.ones(truth.size), int(found.counts.sum())), truth)
+        tables_only = 0.0
+        if exact and len(exact) < len(marginals):  # what the tables alone give, to compare
+            tables_only = match_share(self.solve(sizes, exact).result().counts, truth)
+        elif exact:
+            tables_only = matched
+        baseline = max(chance, uniform, tables_only)
+        breach = matched >= 0.9 and matched > baseline + 0.1
+        used = sorted({m.name.split("/")[0] for m in marginals})
+        text = (
+            f"from the counts of {', '.join(used)} over ({', '.join(domain)}; "
+            f"{int(np.prod(sizes))} cells) a table of {int(found.counts.sum())} records "
+            f"consistent with them matches real records for {matched:.1%} of its records "
+            f"(chance {max(chance, uniform):.1%}; the anonymised tables alone "
+            f"{tables_only:.1%})"
+        )
+        return _entry(
+            used, published,
+            columns=", ".join(domain), cells=int(np.prod(sizes)), method=found.method,
+            records=int(found.counts.sum()), matched=matched, chance=chance, uniform=uniform,
+            tables_only=tables_only, breach=breach,
+            finding=text + ("; the counts determine the microdata" if breach else ""),
+        )  # fmt: skip
 
 
 def _solve(sizes: list[int], marginals: list[Marginal]) -> Reconstruction:
     return reconstruct(sizes, marginals, time_limit=TIME_LIMIT)
-
-
-class _Prepared(NamedTuple):
-    """One set's reconstruction program and the true table it is scored against."""
-
-    domain: dict[str, tuple[int, list[str]]]
-    sizes: list[int]
-    marginals: list[Marginal]
-    truth: np.ndarray
 
 
 def reconstruction_entry(
@@ -474,89 +549,12 @@ def reconstruction_entry(
     qis: Sequence[str],
     columns: Sequence[str],
     published: set[str],
-    memo: _Memo | None = None,
 ) -> dict[str, Any] | None:
     """Reconstruct microdata from the counts of ``names`` and score it against ``raw``
-    (``memo``: shared by the sets of one publication)."""
-    memo = memo or _Memo()
-    prepared = _prepare_reconstruction(names, releases, raw, hierarchies, qis, columns, memo)
-    return None if prepared is None else _score_reconstruction(prepared, published, memo)
-
-
-def _prepare_reconstruction(
-    names: Sequence[str],
-    releases: Mapping[str, Release],
-    raw: pd.DataFrame,
-    hierarchies: Mapping[str, Hierarchy],
-    qis: Sequence[str],
-    columns: Sequence[str],
-    memo: _Memo,
-) -> _Prepared | None:
-    """The program of the counts of ``names`` (queued on the memo's solver, with the
-    tables-only one) and the true table; None when no domain or count fits."""
-    artefacts = memo.artefacts_of(names, releases, columns, qis, hierarchies)
-    domain = reconstruction_domain(artefacts, columns, hierarchies)
-    if not domain:
-        return None
-    marginals = [m for a in artefacts if (m := _marginal(a, domain, hierarchies)) is not None]
-    if not marginals:
-        return None
-    sizes = [len(labels) for _, labels in domain.values()]
-    truth_codes = []
-    for c, (level, labels) in domain.items():
-        h = hierarchies.get(c)
-        codes, values = memo.distinct(raw, c)  # mapped once per distinct value
-        mapped = values.map(_ancestors(h, level)) if h is not None else values
-        found_at = pd.Index(labels, dtype=object).get_indexer(mapped.fillna("\x00"))
-        truth_codes.append(np.asarray(found_at, dtype=np.int64)[codes])
-    ok = np.all(np.stack(truth_codes) >= 0, axis=0)
-    flat = np.ravel_multi_index([t[ok] for t in truth_codes], sizes)
-    weights = raw[WEIGHT].to_numpy(dtype=np.float64)[ok] if WEIGHT in raw.columns else None
-    truth = np.rint(np.bincount(flat, weights, minlength=int(np.prod(sizes)))).astype(np.int64)
-    memo.solve(sizes, marginals)
-    exact = [m for m in marginals if m.kind != "noisy"]
-    if exact and len(exact) < len(marginals):
-        memo.solve(sizes, exact)
-    return _Prepared(domain, sizes, marginals, truth)
-
-
-def _score_reconstruction(prepared: _Prepared, published: set[str], memo: _Memo) -> dict[str, Any]:
-    """The entry of one set: its reconstruction scored against the true table."""
-    domain, sizes, marginals, truth = prepared
-    try:
-        found = memo.reconstruct(sizes, marginals)
-    except ValueError as e:  # inconsistent exact counts: nothing fits them, nothing to score
-        names_used = sorted({m.name.split("/")[0] for m in marginals})
-        return _entry(
-            names_used, published, columns=", ".join(domain), cells=int(np.prod(sizes)),
-            method="none", records=0, matched=0.0, chance=0.0, uniform=0.0, tables_only=0.0,
-            breach=False, finding=f"no table fits the published counts ({e})",
-        )  # fmt: skip
-    matched = match_share(found.counts, truth)
-    chance = match_share(independence(found.counts, sizes), truth)
-    uniform = match_share(round_to(np.ones(truth.size), int(found.counts.sum())), truth)
-    exact = [m for m in marginals if m.kind != "noisy"]
-    tables_only = 0.0
-    if exact and len(exact) < len(marginals):  # what the tables alone give, for comparison
-        tables_only = match_share(memo.reconstruct(sizes, exact).counts, truth)
-    elif exact:
-        tables_only = matched
-    baseline = max(chance, uniform, tables_only)
-    breach = matched >= 0.9 and matched > baseline + 0.1
-    used = sorted({m.name.split("/")[0] for m in marginals})
-    text = (
-        f"from the counts of {', '.join(used)} over ({', '.join(domain)}; "
-        f"{int(np.prod(sizes))} cells) a table of {int(found.counts.sum())} records "
-        f"consistent with them matches real records for {matched:.1%} of its records "
-        f"(chance {max(chance, uniform):.1%}; the anonymised tables alone {tables_only:.1%})"
-    )
-    return _entry(
-        used, published,
-        columns=", ".join(domain), cells=int(np.prod(sizes)), method=found.method,
-        records=int(found.counts.sum()), matched=matched, chance=chance, uniform=uniform,
-        tables_only=tables_only, breach=breach,
-        finding=text + ("; the counts determine the microdata" if breach else ""),
-    )  # fmt: skip
+    (one set on its own; ``publication_attacks`` shares the work between its sets)."""
+    runs = _Reconstructions(releases, raw, hierarchies, qis, columns, published)
+    prepared = runs.prepare(names)
+    return None if prepared is None else runs.score(prepared)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -600,11 +598,8 @@ def publication_attacks(
     # the reconstructions' programs first, solved on a thread beside the other attacks
     solver = ThreadPoolExecutor(1, thread_name_prefix="privpipe-reconstruct")
     try:
-        memo = _Memo(solver)
-        programs = [
-            (names, _prepare_reconstruction(names, releases, raw, hierarchies, qis, columns, memo))
-            for names in sets
-        ]
+        runs = _Reconstructions(releases, raw, hierarchies, qis, columns, published, solver)
+        programs = [(names, runs.prepare(names)) for names in sets]
         out["row_linking"], out["composition"] = _tables_pairwise(
             plan, releases, tables, targets, hierarchies, published, known,
             list((checked or {}).get("row_order") or []),
@@ -615,7 +610,7 @@ def publication_attacks(
         for names, prepared in programs:
             if prepared is None:
                 continue
-            entry = _score_reconstruction(prepared, published, memo)
+            entry = runs.score(prepared)
             if entry not in out["reconstruction"]:
                 out["reconstruction"].append(
                     entry | {"hypothetical": any(n not in published for n in names)}

@@ -177,7 +177,7 @@ def test_the_audit_entry_says_yes_for_light_noise_and_no_for_heavy(
 
 def test_programs_solved_on_the_solver_thread_give_the_same_entries() -> None:
     """publication_attacks solves the programs on a thread beside the other attacks
-    (``_Memo(solver)``): the entries equal those solved in the caller's thread, the
+    (``_Reconstructions(..., solver)``): the entries equal those solved in the caller's thread, the
     programs shared by two sets are solved once, and a program no table fits gives the
     same "no table fits" entry from either thread."""
     from concurrent.futures import ThreadPoolExecutor
@@ -192,24 +192,17 @@ def test_programs_solved_on_the_solver_thread_give_the_same_entries() -> None:
     alone = [pubattacks.reconstruction_entry(n, *args) for n in (names, names[:2])]
     solver = ThreadPoolExecutor(1)
     try:
-        memo = pubattacks._Memo(solver)
-        programs = [
-            pubattacks._prepare_reconstruction(
-                n, releases, raw, {}, ["a", "b"], ["a", "b", "c"], memo
-            )
-            for n in (names, names[:2], names)
-        ]
+        runs = pubattacks._Reconstructions(*args, solver)
+        programs = [runs.prepare(n) for n in (names, names[:2], names)]
         assert all(p is not None for p in programs)
-        assert len(memo.solved) == 2  # the third set is the first again
-        threaded = [pubattacks._score_reconstruction(p, set(names), memo) for p in programs if p]
+        assert len(runs.solved) == 2  # the third set is the first again
+        threaded = [runs.score(p) for p in programs if p]
     finally:
         solver.shutdown(wait=True)
     assert threaded[:2] == alone and threaded[2] == alone[0]
     # a program that fails on the solver thread is scored as none fitting, as before
-    broken = pubattacks._Memo(ThreadPoolExecutor(1))
-    prepared = pubattacks._prepare_reconstruction(
-        names, releases, raw, {}, ["a", "b"], ["a", "b", "c"], broken
-    )
+    broken = pubattacks._Reconstructions(*args, ThreadPoolExecutor(1))
+    prepared = broken.prepare(names)
     assert prepared is not None
 
     def failing(*_: object) -> object:
@@ -217,6 +210,6 @@ def test_programs_solved_on_the_solver_thread_give_the_same_entries() -> None:
 
     for key in list(broken.solved):
         broken.solved[key] = broken.solver.submit(failing)  # type: ignore[union-attr]
-    entry = pubattacks._score_reconstruction(prepared, set(names), broken)
+    entry = broken.score(prepared)
     assert entry["method"] == "none" and "no table fits" in entry["finding"]
     broken.solver.shutdown(wait=True)  # type: ignore[union-attr]
