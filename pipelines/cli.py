@@ -259,10 +259,14 @@ def say(message: str) -> None:
 
 
 class _DropBeamImportNoise(logging.Filter):
-    """Beam warns on import about optional GCP client libraries privpipe does not use."""
+    """Beam warns on import about optional client libraries privpipe does not use (GCP's,
+    on the root logger; MongoDB's when :func:`skip_unused_connectors` skipped them)."""
+
+    NOISE = ("apitools not found", "compatible bson")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "apitools not found" not in record.getMessage()
+        message = record.getMessage()
+        return not any(noise in message for noise in self.NOISE)
 
 
 class _DropReportedErrors(logging.Filter):
@@ -924,14 +928,7 @@ def skip_unused_connectors() -> None:
     for name in UNUSED_CONNECTOR_LIBRARIES:
         if name not in sys.modules:
             sys.modules[name] = None  # type: ignore[assignment]  # "not installed"
-    logging.getLogger("apache_beam.io.mongodbio").addFilter(_DropMissingMongo())
-
-
-class _DropMissingMongo(logging.Filter):
-    """Beam warns on import when MongoDB's client library is missing (see above)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "compatible bson" not in record.getMessage()
+    logging.getLogger("apache_beam.io.mongodbio").addFilter(_DropBeamImportNoise())
 
 
 def entry() -> None:
