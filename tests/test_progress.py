@@ -70,7 +70,7 @@ def test_reporter_off_and_terminal_line() -> None:
 
 
 def test_run_reports_progress_lines(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["run", str(project.config), "--progress", "0.2"])
+    code = main(["run", str(project.config), "--progress", "0.01"])  # a tick even in a 0.2 s run
     out = capsys.readouterr().out
     assert code == 0
     ticks = [ln for ln in out.splitlines() if re.match(r"privpipe: \d+s( |:|$)", ln)]
