@@ -752,7 +752,7 @@ def unwrap_pipeline_error(exc: BaseException) -> BaseException:
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, PrivpipeError):
             return strip_step(cur)
-        if isinstance(cur, KeyboardInterrupt):  # Ctrl-C inside a step: an interrupt (130)
+        if not isinstance(cur, Exception):  # Ctrl-C (130) or SIGTERM (143) inside a step
             return cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__

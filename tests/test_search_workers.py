@@ -101,3 +101,19 @@ def test_ctrl_c_inside_a_step_stays_an_interrupt() -> None:
     except RuntimeError as wrapped:
         assert unwrap_pipeline_error(wrapped) is interrupt
     assert isinstance(unwrap_pipeline_error(RuntimeError("x")), RuntimeError)
+
+
+def test_sigterm_inside_a_step_stays_a_termination() -> None:
+    """SIGTERM raises ``Terminated`` in the main thread, which may be inside a step (the
+    search); Beam wraps it like Ctrl-C, and the run unwraps it: exit 143, not 1."""
+    from privpipe.pipelines.cli import Terminated
+    from privpipe.pipelines.run import unwrap_pipeline_error
+
+    term = Terminated()
+    try:
+        try:
+            raise term
+        except Terminated as e:
+            raise RuntimeError("privpipe.pipelines.cli.Terminated [while running 'S']") from e
+    except RuntimeError as wrapped:
+        assert unwrap_pipeline_error(wrapped) is term
