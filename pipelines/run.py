@@ -72,10 +72,11 @@ from privpipe.pipelines.publication import (
     uncharged_ledger,
 )
 from privpipe.pipelines.rejections import NO_ROWS, all_rejected
-from privpipe.pipelines.runner import check_runner, runner_for
+from privpipe.pipelines.runner import check_runner, plans_ahead, runner_for
 from privpipe.timing import stage
 from privpipe.transforms.anonymize import (
     AnonymizeRelease,
+    AwaitPlan,
     SearchReleases,
     Summarise,
     counted_columns,
@@ -86,6 +87,7 @@ from privpipe.transforms.dp_aggregate import AggregateDPCells, DPCellsJob, shard
 from privpipe.transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from privpipe.transforms.io import InputSpec, ReadMicrodata, inspect_input
 from privpipe.transforms.local_dp import PerturbLocalDP
+from privpipe.transforms.planning import abandon_ahead, ahead_releases
 from privpipe.transforms.profile import ProfileMicrodata, split_internal
 from privpipe.transforms.sink import WriteTable, load_json, write_json
 from privpipe.transforms.timing import stage_counters
@@ -169,6 +171,7 @@ def build_graph(
     cjobs: Sequence[ContinualJob] = (),
     holdout_key: str | None = None,
     input_bytes: int | None = None,  # the inputs' size, None when unknown (remote)
+    plan_ahead: bool = False,  # the runner runs one stage at a time in this process
 ) -> None:
     """Read batches once; profile, anonymise, aggregate DP cells, perturb local DP reports.
 
@@ -184,22 +187,28 @@ def build_graph(
     )  # fmt: skip
     resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
     # recoding needs the search's result first, so the rows are read a second time: once
-    # for all anonymised releases together
+    # for all anonymised releases together (a third time for the releases planned ahead)
     anonymised = [r for r in plan.config.releases if r.kind in ANONYMITY_KINDS]
-    again = (p | "ReadAgain" >> ReadMicrodata(spec))["batches"] if anonymised else None
-    share = holdout_share(plan)
-    if again is not None and share is not None and holdout_key is not None:  # same split
-        again = (again | "HoldOutAgain" >> HoldOut(share, holdout_key, s.privacy_unit))[MEMBERS]
     # one summary per counted columns; the searches of the releases sharing one run side
     # by side on the cores (SearchReleases), each release recodes with its own plan
     sharing: dict[tuple[str, ...], list[AnonymizationSpec]] = {}
     for r in anonymised:
         aspec = anonymization_spec(r, plan)
         sharing.setdefault(tuple(counted_columns(aspec)), []).append(aspec)
-    unit = s.privacy_unit
-    if again is not None and unit and any(a.unit_by for g in sharing.values() for a in g):
-        # every verifier counts persons by the same 64-bit hash of the id: hashed once here
-        again = again | "HashUnits" >> beam.Map(hash_units, unit)
+    hashed = bool(s.privacy_unit) and any(a.unit_by for g in sharing.values() for a in g)
+
+    def read_again(suffix: str = "") -> beam.PCollection:
+        again = (p | f"ReadAgain{suffix}" >> ReadMicrodata(spec))["batches"]
+        share = holdout_share(plan)
+        if share is not None and holdout_key is not None:  # the same split
+            split = again | f"HoldOutAgain{suffix}" >> HoldOut(share, holdout_key, s.privacy_unit)
+            again = split[MEMBERS]
+        if hashed:  # every verifier counts persons by the same 64-bit hash of the id
+            again = again | f"HashUnits{suffix}" >> beam.Map(hash_units, s.privacy_unit)
+        return again
+
+    again = read_again() if anonymised else None
+    late_again: beam.PCollection | None = None  # for the releases planned ahead
     several = len(plan.config.published()) > 1
     audited = (plan.config.attacks is not None or wants_audit(plan) or several) and bool(
         audit_columns(plan)
@@ -207,21 +216,33 @@ def build_graph(
     for group in sharing.values():
         summary = batches | f"Summarise[{group[0].name}]" >> Summarise(group[0])
         contexts: dict[str, beam.PCollection] = {}
+        ahead = ahead_releases(group) if plan_ahead and len(group) > 1 else []
         if len(group) > 1:
-            contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(group, resolver)
-        for aspec in group:
+            contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(
+                group, resolver, ahead
+            )
+        done: list[beam.PCollection] = []
+        for aspec in sorted(group, key=lambda a: a.name in ahead):  # stable: config order
             name = str(aspec.name)
-            _ = batches | f"Release[{name}]" >> AnonymizeRelease(
+            context, rows = contexts.get(name), again
+            if name in ahead:  # collected once the group's other releases are written
+                context = contexts[name] | f"AwaitPlan[{name}]" >> AwaitPlan(done)
+                if late_again is None:
+                    late_again = read_again("Ahead")
+                rows = late_again
+            written = batches | f"Release[{name}]" >> AnonymizeRelease(
                 aspec,
                 spec,
                 resolver,
                 str(out.releases / name),
                 plan.config.output.format,
-                again,
+                rows,
                 summary,
-                contexts.get(name),
+                context,
                 str(out.work) if audited else None,
             )
+            if name not in ahead:
+                done.append(written)
     if audited:
         # the truth for the audit, the attacker's targets and the publication check: the
         # accepted rows' frequency table (QIs + SA) and a keyed sample of target records
@@ -433,6 +454,7 @@ def _run(
                 build_graph(
                     p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs,
                     cjobs, holdout_key, input_size(stamps, plan.input_paths),
+                    plans_ahead(options),
                 )  # fmt: skip
             if lpub and ledger is not None:  # local noise is drawn while reading: charge now
                 charge_local(ledger, run_id, lpub, log)
@@ -440,8 +462,11 @@ def _run(
                 charge_local(sweep_ledger, run_id, lcands, log)
             log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
             with stage("pipeline"):
-                result = p.run()
-                result.wait_until_finish()
+                try:
+                    result = p.run()
+                    result.wait_until_finish()
+                finally:  # a failed step leaves searches planned ahead running
+                    abandon_ahead()
             clock.pipeline_ms = stage_counters(result)  # the pipeline's stages (Beam counters)
         except PrivpipeError as e:
             raise strip_step(e) from None

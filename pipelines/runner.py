@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from privpipe.errors import ConfigError
 
@@ -42,6 +42,17 @@ def runner_for(options: PipelineOptions) -> Any:
         return DaskRunner()
     check_runner(name)
     return None
+
+
+def plans_ahead(options: PipelineOptions) -> bool:
+    """Whether the runner runs the pipeline's stages one at a time in this process (Beam's
+    FnApiRunner, privpipe's DirectRunner, threads or not): then the longest searches are
+    planned ahead, in worker processes, while the other releases' steps run
+    (``transforms.planning``). Other runners run independent stages side by side anyway,
+    and a worker process of the search step cannot be reached from another process."""
+    name = str(options.view_as(StandardOptions).runner or "DirectRunner")
+    mode = options.view_as(DirectOptions).direct_running_mode
+    return name.lower() in LOCAL_NAMES and mode != "multi_processing"
 
 
 def check_runner(name: str | None, flag: str = "--runner") -> None:

@@ -13,7 +13,10 @@ The person id travels beside the recoded rows up to the writer, which never writ
 With ``suppressed: drop`` the SA (and person id) of the dropped rows are counted apart,
 so the verifier can check the dropped block as the class it is for an attacker.
 Rows are read a second time for recoding (instead of reusing the first read) so
-that no runner has to hold every batch while the search runs. The published table
+that no runner has to hold every batch while the search runs. On a runner that runs one
+stage at a time in-process, the longest searches are planned ahead (``SearchReleases(
+ahead=...)``, ``AwaitPlan``; ``transforms.planning``): the other releases are recoded,
+verified and written while they run, and they read the rows a third time. The published table
 is verified by `anonymity.verify` — code separate from the search's — on exactly
 the rows that are written; a failed check raises PrivacyRefusal and nothing is
 published (the run's staging folder is discarded). The table is written in a uniformly
@@ -33,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import AsSingleton
+from apache_beam.pvalue import AsList, AsSingleton
 
 from privpipe.anonymity.api import release_document
 from privpipe.anonymity.spec import AnonymizationSpec
@@ -52,7 +55,7 @@ from privpipe.transforms.context import (  # noqa: F401 (re-exported: the compos
 )
 from privpipe.transforms.io import InputSpec, ReadMicrodata
 from privpipe.transforms.memory import release_free_memory
-from privpipe.transforms.planning import plan_releases
+from privpipe.transforms.planning import Ticket, collect_ahead, plan_releases, plan_with_ahead
 from privpipe.transforms.sink import WriteTable, write_json_step
 from privpipe.transforms.timing import TimedCombineFn, TimedDoFn, stage_ms, timed
 
@@ -417,17 +420,27 @@ class SearchReleases(beam.PTransform):  # type: ignore[misc]
     """The summary several releases share → ``{release name: its one context}``, their
     searches side by side on the machine's cores (``planning.plan_releases``).
 
-    Stage timings: ``search`` is the step's wall time, ``search:<release>`` the seconds
-    each release's planning took where it ran (a worker process or this one)."""
+    ``ahead``: releases planned ahead (``planning.plan_with_ahead``): the step returns once
+    the others are planned, and for each of these a ``planning.Ticket`` instead of a
+    context (``AwaitPlan`` turns it into the context later).
 
-    def __init__(self, specs: Sequence[AnonymizationSpec], resolver: Resolver) -> None:
+    Stage timings: ``search`` is the time the pipeline waited for searches (this step and
+    every ``AwaitPlan``), ``search:<release>`` the seconds each release's planning took
+    where it ran (a worker process or this one)."""
+
+    def __init__(
+        self, specs: Sequence[AnonymizationSpec], resolver: Resolver, ahead: Sequence[str] = ()
+    ) -> None:
         super().__init__()
         self.specs = list(specs)
         self.resolver = resolver
+        self.ahead = list(ahead)
 
     def expand(self, freq: beam.PCollection) -> dict[str, beam.PCollection]:
         names = [str(s.name) for s in self.specs]
-        planned = freq | "Search" >> beam.FlatMap(_search_releases, self.specs, self.resolver)
+        planned = freq | "Search" >> beam.FlatMap(
+            _search_releases, self.specs, self.resolver, self.ahead
+        )
         by_name = beam.Partition(_by_name, len(names), names)  # type: ignore[arg-type]
         parts = planned | "ByRelease" >> by_name
         return {
@@ -436,21 +449,51 @@ class SearchReleases(beam.PTransform):  # type: ignore[misc]
         }
 
 
-def _search_releases(
-    freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
-) -> Iterator[tuple[str, ReleaseContext | SlimContext]]:
+class AwaitPlan(beam.PTransform):  # type: ignore[misc]
+    """A release's ``planning.Ticket`` → its context, once every PCollection of ``after``
+    is complete: the steps a runner runs before this one (one stage at a time) are the
+    ones that overlap the release's search."""
+
+    def __init__(self, after: Sequence[beam.PCollection]) -> None:
+        super().__init__()
+        self.after = list(after)
+
+    def expand(self, tickets: beam.PCollection) -> beam.PCollection:
+        gate = tuple(self.after) | "After" >> beam.Flatten()
+        return tickets | "Collect" >> beam.Map(_collect_plan, AsList(gate))
+
+
+def _collect_plan(ticket: Ticket, after: list[Any]) -> SlimContext:
     with stage_ms("search"):
-        planned = plan_releases(freq, specs, resolver, slim=True)
+        planned = collect_ahead(ticket)
+    Metrics.counter(NAMESPACE, f"search:{ticket.spec.name}").inc(round(planned.seconds * 1000))
+    return planned.context.slim()
+
+
+def _search_releases(
+    freq: pd.DataFrame,
+    specs: Sequence[AnonymizationSpec],
+    resolver: Resolver,
+    ahead: Sequence[str] = (),
+) -> Iterator[tuple[str, ReleaseContext | SlimContext | Ticket]]:
+    tickets: list[Ticket] = []
+    with stage_ms("search"):
+        if ahead:
+            planned, tickets = plan_with_ahead(freq, specs, resolver, ahead)
+        else:
+            planned = plan_releases(freq, specs, resolver, slim=True)
     for name, p in planned.items():
         Metrics.counter(NAMESPACE, f"search:{name}").inc(round(p.seconds * 1000))
         yield name, p.context
+    for ticket in tickets:
+        yield str(ticket.spec.name), ticket
 
 
 def _by_name(named: tuple[str, ReleaseContext | SlimContext], n: int, names: Sequence[str]) -> int:
     return names.index(named[0])
 
 
-def _context(name: str, context: SlimContext) -> SlimContext:
+def _context(name: str, context: SlimContext | Ticket) -> SlimContext | Ticket:
     return context
 
 

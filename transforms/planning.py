@@ -23,6 +23,17 @@ interrupt, and they exit by themselves if the caller dies: no worker outlives th
 Errors are those of the sequential order: the first release in config order whose plan
 fails raises its own exception (type and message unchanged, so a refusal still exits 4);
 plans after it in config order are abandoned, plans before it are still awaited.
+
+Planning ahead (``start_ahead`` / ``collect_ahead``). A runner that runs one stage at a
+time in this process (Beam's FnApiRunner, privpipe's DirectRunner) would otherwise wait
+in the search step for the longest search while one core idles and every later stage
+waits. The releases that would go to worker processes (``ahead_releases``) are instead
+started there and left running: the search step returns with the other releases' plans
+and a ticket per release planned ahead, the other releases' recode, verify and write
+steps run meanwhile, and a later step collects the plan (``collect_ahead``). The ticket
+carries the summary, so a step that runs where the ticket's workers are unknown (another
+process) plans the release itself: the same plan, later. ``abandon_ahead`` kills every
+worker still running (a failed or interrupted pipeline).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -168,6 +180,123 @@ def _schedule(
     if errors:
         raise errors[min(errors)]
     return results
+
+
+def ahead_releases(specs: Sequence[AnonymizationSpec], cores: int | None = None) -> list[str]:
+    """The releases ``plan_releases`` would give its worker processes first (the longest
+    expected searches, ``min(cores, releases) - 1`` of them): the ones to plan ahead."""
+    cores = available_cores() if cores is None else max(1, cores)
+    processes = min(cores, len(specs)) - 1
+    if processes <= 0:
+        return []
+    order = sorted(range(len(specs)), key=lambda i: (-expected_effort(specs[i]), i))
+    return [str(specs[i].name) for i in order[:processes]]
+
+
+@dataclass(frozen=True, eq=False)
+class Ticket:
+    """A release planned ahead: where to collect its plan in this process (``token``),
+    and what to plan it from anywhere else (the summary and the resolved hierarchies)."""
+
+    token: str
+    spec: AnonymizationSpec
+    freq: pd.DataFrame
+    resolver: Resolver
+
+
+class _Ahead:
+    """The releases of one search step being planned in worker processes."""
+
+    def __init__(
+        self, freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
+    ) -> None:
+        self.workers = _Workers((freq, resolver), slim=True)
+        self.pool = ThreadPoolExecutor(len(specs), thread_name_prefix="privpipe-plan-ahead")
+        self.futures = {str(s.name): self.pool.submit(self.workers.plan, s) for s in specs}
+
+    def close(self) -> None:
+        self.workers.kill()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+_AHEAD: dict[str, _Ahead] = {}
+_AHEAD_LOCK = threading.Lock()
+
+
+def start_ahead(
+    freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
+) -> list[Ticket]:
+    """Start planning ``specs`` (slim plans), one worker process each; a ticket each."""
+    if not specs:
+        return []
+    token = uuid.uuid4().hex
+    ahead = _Ahead(freq, specs, resolver)
+    with _AHEAD_LOCK:
+        _AHEAD[token] = ahead
+    return [Ticket(token, s, freq, resolver) for s in specs]
+
+
+def plan_with_ahead(
+    freq: pd.DataFrame,
+    specs: Sequence[AnonymizationSpec],
+    resolver: Resolver,
+    ahead: Sequence[str],
+) -> tuple[dict[str, Planned], list[Ticket]]:
+    """The releases named in ``ahead`` started in worker processes (tickets), the others
+    planned in this thread meanwhile, in config order (slim plans). Errors as
+    ``plan_releases``: when a release planned here fails, a release planned ahead that
+    comes before it in config order and fails too raises instead."""
+    resolver = Resolved(resolver(column_counts(freq, skip=specs[0].unit_by)))
+    tickets = start_ahead(freq, [s for s in specs if s.name in ahead], resolver)
+    here: dict[str, Planned] = {}
+    names = [s.name for s in specs]
+    try:
+        for i, spec in enumerate(specs):
+            if spec.name in ahead:
+                continue
+            try:
+                here[str(spec.name)] = plan_one(freq, spec, resolver, slim=True)
+            except Exception:
+                for ticket in tickets:  # an earlier release's error wins, as in sequence
+                    if names.index(ticket.spec.name) < i:
+                        collect_ahead(ticket)
+                raise
+    except BaseException:
+        abandon_ahead(tickets)
+        raise
+    return here, tickets
+
+
+def collect_ahead(ticket: Ticket) -> Planned:
+    """The plan of a release planned ahead: its worker's answer (waited for), or, when the
+    ticket's workers are not in this process, planned here. Its error, as in-process."""
+    with _AHEAD_LOCK:
+        ahead = _AHEAD.get(ticket.token)
+        future = None if ahead is None else ahead.futures.pop(str(ticket.spec.name), None)
+    if future is None:
+        return plan_one(ticket.freq, ticket.spec, ticket.resolver, slim=True)
+    try:
+        return future.result()
+    finally:
+        if ahead is not None and not ahead.futures:
+            _drop(ticket.token)
+
+
+def abandon_ahead(tickets: Sequence[Ticket] | None = None) -> None:
+    """Stop planning ahead: the workers of ``tickets`` (default: every one of this
+    process), killed and reaped."""
+    tokens = None if tickets is None else {t.token for t in tickets}
+    with _AHEAD_LOCK:
+        chosen = [t for t in _AHEAD if tokens is None or t in tokens]
+    for token in chosen:
+        _drop(token)
+
+
+def _drop(token: str) -> None:
+    with _AHEAD_LOCK:
+        ahead = _AHEAD.pop(token, None)
+    if ahead is not None:
+        ahead.close()
 
 
 class WorkerFailed(RuntimeError):

@@ -1,0 +1,203 @@
+"""Planning the longest searches ahead (``planning.plan_with_ahead`` / ``collect_ahead``,
+``AwaitPlan``): on a runner that runs one stage at a time, the other releases' steps run
+while the longest search is still going in its worker process.
+
+The plans are those planned in sequence; a ticket collected where its workers are
+unknown is planned there; errors keep the config order; no worker outlives a run, also
+a failed one; in a run, the plan is collected only after the other releases of its
+summary are written, and the run publishes what the sequential run publishes.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from privpipe.errors import PrivacyRefusal
+from privpipe.pipelines.cli import main
+from privpipe.pipelines.runner import plans_ahead
+from privpipe.transforms import anonymize, planning
+from privpipe.transforms.anonymize import FrequencyTable
+from privpipe.transforms.context import ReleaseContext
+from privpipe.transforms.planning import (
+    abandon_ahead,
+    ahead_releases,
+    collect_ahead,
+    plan_releases,
+    plan_with_ahead,
+    start_ahead,
+)
+from tests.conftest import ADULT_QIS, ADULT_SA, ARX, Project
+from tests.layout import internal_file
+from tests.test_planning import QIS, SPECS, Loaded, figures, spec, workers
+from tests.test_search_workers import RELEASES, published
+
+pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs ../shared/data/arx")
+
+
+@pytest.fixture(scope="module")
+def freq() -> pd.DataFrame:
+    adult = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
+    fn = FrequencyTable([*QIS, ADULT_SA], categorical=True)
+    return fn.extract_output(fn.add_input(fn.create_accumulator(), adult))
+
+
+def full(ctx: Any) -> ReleaseContext:
+    figures_only: ReleaseContext = ctx.without_tuples()
+    return figures_only
+
+
+def test_the_longest_searches_are_planned_ahead() -> None:
+    t = spec("t", kind="t_closeness", t=0.3, distance="hierarchical")
+    assert ahead_releases([*SPECS, t], cores=2) == ["t"]
+    assert ahead_releases([*SPECS, t], cores=3) == ["t", "l3"]
+    assert ahead_releases(SPECS, cores=8) == ["l3", "mondrian5"]  # one stays in the step
+    assert ahead_releases(SPECS, cores=1) == []
+    assert ahead_releases(SPECS[:1], cores=4) == []
+
+
+def test_only_a_runner_of_one_stage_at_a_time_in_this_process_plans_ahead() -> None:
+    assert plans_ahead(PipelineOptions([]))
+    assert plans_ahead(PipelineOptions(["--runner", "DirectRunner"]))
+    assert plans_ahead(PipelineOptions(["--direct_running_mode", "multi_threading"]))
+    assert not plans_ahead(PipelineOptions(["--direct_running_mode", "multi_processing"]))
+    assert not plans_ahead(PipelineOptions(["--runner", "dask"]))
+    assert not plans_ahead(PipelineOptions(["--runner", "DataflowRunner"]))
+
+
+@pytest.mark.slow  # worker processes start (a few seconds)
+def test_plans_made_ahead_equal_plans_in_sequence(freq: pd.DataFrame) -> None:
+    want = plan_releases(freq, SPECS, Loaded(), cores=1)
+    here, tickets = plan_with_ahead(freq, SPECS, Loaded(), ["l3"])
+    assert set(here) == {"k5", "mondrian5"} and [t.spec.name for t in tickets] == ["l3"]
+    assert len(planning._AHEAD) == 1
+    got = {**here, "l3": collect_ahead(tickets[0])}
+    assert planning._AHEAD == {}  # the last ticket collected: the pool is closed
+    for name, p in got.items():
+        assert figures(full(p.context)) == figures(want[name].context.without_tuples())
+    assert workers() == []
+
+
+@pytest.mark.slow
+def test_a_ticket_collected_in_another_process_is_planned_there(freq: pd.DataFrame) -> None:
+    """The ticket travels (pickled) to a process that does not know its workers: it carries
+    the summary and the hierarchies, so the plan is made there, the same plan."""
+    want = plan_releases(freq, SPECS[1:2], Loaded(), cores=1)["l3"]
+    (ticket,) = start_ahead(freq, SPECS[1:2], planning.Resolved(Loaded()({})))
+    elsewhere = pickle.loads(pickle.dumps(ticket))
+    abandon_ahead()  # as if in another process: no workers known here
+    assert workers() == [] and planning._AHEAD == {}
+    got = collect_ahead(elsewhere)
+    assert figures(full(got.context)) == figures(want.context.without_tuples())
+
+
+@pytest.mark.slow
+def test_an_earlier_release_planned_ahead_raises_first(freq: pd.DataFrame) -> None:
+    """Two refusals, the first in config order planned ahead: its error is raised, as in
+    sequence, though the step's own release failed first in time."""
+    refused = [spec("l30", kind="l_diversity", l=30), spec("k_huge", k=10**6)]
+    with pytest.raises(PrivacyRefusal) as sequence:
+        plan_releases(freq, refused, Loaded(), cores=1)
+    with pytest.raises(PrivacyRefusal) as ahead:
+        plan_with_ahead(freq, refused, Loaded(), ["l30"])
+    assert str(ahead.value) == str(sequence.value)
+    assert str(ahead.value).startswith("release 'l30': l=30")
+    assert planning._AHEAD == {} and workers() == []
+    # the step's release listed first: its error, and the worker is stopped, not awaited
+    with pytest.raises(PrivacyRefusal, match=r"^release 'k_huge'"):
+        plan_with_ahead(freq, refused[::-1], Loaded(), ["l30"])
+    assert planning._AHEAD == {} and workers() == []
+
+
+@pytest.mark.slow
+def test_abandoning_stops_a_running_search_at_once() -> None:
+    """A failed pipeline abandons the searches still planned ahead: the worker's search
+    (t=0.1 on all 8 QIs, ~10 s) is killed, not awaited."""
+    adult = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
+    fn = FrequencyTable([*ADULT_QIS, ADULT_SA], categorical=True)
+    wide = fn.extract_output(fn.add_input(fn.create_accumulator(), adult))
+    slow = spec(
+        "t", qis=ADULT_QIS, kind="t_closeness", t=0.1, distance="hierarchical",
+        suppression_limit=0.05,
+    )  # fmt: skip
+    start_ahead(wide, [slow], planning.Resolved(Loaded(ADULT_QIS)({})))
+    time.sleep(1.0)
+    assert len(workers()) == 1
+    t0 = time.perf_counter()
+    abandon_ahead()
+    assert time.perf_counter() - t0 < 5
+    assert workers() == [] and planning._AHEAD == {}
+
+
+def run(project: Project, out: Path, cores: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(planning, "available_cores", lambda: cores)
+    return main(["run", str(project.config), "--output", str(out)])
+
+
+@pytest.mark.slow
+def test_a_run_collects_the_plan_after_the_other_releases_are_written(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release planned ahead (l2, the longer search) is collected only once k2's
+    release.json is written, and the run publishes what the sequential run does."""
+    project.cfg["releases"] = RELEASES
+    project.save()
+    assert run(project, tmp_path / "one", 1, monkeypatch) == 0
+    written_before: list[list[str]] = []
+    collect = planning.collect_ahead
+
+    def watched(ticket: planning.Ticket) -> planning.Planned:
+        out = tmp_path / "two"
+        written_before.append(sorted(p.parent.name for p in out.rglob("release.json")))
+        return collect(ticket)
+
+    monkeypatch.setattr(anonymize, "collect_ahead", watched)
+    assert run(project, tmp_path / "two", 2, monkeypatch) == 0
+    assert written_before == [["k2"]]  # one ticket (l2), after k2 was written
+    for r in RELEASES:
+        one, two = published(tmp_path / "one", r["name"]), published(tmp_path / "two", r["name"])
+        assert two == one and two[1]["verified"] is True
+    manifest = json.loads(internal_file(tmp_path / "two", "manifest.json").read_text())
+    assert {"search", "search:k2", "search:l2"} <= set(manifest["timings"]["stages"])
+    assert workers() == [] and planning._AHEAD == {}
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_while_a_search_runs_ahead_leaves_no_worker(
+    project: Project,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """k2's verification fails (a refusal) while l2 is planned ahead: exit 4 with k2's
+    message, nothing published, and the worker planning l2 is gone."""
+    project.cfg["releases"] = RELEASES
+    project.save()
+    abandoned: list[int] = []
+
+    def failing(*args: Any) -> Any:
+        raise PrivacyRefusal("release 'k2': the independent check failed (test)")
+
+    def counted() -> None:
+        abandoned.append(len(planning._AHEAD))
+        abandon()
+
+    abandon = planning.abandon_ahead
+    monkeypatch.setattr(anonymize, "verify_and_document", failing)
+    from privpipe.pipelines import run as run_module
+
+    monkeypatch.setattr(run_module, "abandon_ahead", counted)
+    code = run(project, tmp_path / "out", 2, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "release 'k2': the independent check failed (test)" in err
+    assert abandoned == [1]  # l2's worker pool was still registered when the step failed
+    assert planning._AHEAD == {} and workers() == []
+    assert not internal_file(tmp_path / "out", "manifest.json").exists()
