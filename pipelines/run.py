@@ -209,6 +209,7 @@ def build_graph(
 
     again = read_again() if anonymised else None
     late_again: beam.PCollection | None = None  # for the releases planned ahead
+    searched: list[beam.PCollection] = []  # the search steps that plan ahead
     several = len(plan.config.published()) > 1
     audited = (plan.config.attacks is not None or wants_audit(plan) or several) and bool(
         audit_columns(plan)
@@ -222,6 +223,8 @@ def build_graph(
                 group, resolver, ahead
             )
         done: list[beam.PCollection] = []
+        if ahead:  # DP and local DP bound once this step has started the long searches
+            searched.append(contexts[next(str(a.name) for a in group if a.name not in ahead)])
         for aspec in sorted(group, key=lambda a: a.name in ahead):  # stable: config order
             name = str(aspec.name)
             context, rows = contexts.get(name), again
@@ -263,8 +266,9 @@ def build_graph(
     ] + [DPCellsJob(c.spec, tuple(c.plans), str(out.work / f"dp-{c.name}.pickle")) for c in cjobs]
     if cells:
         _ = batches | "DP" >> AggregateDPCells(
-            cells, labeler, seed, shards=shards_for(input_bytes), spill=str(out.work / "dp")
-        )
+            cells, labeler, seed, shards=shards_for(input_bytes), spill=str(out.work / "dp"),
+            after=searched,
+        )  # fmt: skip
     for ljob in ljobs:  # each person's randomisation is drawn here (ledger charged before)
         _ = batches | f"LocalDP[{ljob.name}]" >> PerturbLocalDP(
             ljob.spec,
@@ -275,6 +279,7 @@ def build_graph(
             plan.config.output.format,
             None if seed is None else seed + 31 * (ljob.index + 1),
             spill=str(out.work / f"ldp-{ljob.name}"),
+            after=searched,
         )
     _ = (
         read["rejected"]

@@ -16,7 +16,8 @@ Rows are read a second time for recoding (instead of reusing the first read) so
 that no runner has to hold every batch while the search runs. On a runner that runs one
 stage at a time in-process, the longest searches are planned ahead (``SearchReleases(
 ahead=...)``, ``AwaitPlan``; ``transforms.planning``): the other releases are recoded,
-verified and written while they run, and they read the rows a third time. The published table
+verified and written while those searches run, and the releases planned ahead read the
+rows a third time for their own recoding. The published table
 is verified by `anonymity.verify` — code separate from the search's — on exactly
 the rows that are written; a failed check raises PrivacyRefusal and nothing is
 published (the run's staging folder is discarded). The table is written in a uniformly
@@ -36,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import AsList, AsSingleton
+from apache_beam.pvalue import AsSingleton
 
 from privpipe.anonymity.api import release_document
 from privpipe.anonymity.spec import AnonymizationSpec
@@ -55,6 +56,7 @@ from privpipe.transforms.context import (  # noqa: F401 (re-exported: the compos
 )
 from privpipe.transforms.io import InputSpec, ReadMicrodata
 from privpipe.transforms.memory import release_free_memory
+from privpipe.transforms.order import after
 from privpipe.transforms.planning import Ticket, collect_ahead, plan_releases, plan_with_ahead
 from privpipe.transforms.sink import WriteTable, write_json_step
 from privpipe.transforms.timing import TimedCombineFn, TimedDoFn, stage_ms, timed
@@ -459,11 +461,10 @@ class AwaitPlan(beam.PTransform):  # type: ignore[misc]
         self.after = list(after)
 
     def expand(self, tickets: beam.PCollection) -> beam.PCollection:
-        gate = tuple(self.after) | "After" >> beam.Flatten()
-        return tickets | "Collect" >> beam.Map(_collect_plan, AsList(gate))
+        return after(tickets, self.after, "After") | "Collect" >> beam.Map(_collect_plan)
 
 
-def _collect_plan(ticket: Ticket, after: list[Any]) -> SlimContext:
+def _collect_plan(ticket: Ticket) -> SlimContext:
     with stage_ms("search"):
         planned = collect_ahead(ticket)
     Metrics.counter(NAMESPACE, f"search:{ticket.spec.name}").inc(round(planned.seconds * 1000))
@@ -489,7 +490,9 @@ def _search_releases(
         yield str(ticket.spec.name), ticket
 
 
-def _by_name(named: tuple[str, ReleaseContext | SlimContext], n: int, names: Sequence[str]) -> int:
+def _by_name(
+    named: tuple[str, ReleaseContext | SlimContext | Ticket], n: int, names: Sequence[str]
+) -> int:
     return names.index(named[0])
 
 

@@ -50,6 +50,7 @@ from privpipe.dp.cells import (
     split_by_shard,
 )
 from privpipe.dp.spec import DPReleaseSpec, QueryPlan
+from privpipe.transforms.order import after
 from privpipe.transforms.timing import TimedCombineFn, TimedDoFn
 
 SHARDS = 16  # the most shards per query (large inputs)
@@ -267,11 +268,13 @@ class AggregateDPCells(beam.PTransform):  # type: ignore[misc]
         stage: str = "dp",  # the timing stage of the shared step (all its releases)
         spill: str | None = None,  # a private folder every worker sees (module docstring)
         spill_after: int = SPILL_AFTER,
+        after: Sequence[beam.PCollection] = (),  # bound only once these are complete
     ) -> None:
         super().__init__()
         self.jobs, self.labeler = list(jobs), labeler
         self.seed, self.shards, self.stage = seed, shards, stage
         self.spill, self.spill_after = spill, spill_after
+        self.after = list(after)  # an ordering hint (transforms.order)
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         contributions = ContributionsFn(
@@ -282,10 +285,9 @@ class AggregateDPCells(beam.PTransform):  # type: ignore[misc]
             ContributionsFn.DICT, ContributionsFn.PARTIAL, main="sharded"
         )
         specs = [job.spec for job in self.jobs]
-        bounded = (
-            parts.sharded
-            | "ShuffleByPerson" >> beam.GroupByKey()
-            | "BoundShard" >> beam.ParDo(TimedDoFn(self.stage, BoundShardFn(specs, self.seed)))
+        bounded = parts.sharded | "ShuffleByPerson" >> beam.GroupByKey()
+        bounded = after(bounded, self.after, "AfterSearch") | "BoundShard" >> beam.ParDo(
+            TimedDoFn(self.stage, BoundShardFn(specs, self.seed))
         )
         queries = [len(job.plans) for job in self.jobs]
         return (

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ from privpipe.dp.local import FrequencyOracle, reports_to_frame, support_counts
 from privpipe.dp.local_release import encode_values, one_per_person
 from privpipe.dp.secure_random import RandomSource, random_source_for
 from privpipe.transforms.dp_aggregate import spill, unspill, write_pickle
+from privpipe.transforms.order import after
 from privpipe.transforms.sink import WriteTable
 from privpipe.transforms.timing import TimedCombineFn, TimedDoFn
 
@@ -219,10 +220,12 @@ class PerturbLocalDP(beam.PTransform):  # type: ignore[misc]
         seed: int | None = None,
         shards: int = SHARDS,
         spill: str | None = None,  # a private folder every worker sees: shards go as files
+        after: Sequence[beam.PCollection] = (),  # one report per person only once complete
     ) -> None:
         super().__init__()
         self.spec, self.path, self.reports_dir, self.fmt = spec, path, reports_dir, fmt
         self.seed, self.shards, self.spill = seed, shards, spill
+        self.after = list(after)  # an ordering hint (transforms.order)
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         stage = f"local_dp:{self.spec.name}"
@@ -232,14 +235,10 @@ class PerturbLocalDP(beam.PTransform):  # type: ignore[misc]
         partials = parts.main
         reports = parts[PerturbFn.REPORTS]
         if self.spec.unit is not None:
-            shard_out = (
-                parts.main
-                | "ShuffleByPerson" >> beam.GroupByKey()
-                | "OnePerPerson"
-                >> beam.ParDo(TimedDoFn(stage, PerturbShardFn(self.spec, self.seed))).with_outputs(
-                    PerturbFn.REPORTS, main="main"
-                )
-            )
+            shuffled = parts.main | "ShuffleByPerson" >> beam.GroupByKey()
+            shard_out = after(shuffled, self.after, "AfterSearch") | "OnePerPerson" >> beam.ParDo(
+                TimedDoFn(stage, PerturbShardFn(self.spec, self.seed))
+            ).with_outputs(PerturbFn.REPORTS, main="main")
             partials = shard_out.main
             reports = shard_out[PerturbFn.REPORTS]
         if self.spec.write_reports:
