@@ -127,9 +127,14 @@ def test_abandoning_stops_a_running_search_at_once() -> None:
         "t", qis=ADULT_QIS, kind="t_closeness", t=0.1, distance="hierarchical",
         suppression_limit=0.05,
     )  # fmt: skip
-    start_ahead(wide, [slow], planning.Resolved(Loaded(ADULT_QIS)({})))
-    time.sleep(1.0)
-    assert len(workers()) == 1
+    (ticket,) = start_ahead(wide, [slow], planning.Resolved(Loaded(ADULT_QIS)({})))
+    ahead = planning._AHEAD[ticket.token]
+    deadline = time.monotonic() + 20
+    while ahead.workers.shared is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the worker has read its input: this process no longer holds the summary for it
+    assert ahead.workers.shared is None
+    assert len(workers()) == 1 and not ahead.futures[str(slow.name)].done()
     t0 = time.perf_counter()
     abandon_ahead()
     assert time.perf_counter() - t0 < 5

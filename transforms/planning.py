@@ -210,7 +210,9 @@ class _Ahead:
     def __init__(
         self, freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
     ) -> None:
-        self.workers = _Workers((freq, resolver), slim=True)
+        # the summary is dropped once every worker has read it: this process keeps
+        # running the pipeline while the searches go on (the tickets carry their own copy)
+        self.workers = _Workers((freq, resolver), slim=True, feeds=len(specs))
         self.pool = ThreadPoolExecutor(len(specs), thread_name_prefix="privpipe-plan-ahead")
         self.futures = {str(s.name): self.pool.submit(self.workers.plan, s) for s in specs}
 
@@ -306,9 +308,13 @@ class WorkerFailed(RuntimeError):
 class _Workers:
     """Worker processes, one per release planned away from the calling thread."""
 
-    def __init__(self, shared: tuple[pd.DataFrame, Resolver], slim: bool = False) -> None:
-        self.shared = shared  # the summary and hierarchies, pickled into each worker's pipe
+    def __init__(
+        self, shared: tuple[pd.DataFrame, Resolver], slim: bool = False, feeds: int | None = None
+    ) -> None:
+        self.shared: tuple[pd.DataFrame, Resolver] | None = shared  # summary and hierarchies,
+        # pickled into each worker's pipe; dropped after ``feeds`` workers got it (if given)
         self.slim = slim
+        self.feeds = feeds
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.killed = False
@@ -317,8 +323,9 @@ class _Workers:
         """Plan ``spec`` in a new worker process (called from a pool thread)."""
         code = f"import sys; sys.path[:] = {sys.path!r}; import {__name__} as m; m.serve()"
         with self.lock:
-            if self.killed:
+            if self.killed or self.shared is None:
                 raise WorkerFailed(f"release {spec.name!r}: planning abandoned")
+            shared = self.shared
             report, tell = os.pipe()  # the worker's progress (nodes checked), line by line
             try:
                 proc = subprocess.Popen(
@@ -335,10 +342,13 @@ class _Workers:
         assert proc.stdin is not None and proc.stdout is not None
         try:  # streamed: pickle writes large arrays to the pipe without a copy of them
             with proc.stdin as task:
-                pickle.dump(self.shared, task, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump(shared, task, protocol=pickle.HIGHEST_PROTOCOL)
                 pickle.dump((spec, self.slim), task, protocol=pickle.HIGHEST_PROTOCOL)
         except (BrokenPipeError, ValueError):  # it died while reading (or was killed)
             pass
+        finally:
+            del shared
+            self._fed()
         with proc.stdout as answer:  # the worker writes once it has read everything
             out = answer.read()
         proc.wait()
@@ -352,6 +362,14 @@ class _Workers:
         if not ok:
             raise value
         return value  # type: ignore[no-any-return]
+
+    def _fed(self) -> None:
+        """One more worker has its input: after the last of ``feeds``, drop the summary."""
+        with self.lock:
+            if self.feeds is not None:
+                self.feeds -= 1
+                if self.feeds <= 0:
+                    self.shared = None
 
     def kill(self) -> None:
         """Kill every worker still running and reap it."""
