@@ -118,13 +118,11 @@ def plan_releases(
     ``cores``: how many to use (default: ``available_cores()``); 1 plans in this thread.
     ``slim``: each plan as its ``SlimContext`` (all the Beam steps after the search use).
     """
-    cores = available_cores() if cores is None else max(1, cores)
-    processes = min(cores, len(specs)) - 1
-    if len(specs) > 1:  # the same answer for every release: resolved once, shipped as data
-        resolver = Resolved(resolver(column_counts(freq, skip=specs[0].unit_by)))
+    processes, order = _longest_first(specs, cores)
+    if len(specs) > 1:
+        resolver = _resolved_once(freq, specs, resolver)
     if processes <= 0:
         return {str(s.name): plan_one(freq, s, resolver, slim) for s in specs}
-    order = sorted(range(len(specs)), key=lambda i: (-expected_effort(specs[i]), i))
     workers = _Workers((freq, resolver), slim)
     pool = ThreadPoolExecutor(processes, thread_name_prefix="privpipe-plan")
     try:
@@ -133,6 +131,25 @@ def plan_releases(
     finally:
         workers.kill()  # none left on success; on an error or interrupt, the unneeded ones
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _longest_first(
+    specs: Sequence[AnonymizationSpec], cores: int | None = None
+) -> tuple[int, list[int]]:
+    """How many worker processes plan beside the calling thread (``min(cores, releases)
+    - 1``; default cores: ``available_cores()``) and the releases' indices, the longest
+    expected search first (config order among equals)."""
+    cores = available_cores() if cores is None else max(1, cores)
+    order = sorted(range(len(specs)), key=lambda i: (-expected_effort(specs[i]), i))
+    return min(cores, len(specs)) - 1, order
+
+
+def _resolved_once(
+    freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
+) -> Resolved:
+    """The same hierarchies for every release of one summary: resolved once, shipped as
+    data (to worker processes, in tickets)."""
+    return Resolved(resolver(column_counts(freq, skip=specs[0].unit_by)))
 
 
 def _schedule(
@@ -185,12 +202,8 @@ def _schedule(
 def ahead_releases(specs: Sequence[AnonymizationSpec], cores: int | None = None) -> list[str]:
     """The releases ``plan_releases`` would give its worker processes first (the longest
     expected searches, ``min(cores, releases) - 1`` of them): the ones to plan ahead."""
-    cores = available_cores() if cores is None else max(1, cores)
-    processes = min(cores, len(specs)) - 1
-    if processes <= 0:
-        return []
-    order = sorted(range(len(specs)), key=lambda i: (-expected_effort(specs[i]), i))
-    return [str(specs[i].name) for i in order[:processes]]
+    processes, order = _longest_first(specs, cores)
+    return [str(specs[i].name) for i in order[: max(processes, 0)]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,20 +261,20 @@ def plan_with_ahead(
     planned in this thread meanwhile, in config order (slim plans). Errors as
     ``plan_releases``: when a release planned here fails, a release planned ahead that
     comes before it in config order and fails too raises instead."""
-    resolver = Resolved(resolver(column_counts(freq, skip=specs[0].unit_by)))
+    resolver = _resolved_once(freq, specs, resolver)
     tickets = start_ahead(freq, [s for s in specs if s.name in ahead], resolver)
     here: dict[str, Planned] = {}
-    names = [s.name for s in specs]
+    earlier: list[Ticket] = []  # planned ahead, before the next release in config order
     try:
-        for i, spec in enumerate(specs):
+        for spec in specs:
             if spec.name in ahead:
+                earlier += [t for t in tickets if t.spec.name == spec.name]
                 continue
             try:
                 here[str(spec.name)] = plan_one(freq, spec, resolver, slim=True)
             except Exception:
-                for ticket in tickets:  # an earlier release's error wins, as in sequence
-                    if names.index(ticket.spec.name) < i:
-                        collect_ahead(ticket)
+                for ticket in earlier:  # an earlier release's error wins, as in sequence
+                    collect_ahead(ticket)
                 raise
     except BaseException:
         abandon_ahead(tickets)
