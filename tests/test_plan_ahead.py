@@ -24,7 +24,6 @@ from privpipe.errors import PrivacyRefusal
 from privpipe.pipelines.cli import main
 from privpipe.pipelines.runner import plans_ahead
 from privpipe.transforms import anonymize, planning
-from privpipe.transforms.anonymize import FrequencyTable
 from privpipe.transforms.context import ReleaseContext
 from privpipe.transforms.planning import (
     abandon_ahead,
@@ -34,9 +33,17 @@ from privpipe.transforms.planning import (
     plan_with_ahead,
     start_ahead,
 )
-from tests.conftest import ADULT_QIS, ADULT_SA, ARX, Project
+from tests.conftest import ADULT_QIS, ARX, Project
 from tests.layout import internal_file
-from tests.test_planning import QIS, SPECS, Loaded, figures, spec, workers
+from tests.test_planning import (
+    SPECS,
+    Loaded,
+    adult_freq,
+    figures,
+    slow_search,
+    spec,
+    workers,
+)
 from tests.test_search_workers import RELEASES, published
 
 pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs ../shared/data/arx")
@@ -44,9 +51,7 @@ pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs 
 
 @pytest.fixture(scope="module")
 def freq() -> pd.DataFrame:
-    adult = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
-    fn = FrequencyTable([*QIS, ADULT_SA], categorical=True)
-    return fn.extract_output(fn.add_input(fn.create_accumulator(), adult))
+    return adult_freq()
 
 
 def full(ctx: Any) -> ReleaseContext:
@@ -120,13 +125,7 @@ def test_an_earlier_release_planned_ahead_raises_first(freq: pd.DataFrame) -> No
 def test_abandoning_stops_a_running_search_at_once() -> None:
     """A failed pipeline abandons the searches still planned ahead: the worker's search
     (t=0.1 on all 8 QIs, ~10 s) is killed, not awaited."""
-    adult = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
-    fn = FrequencyTable([*ADULT_QIS, ADULT_SA], categorical=True)
-    wide = fn.extract_output(fn.add_input(fn.create_accumulator(), adult))
-    slow = spec(
-        "t", qis=ADULT_QIS, kind="t_closeness", t=0.1, distance="hierarchical",
-        suppression_limit=0.05,
-    )  # fmt: skip
+    wide, slow = slow_search()
     (ticket,) = start_ahead(wide, [slow], planning.Resolved(Loaded(ADULT_QIS)({})))
     ahead = planning._AHEAD[ticket.token]
     deadline = time.monotonic() + 20

@@ -29,11 +29,16 @@ pytestmark = pytest.mark.skipif(not (ARX / "adult.csv").exists(), reason="needs 
 QIS = ADULT_QIS[:5]
 
 
+def adult_freq(qis: tuple[str, ...] = QIS) -> pd.DataFrame:
+    """Adult's frequency table over ``qis`` and its sensitive attribute."""
+    adult = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
+    fn = FrequencyTable([*qis, ADULT_SA], categorical=True)
+    return fn.extract_output(fn.add_input(fn.create_accumulator(), adult))
+
+
 @pytest.fixture(scope="module")
 def freq() -> pd.DataFrame:
-    adult = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
-    fn = FrequencyTable([*QIS, ADULT_SA], categorical=True)
-    return fn.extract_output(fn.add_input(fn.create_accumulator(), adult))
+    return adult_freq()
 
 
 class Loaded:
@@ -44,6 +49,16 @@ class Loaded:
 
     def __call__(self, value_counts: Any) -> dict[str, Hierarchy]:
         return dict(self.h)
+
+
+def slow_search() -> tuple[pd.DataFrame, AnonymizationSpec]:
+    """A search that runs for a while: t=0.1 on all 8 of Adult's QIs (~10 s), and its
+    frequency table."""
+    slow = spec(
+        "t", qis=ADULT_QIS, kind="t_closeness", t=0.1, distance="hierarchical",
+        suppression_limit=0.05,
+    )  # fmt: skip
+    return adult_freq(ADULT_QIS), slow
 
 
 def spec(name: str, **kwargs: Any) -> AnonymizationSpec:
@@ -159,13 +174,7 @@ def test_first_refusal_in_config_order_wins(freq: pd.DataFrame) -> None:
 def test_an_interrupt_stops_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while this thread plans: the worker's search (t=0.1 on all 8 QIs, ~10 s) is
     abandoned, not awaited, and its process is gone."""
-    adult = pd.read_csv(ARX / "adult.csv", sep=";", dtype=str)
-    fn = FrequencyTable([*ADULT_QIS, ADULT_SA], categorical=True)
-    wide = fn.extract_output(fn.add_input(fn.create_accumulator(), adult))
-    slow = spec(
-        "t", qis=ADULT_QIS, kind="t_closeness", t=0.1, distance="hierarchical",
-        suppression_limit=0.05,
-    )  # fmt: skip
+    wide, slow = slow_search()
 
     def interrupted(*args: Any) -> Planned:
         time.sleep(1.0)  # the worker has started its search

@@ -87,33 +87,20 @@ def test_a_refusal_in_a_worker_exits_4_with_its_message(
     assert workers() == []
 
 
-def test_ctrl_c_inside_a_step_stays_an_interrupt() -> None:
-    """Beam wraps a step's KeyboardInterrupt in a RuntimeError; the run unwraps it, so the
-    CLI exits 130 ("interrupted") as for Ctrl-C anywhere else, not 1 ("unexpected")."""
-    from privpipe.pipelines.run import unwrap_pipeline_error
-
-    interrupt = KeyboardInterrupt()
-    try:
-        try:
-            raise interrupt
-        except KeyboardInterrupt as e:
-            raise RuntimeError("KeyboardInterrupt [while running 'Search[k2]/Search']") from e
-    except RuntimeError as wrapped:
-        assert unwrap_pipeline_error(wrapped) is interrupt
-    assert isinstance(unwrap_pipeline_error(RuntimeError("x")), RuntimeError)
-
-
-def test_sigterm_inside_a_step_stays_a_termination() -> None:
-    """SIGTERM raises ``Terminated`` in the main thread, which may be inside a step (the
-    search); Beam wraps it like Ctrl-C, and the run unwraps it: exit 143, not 1."""
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_inside_a_step_stays_an_interrupt(signal_name: str) -> None:
+    """Beam wraps a step's KeyboardInterrupt (Ctrl-C) or ``Terminated`` (SIGTERM, raised in
+    the main thread, which may be inside a step such as the search) in a RuntimeError; the
+    run unwraps it, so the CLI exits 130 or 143 as anywhere else, not 1 ("unexpected")."""
     from privpipe.pipelines.cli import Terminated
     from privpipe.pipelines.run import unwrap_pipeline_error
 
-    term = Terminated()
+    interrupt: BaseException = KeyboardInterrupt() if signal_name == "SIGINT" else Terminated()
     try:
         try:
-            raise term
-        except Terminated as e:
-            raise RuntimeError("privpipe.pipelines.cli.Terminated [while running 'S']") from e
+            raise interrupt
+        except BaseException as e:
+            raise RuntimeError(f"{type(e).__name__} [while running 'Search[k2]/Search']") from e
     except RuntimeError as wrapped:
-        assert unwrap_pipeline_error(wrapped) is term
+        assert unwrap_pipeline_error(wrapped) is interrupt
+    assert isinstance(unwrap_pipeline_error(RuntimeError("x")), RuntimeError)
