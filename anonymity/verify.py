@@ -99,20 +99,59 @@ class Verification:
 # --------------------------------------------------------------------------- helpers
 
 
+def _coded(column: pd.Series) -> tuple[IntArray, npt.NDArray[np.object_]]:
+    """Per row a code, and per code its canonical string (missing cells as ``""``): rows
+    share a code exactly when their strings are equal."""
+    raw, uniques = pd.factorize(column, use_na_sentinel=True)
+    strings = np.array([canonical_scalar(v) for v in uniques] + [""], dtype=object)
+    same, names = pd.factorize(strings)  # distinct values may share one string
+    raw = np.asarray(raw, dtype=np.int64)
+    raw[raw < 0] = len(uniques)
+    return np.asarray(same, dtype=np.int64)[raw], np.asarray(names, dtype=object)
+
+
 def _strings(column: pd.Series) -> npt.NDArray[np.object_]:
-    """Canonical strings of a column (missing cells as ``""``), per distinct value."""
-    codes, uniques = pd.factorize(column, use_na_sentinel=True)
-    names = np.array([canonical_scalar(v) for v in uniques] + [""], dtype=object)
-    return np.asarray(names[np.asarray(codes)], dtype=object)
+    """Canonical strings of a column (missing cells as ``""``)."""
+    codes, names = _coded(column)
+    return np.asarray(names[codes], dtype=object)
 
 
-def _persons(column: pd.Series) -> npt.NDArray[Any]:
-    """Person ids to tell persons apart: 64-bit hashes of the ids (a ``uint64`` column,
-    as the frequency table carries them) as they are, else canonical strings."""
+def _persons(column: pd.Series) -> IntArray:
+    """Codes that tell persons apart: of the 64-bit hashes of the ids (a ``uint64``
+    column, as the frequency table carries them) as they are, else of canonical strings."""
     if column.dtype == np.uint64:
-        hashes: npt.NDArray[np.uint64] = column.to_numpy(dtype=np.uint64)
-        return hashes
-    return _strings(column)
+        return np.asarray(pd.factorize(column.to_numpy(dtype=np.uint64))[0], dtype=np.int64)
+    return _coded(column)[0]
+
+
+def _joint(codes: Sequence[IntArray], sizes: Sequence[int]) -> IntArray:
+    """One int64 key per row for its tuple of codes (``codes[j]`` in 0..sizes[j]-1):
+    equal tuples, equal keys. Mixed-radix, re-densified before the key space would pass
+    2^62, so any number of columns fits."""
+    key = np.zeros(codes[0].shape[0] if codes else 0, dtype=np.int64)
+    space = 1
+    for column, size in zip(codes, sizes, strict=True):
+        size = max(int(size), 1)
+        if space * size >= 1 << 62:
+            key = np.asarray(pd.factorize(key)[0], dtype=np.int64)
+            space = max(int(key.max()) + 1 if key.size else 1, 1)
+        key = key * size + column
+        space *= size
+    return key
+
+
+def _dense(key: IntArray) -> tuple[IntArray, int]:
+    """Ids 0..n-1 of the distinct keys, in order of first appearance, and n."""
+    ids = np.asarray(pd.factorize(key)[0], dtype=np.int64)
+    return ids, int(ids.max()) + 1 if ids.size else 0
+
+
+def _firsts(ids: IntArray, n: int) -> IntArray:
+    """The first row of each id."""
+    first = np.zeros(n, dtype=np.int64)
+    if n:
+        first[ids[::-1]] = np.arange(ids.shape[0])[::-1]
+    return first
 
 
 def _cap(limit: float, records: int) -> int:
@@ -253,8 +292,10 @@ def verify_counts(
     checked: list[str] = []
 
     # ------------------------------------------------------------- records and suppression
-    labels = np.stack([_strings(frame[q]) for q in qis], axis=1)
-    all_star = (labels == SUPPRESSED).all(axis=1)
+    coded = [_coded(frame[q]) for q in qis]  # per QI: codes of the rows, their labels
+    all_star = np.ones(len(frame), dtype=bool)
+    for codes, labels in coded:
+        all_star &= (labels == SUPPRESSED)[codes]
     star_records = int(counts[all_star].sum())
     dropped = suppressed_records if spec.suppressed == "drop" else 0
     published = int(counts.sum())
@@ -287,7 +328,7 @@ def verify_counts(
         f"suppression: {suppressed_records} <= {cap} "
         f"({_pct(spec.suppression_limit)} of {input_records} records)"
     )
-    in_class = np.ones(labels.shape[0], dtype=bool)  # the all-'*' block is a class too
+    in_class = np.ones(len(frame), dtype=bool)  # the all-'*' block is a class too
     if spec.suppressed == "star" and star_records < suppressed_records:
         failures.append(
             f"{suppressed_records} records were suppressed but the table has only "
@@ -297,25 +338,20 @@ def verify_counts(
     # ------------------------------------------------------------- classes
     kept = frame.loc[in_class]
     kept_counts = counts[in_class]
-    class_of = np.asarray(
-        pd.MultiIndex.from_arrays([labels[in_class, j] for j in range(len(qis))]).factorize()[0]
-        if len(kept)
-        else np.zeros(0, dtype=np.int64),
-        dtype=np.int64,
+    class_of, n_classes = _dense(  # rows with equal labels, in order of first appearance
+        _joint([codes[in_class] for codes, _ in coded], [len(labels) for _, labels in coded])
     )
-    n_classes = int(class_of.max()) + 1 if class_of.size else 0
     sizes = np.bincount(class_of, weights=kept_counts, minlength=n_classes).astype(np.int64)
     person = None
+    n_persons = 0
     if unit is not None:  # distinct persons: one (class, person) pair each
         person = _persons(kept[unit])
-        pairs = pd.DataFrame({"cls": class_of, "person": person}).drop_duplicates()
-        sizes = np.bincount(pairs["cls"].to_numpy(np.int64), minlength=n_classes)
-        sizes = sizes.astype(np.int64)
+        n_persons = int(person.max()) + 1 if person.size else 0
+        once = ~pd.Series(_joint([class_of, person], [n_classes, n_persons])).duplicated()
+        sizes = np.bincount(class_of[once.to_numpy()], minlength=n_classes).astype(np.int64)
     what = "persons" if unit is not None else "records"
-    first = np.zeros(n_classes, dtype=np.int64)
-    if n_classes:
-        first[class_of[::-1]] = np.arange(class_of.shape[0])[::-1]
-    names = _Names(qis, labels[in_class], first)
+    first = _firsts(class_of, n_classes)
+    names = _Names(qis, [(codes[in_class], labels) for codes, labels in coded], first)
     smallest = int(sizes.min()) if n_classes else 0
 
     _report(
@@ -328,11 +364,7 @@ def verify_counts(
 
     distances: dict[str, float] = {}
     if needs_sa and sa is not None and n_classes:
-        sa_values = _strings(kept[sa])
-        cells = pd.DataFrame({"cls": class_of, "sa": sa_values, "n": kept_counts})
-        if person is not None:  # n = distinct persons of the class with the value
-            cells = cells.assign(person=person, n=1).drop_duplicates(["cls", "sa", "person"])
-        cells = cells.groupby(["cls", "sa"], sort=True).agg(n=("n", "sum")).reset_index()
+        cells = _sa_cells(class_of, n_classes, _coded(kept[sa]), kept_counts, person, n_persons)
         if spec.kind == "l_diversity":
             _check_l(spec, cells, sizes, names, failures, checked)
             if person is not None:
@@ -366,14 +398,52 @@ def verify_counts(
 class _Names:
     """Names of classes for messages (built only for the classes named)."""
 
-    def __init__(self, qis: Sequence[str], labels: npt.NDArray[np.object_], first: IntArray):
+    def __init__(
+        self,
+        qis: Sequence[str],
+        coded: Sequence[tuple[IntArray, npt.NDArray[np.object_]]],
+        first: IntArray,
+    ):
         self.qis = qis
-        self.labels = labels
+        self.coded = coded
         self.first = first
 
     def __getitem__(self, c: int) -> str:
-        row = self.labels[int(self.first[c])]
-        return "[" + ", ".join(f"{q}={v}" for q, v in zip(self.qis, row, strict=True)) + "]"
+        row = int(self.first[c])
+        pairs = zip(self.qis, self.coded, strict=True)
+        shown = (f"{q}={labels[codes[row]]}" for q, (codes, labels) in pairs)
+        return "[" + ", ".join(shown) + "]"
+
+
+def _sa_cells(
+    class_of: IntArray,
+    n_classes: int,
+    sa: tuple[IntArray, npt.NDArray[np.object_]],
+    counts: IntArray,
+    person: IntArray | None,
+    n_persons: int,
+) -> pd.DataFrame:
+    """(cls, sa, n) per class and SA value present, sorted by class then SA string: ``n``
+    the records, or with persons the distinct persons, holding the value in the class."""
+    codes, values = sa
+    pair, n_pairs = _dense(_joint([class_of, codes], [n_classes, len(values)]))
+    if person is None:
+        n = np.bincount(pair, weights=counts, minlength=n_pairs)
+    else:  # each (class, value, person) once
+        once = ~pd.Series(_joint([pair, person], [n_pairs, n_persons])).duplicated()
+        n = np.bincount(pair[once.to_numpy()], minlength=n_pairs)
+    first = _firsts(pair, n_pairs)
+    cls, value = class_of[first], codes[first]
+    rank = np.empty(len(values), dtype=np.int64)
+    rank[np.argsort(values, kind="stable")] = np.arange(len(values))
+    order = np.lexsort((rank[value], cls))
+    return pd.DataFrame(
+        {
+            "cls": cls[order],
+            "sa": pd.Series(values[value[order]], dtype=object),
+            "n": np.asarray(n, dtype=np.int64)[order],
+        }
+    )
 
 
 # --------------------------------------------------------------------------- l-diversity

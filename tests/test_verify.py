@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privpipe.anonymity.hierarchy import Hierarchy, load_arx_csv
 from privpipe.anonymity.models import TCloseness, assess
@@ -422,3 +424,93 @@ def test_the_verifier_does_not_use_the_search_code() -> None:
     forbidden = {f"anonymity.{m}" for m in ("models", "metrics", "transformation", "search")}
     forbidden |= {"anonymity.mondrian", "anonymity.quality", "anonymity.lattice"}
     assert not imported & forbidden
+
+
+# --------------------------------------------------------------------------- vs a groupby
+
+
+def _reference(counts: pd.DataFrame, qis: list[str], unit: str | None) -> pd.DataFrame:
+    """Per class (equal QI strings): records or distinct persons, distinct SA values and
+    (persons) whether one value is held by all, counted with a plain pandas groupby on the
+    strings (the verifier codes them)."""
+    frame = counts.astype({q: str for q in qis})
+    by = frame.groupby(qis)
+    size = by["count"].sum() if unit is None else by[unit].nunique()
+    out = pd.DataFrame({"size": size, "distinct": by["disease"].nunique()})
+    if unit is not None:  # a value held by every person of the class: certain disclosure
+        top = frame.groupby([*qis, "disease"])[unit].nunique().groupby(level=qis).max()
+        out["certain"] = top >= size
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n_qis=st.integers(1, 4),
+    rows=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(["a", "b", "*", "1", "1.0", ""]), min_size=4, max_size=4),
+            st.sampled_from(["Flu", "Cancer", "Heart"]),
+            st.integers(0, 3),
+            st.integers(1, 3),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    with_units=st.booleans(),
+)
+def test_classes_and_their_sizes_match_a_plain_groupby(
+    n_qis: int, rows: list[tuple[list[str], str, int, int]], with_units: bool
+) -> None:
+    qis = [f"q{j}" for j in range(n_qis)]
+    counts = pd.DataFrame(
+        {
+            **{q: [labels[j] for labels, *_ in rows] for j, q in enumerate(qis)},
+            "disease": [sa for _, sa, _, _ in rows],
+            "person": [f"p{p}" for _, _, p, _ in rows],
+            "count": [n for *_, n in rows],
+        }
+    )
+    unit = "person" if with_units else None
+    if unit is None:
+        counts = counts.drop(columns="person")
+    expected = _reference(counts, qis, unit)
+    smallest, fewest = int(expected["size"].min()), max(int(expected["distinct"].min()), 2)
+    for k, l_value in [(smallest, fewest), (smallest + 1, fewest), (smallest, fewest + 1)]:
+        spec = AnonymizationSpec(
+            "l_diversity", tuple(qis), "disease", k=k, l=l_value, variant="distinct",
+            unit="person" if unit else "rows", unit_column=unit,
+        )  # fmt: skip
+        result = verify_counts(
+            counts, spec, input_records=int(counts["count"].sum()), suppressed_records=0
+        )
+        assert (result.classes, result.smallest_class) == (len(expected), smallest)
+        too_small = int((expected["size"] < k).sum())
+        too_few = int((expected["distinct"] < l_value).sum())
+        certain = int(expected["certain"].sum()) if unit is not None else 0
+        assert result.ok == (too_small == 0 and too_few == 0 and certain == 0)
+        for model, failing in (("k", too_small), ("l", too_few)):
+            listed = [f for f in result.failures if f" {model}=" in f and "fewer than" in f]
+            more = [f for f in result.failures if f"more classes violate {model}=" in f]
+            assert len(listed) == min(failing, MAX_FAILURES)
+            assert len(more) == (failing > MAX_FAILURES)
+        if unit is not None:
+            listed = [f for f in result.failures if "(certain disclosure)" in f]
+            more = [f for f in result.failures if "violate person-level" in f]
+            assert (len(listed), len(more)) == (min(certain, MAX_FAILURES), certain > MAX_FAILURES)
+
+
+def test_classes_of_many_wide_columns_are_told_apart() -> None:
+    """Five QIs of 2^16 - 1 labels each (2^16 codes with the one kept for a missing
+    cell): a mixed-radix key of all five would need 2^80, and in 64 bits the first QI's
+    digit would vanish, so the key is re-densified on the way; two rows differing in the
+    first QI alone must stay two classes."""
+    n = (1 << 16) - 1
+    i = np.arange(n)
+    codes = np.stack([(i * a) % n for a in (1, 2, 4, 7, 8)], axis=1)  # each a permutation
+    codes = np.vstack([codes, np.r_[codes[1, :1], codes[0, 1:]]])  # row 0 but q0 of row 1
+    qis = tuple(f"q{j}" for j in range(5))
+    counts = pd.DataFrame({q: codes[:, j].astype(str) for j, q in enumerate(qis)})
+    counts["count"] = 2
+    spec = AnonymizationSpec("k_anonymity", qis, None, k=2)
+    result = verify_counts(counts, spec, input_records=2 * (n + 1), suppressed_records=0)
+    assert result.ok and (result.classes, result.smallest_class) == (n + 1, 2)
