@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pandas as pd
 
+from privpipe import timing
 from privpipe.anonymity.hierarchy import Hierarchy, canonical_column
 from privpipe.attacks import (
     AttackerKnowledge,
@@ -69,6 +71,7 @@ from privpipe.pipelines.config import (
 from privpipe.pipelines.plan import Plan
 from privpipe.pipelines.pubattacks import across_runs, breach_findings, publication_attacks
 from privpipe.timing import stage
+from privpipe.workers import Worker, available_cores
 
 if TYPE_CHECKING:  # reports (matplotlib) is imported only when a report is written
     from privpipe.reports import Release
@@ -629,6 +632,75 @@ def load_truth(plan: Plan, work: Path, name: str = RAW_TABLE) -> tuple[pd.DataFr
     return table, targets
 
 
+AUDIT_WORKER_ROWS: Final = 250_000
+"""Accepted rows from which the publication attacks run in a worker process beside the
+rest of the audit (below, a worker's start-up and its own reading of the staged tables
+cost about what it saves)."""
+
+
+class PublicationAttacks:
+    """The publication attacks in a worker process (``privpipe.workers``), beside the
+    driver's common attacker and utility: it reads the staged truth and releases itself
+    (from the private work folder; nothing is pickled but the plan, the paths, the
+    hierarchies and the publication check) and returns the same entries as the call in
+    ``write_audit``. Started when the pipeline ends (its imports overlap the DP noise and
+    the attacks), sent its work once every release is staged; ``kill`` on any error."""
+
+    def __init__(self) -> None:
+        self.worker = Worker("the publication attacks", warm=(__name__,))
+
+    def send(
+        self,
+        plan: Plan,
+        staging: Path,
+        work: Path,
+        hierarchies: Mapping[str, Hierarchy],
+        checked: Mapping[str, Any],
+    ) -> None:
+        self.worker.send(
+            staged_publication_attacks, plan, staging, work, dict(hierarchies), dict(checked)
+        )
+
+    def result(self) -> dict[str, list[dict[str, Any]]]:
+        """The entries (the worker's own seconds timed as ``publication_attacks``)."""
+        entries, seconds = self.worker.result()
+        clock = timing.current()
+        if clock is not None:
+            clock.add("publication_attacks", seconds)
+        return entries  # type: ignore[no-any-return]
+
+    def kill(self) -> None:
+        self.worker.kill()
+
+
+def audit_worker(plan: Plan, rows: int) -> PublicationAttacks | None:
+    """A worker for the publication attacks when the audit runs, the input is large enough
+    (``AUDIT_WORKER_ROWS``) and there is a second core; else None (computed in line)."""
+    if not wants_audit(plan) or rows < AUDIT_WORKER_ROWS or available_cores() < 2:
+        return None
+    return PublicationAttacks()
+
+
+def staged_publication_attacks(
+    plan: Plan,
+    staging: Path,
+    work: Path,
+    hierarchies: Mapping[str, Hierarchy],
+    checked: Mapping[str, Any],
+) -> tuple[dict[str, list[dict[str, Any]]], float]:
+    """``publication_attacks`` on what the run staged (its truth and every release, read
+    as ``write_audit`` reads them) and the seconds it took: a worker's call."""
+    t0 = time.perf_counter()
+    raw, targets = load_truth(plan, work)
+    every_kind = tuple({r.kind for r in plan.config.releases})
+    releases = load_releases(plan, staging, every_kind, None, work)
+    try:
+        entries = publication_attacks(plan, releases, raw, hierarchies, checked, targets)
+    finally:
+        forget_summaries()
+    return entries, time.perf_counter() - t0
+
+
 def wants_audit(plan: Plan) -> bool:
     """A report needs releases and quasi-identifiers (its workload), unless switched off."""
     rc = plan.config.report
@@ -649,12 +721,14 @@ def write_audit(
     work: Path | None = None,
     control: pd.DataFrame | None = None,
     targets: pd.DataFrame | None = None,
+    publication: PublicationAttacks | None = None,
 ) -> dict[str, Path]:
     """audit.json, report.md and report.html of the staged run (into ``into``, default the
     staging folder); releases already read for the attacks are not read again. ``common``:
     ``run_common``'s results (``releases.<name>.common``, ``baseline.common``). ``work``:
     the run's private work folder, whose DP cells (bounded, before noise) split each DP
-    release's error into bounding bias and noise."""
+    release's error into bounding bias and noise. ``publication``: the publication attacks
+    running in a worker process since they could start; computed here without it."""
     from privpipe.pipelines.dp_release import bounded_truth
     from privpipe.reports import Run, audit_run, write_reports
     from privpipe.reports.decide import DEFAULT_MAX_ADVANTAGE, recommend
@@ -723,10 +797,13 @@ def write_audit(
             )
     # the publication as a whole: what the published set gives together (and, marked
     # hypothetical, what publishing a candidate beside it would give)
-    with stage("publication_attacks"):
-        audit["publication_attacks"] = publication_attacks(
-            plan, releases, raw, hierarchies, pub, targets
-        )
+    if publication is not None:
+        audit["publication_attacks"] = publication.result()
+    else:
+        with stage("publication_attacks"):
+            audit["publication_attacks"] = publication_attacks(
+                plan, releases, raw, hierarchies, pub, targets
+            )
     audit.setdefault("findings", []).extend(breach_findings(audit["publication_attacks"]))
     forget_summaries()
     with stage("report"):

@@ -14,7 +14,7 @@ import glob
 import os
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -65,6 +65,13 @@ class Plan:
     period_override: int | None = None  # `privpipe run --period N` (continual counts)
     input_duplicates: tuple[str, ...] = ()  # input paths dropped: the same file as another
     only: tuple[str, ...] | None = None  # `privpipe run --only`: the releases selected
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        """Pickled with its read-only mappings as plain dicts (a mapping proxy does not
+        pickle), for a worker process (``privpipe.workers``)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["hierarchies"], values["sweeps"] = dict(self.hierarchies), dict(self.sweeps)
+        return _unpickle_plan, (values,)
 
     @property
     def ledger_path(self) -> Path | None:
@@ -124,6 +131,12 @@ class Plan:
             if r.kind in BOUNDED_KINDS and r.value not in types:  # type: ignore[union-attr]
                 types[r.value] = "float"  # type: ignore[union-attr]
         return types
+
+
+def _unpickle_plan(values: dict[str, Any]) -> Plan:
+    values["hierarchies"] = MappingProxyType(values["hierarchies"])
+    values["sweeps"] = MappingProxyType(values["sweeps"])
+    return Plan(**values)
 
 
 def dp_columns(release: object) -> list[str]:

@@ -30,7 +30,9 @@ from privpipe.errors import InputDataError, PrivacyRefusal, PrivpipeError
 from privpipe.pipelines.audit import (
     ATTACKED_KINDS,
     RAW_TABLE,
+    PublicationAttacks,
     audit_columns,
+    audit_worker,
     common_releases,
     forget_summaries,
     headline,
@@ -446,6 +448,7 @@ def _run(
     )
     for note in out.notes:  # what recovery after a killed run did (faults)
         log(note)
+    side: PublicationAttacks | None = None  # the publication attacks' worker process
     try:
         holdout_key = None
         if holdout_share(plan) is not None:  # fresh per run, never a seed; 0600 in internal/
@@ -478,6 +481,7 @@ def _run(
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
             raise unwrap_pipeline_error(e) from e
         profile, value_counts = split_internal(load_json(str(out.work / "profile.json")))
+        side = audit_worker(plan, int(profile["rows"]))  # its imports overlap what follows
         rejected = pd.read_csv(out.internal / "rejected.csv", dtype={"file": str, "reason": str})
         control = load_controls(plan, out.work)
         held_out = control_records(control) if control is not None and holdout_share(plan) else 0
@@ -516,14 +520,9 @@ def _run(
         loaded = {}
         if (out.work / f"{RAW_TABLE}_counts.parquet").exists():  # frequency table, targets
             raw, targets = load_truth(plan, out.work)
-        if plan.config.attacks is not None:
-            log("privpipe: attacking every release (and the raw table as the baseline)")
+        if plan.config.attacks is not None:  # read once for the check and the attacks
             with stage("attacks"):
                 loaded = load_releases(plan, out.staging, ATTACKED_KINDS, work=out.work)
-                attack_results = run_attacks(
-                    plan, loaded, raw, hierarchies, control=control, targets=targets
-                )
-            attack_rates = headline(attack_results)
         names = [r.name for r in plan.config.releases]
         chosen = [n for n in names if n in published]
         publication: dict[str, Any] = {
@@ -537,12 +536,21 @@ def _run(
                     dp_count_keys([*jobs, *cjobs]), log, out.work,
                 )  # fmt: skip
         continual_summary: dict[str, Any] = {}
-        if cjobs and ledger is not None:  # last: the stream's state advances durably here
+        if cjobs and ledger is not None:  # the stream advances durably here: only the audit follows
             with stage("continual_publish"):
                 continual_summary = publish_continual(
                     cjobs, new_streams, ledger, run_id, plan, out.work, out.staging,
                     insecure_seed, log,
                 )  # fmt: skip
+        if side is not None:  # every release is staged: its attacks run beside what follows
+            side.send(plan, out.staging, out.work, hierarchies, publication)
+        if plan.config.attacks is not None:
+            log("privpipe: attacking every release (and the raw table as the baseline)")
+            with stage("attacks"):
+                attack_results = run_attacks(
+                    plan, loaded, raw, hierarchies, control=control, targets=targets
+                )
+            attack_rates = headline(attack_results)
         summaries = release_summaries(plan, out, insecure_seed)
         finished = datetime.now(UTC)
         manifest = {
@@ -597,7 +605,7 @@ def _run(
                 write_audit(
                     plan, out.staging, raw, hierarchies, attack_results, manifest, loaded,
                     into=out.internal, common=common, work=out.work, control=control,
-                    targets=targets,
+                    targets=targets, publication=side,
                 )  # fmt: skip
             manifest["report"] = f"{INTERNAL}/report.html"
         details: dict[str, Any] = {}
@@ -627,6 +635,8 @@ def _run(
         raise
     finally:  # the audit's frequency tables hold the run's tables: not past the run
         forget_summaries()
+        if side is not None:  # done, or not needed after an error
+            side.kill()
     return RunResult(run_id=run_id, output_dir=plan.output_dir, manifest=manifest)
 
 

@@ -89,12 +89,12 @@ def figures(ctx: ReleaseContext) -> dict[str, Any]:
 
 
 def workers() -> list[psutil.Process]:
-    """This process's planning workers still alive (other tests in this process may leave
+    """This process's worker processes still alive (other tests in this process may leave
     children of their own, e.g. Beam's job service of a PortableRunner test)."""
     alive = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if "transforms.planning" in " ".join(child.cmdline()):
+            if "privpipe.workers" in " ".join(child.cmdline()):
                 alive.append(child)
         except psutil.Error:  # exited meanwhile
             continue

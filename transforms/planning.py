@@ -9,16 +9,17 @@ order among equals). With one core or one release everything runs in the calling
 thread, in config order, as before. The hierarchies are resolved once (the same for
 every release of one summary) before the planning.
 
-A worker is a fresh ``python`` running ``serve()`` (no fork of the threaded Beam worker,
-no re-import of the caller's ``__main__``, no Beam import): it reads the pickled summary,
-hierarchies and spec from its stdin (a pipe: the summary never touches the disk) and
-writes the pickled plan, or the exception, to its stdout. The summary is pickled straight
-into each worker's pipe as the worker reads it: the caller never holds a pickled copy
-(15 MB at 1M demo rows, ~150 MB at 10M; a held copy, and a second one joined with the
-spec, used to stay in the caller for the whole search). With ``slim`` a plan is reduced
-to what the Beam steps after the search use (``SlimContext``) where it is made, before
-it is pickled or kept. Workers ignore Ctrl-C; the caller kills them on any error or
-interrupt, and they exit by themselves if the caller dies: no worker outlives the call.
+A worker is a fresh ``python`` (``privpipe.workers``: no fork of the threaded Beam
+worker, no re-import of the caller's ``__main__``, no Beam import): it reads the pickled
+call (``plan_one`` with the summary, hierarchies and spec) from its stdin (a pipe: the
+summary never touches the disk) and writes the pickled plan, or the exception, to its
+stdout. The summary is pickled straight into each worker's pipe as the worker reads it:
+the caller never holds a pickled copy (15 MB at 1M demo rows, ~150 MB at 10M; a held
+copy, and a second one joined with the spec, used to stay in the caller for the whole
+search). With ``slim`` a plan is reduced to what the Beam steps after the search use
+(``SlimContext``) where it is made, before it is pickled or kept. Workers ignore
+Ctrl-C; the caller kills them on any error or interrupt, and they exit by themselves if
+the caller dies: no worker outlives the call.
 
 Errors are those of the sequential order: the first release in config order whose plan
 fails raises its own exception (type and message unchanged, so a refusal still exits 4);
@@ -38,11 +39,6 @@ worker still running (a failed or interrupted pipeline).
 
 from __future__ import annotations
 
-import os
-import pickle
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -53,7 +49,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from privpipe import progress
 from privpipe.anonymity.spec import AnonymizationSpec
 from privpipe.transforms.context import (
     ReleaseContext,
@@ -63,12 +58,11 @@ from privpipe.transforms.context import (
     column_counts,
     make_context,
 )
+from privpipe.workers import Worker, WorkerFailed, available_cores
 
 # expected search effort by kind (measured on the demo at 1M: t=0.3 115 s, recursive l
 # 18 s, Mondrian 10 s, k=5 8 s); only the order matters
 _EFFORT = {"t_closeness": 3, "l_diversity": 2}
-WATCH_S = 1.0  # how often a worker checks that its caller is alive
-PROGRESS_S = 1.0  # how often a worker reports its nodes checked
 
 
 @dataclass(frozen=True)
@@ -77,14 +71,6 @@ class Planned:
 
     context: ReleaseContext | SlimContext
     seconds: float
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity where the OS reports one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def expected_effort(spec: AnonymizationSpec) -> int:
@@ -314,12 +300,9 @@ def _drop(token: str) -> None:
         ahead.close()
 
 
-class WorkerFailed(RuntimeError):
-    """A worker process died without an answer (killed, out of memory)."""
-
-
 class _Workers:
-    """Worker processes, one per release planned away from the calling thread."""
+    """Worker processes (``privpipe.workers``), one per release planned away from the
+    calling thread."""
 
     def __init__(
         self, shared: tuple[pd.DataFrame, Resolver], slim: bool = False, feeds: int | None = None
@@ -329,52 +312,24 @@ class _Workers:
         self.slim = slim
         self.feeds = feeds
         self.lock = threading.Lock()
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.started: list[Worker] = []
         self.killed = False
 
     def plan(self, spec: AnonymizationSpec) -> Planned:
         """Plan ``spec`` in a new worker process (called from a pool thread)."""
-        code = f"import sys; sys.path[:] = {sys.path!r}; import {__name__} as m; m.serve()"
         with self.lock:
             if self.killed or self.shared is None:
                 raise WorkerFailed(f"release {spec.name!r}: planning abandoned")
-            shared = self.shared
-            report, tell = os.pipe()  # the worker's progress (nodes checked), line by line
-            try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", code, str(os.getpid()), str(tell)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    pass_fds=(tell,),
-                )
-            finally:
-                os.close(tell)
-            self.procs.append(proc)
-        relay = threading.Thread(target=_relay, args=(report,), daemon=True)
-        relay.start()
-        assert proc.stdin is not None and proc.stdout is not None
-        try:  # streamed: pickle writes large arrays to the pipe without a copy of them
-            with proc.stdin as task:
-                pickle.dump(shared, task, protocol=pickle.HIGHEST_PROTOCOL)
-                pickle.dump((spec, self.slim), task, protocol=pickle.HIGHEST_PROTOCOL)
-        except (BrokenPipeError, ValueError):  # it died while reading (or was killed)
-            pass
+            freq, resolver = self.shared
+            worker = Worker(f"release {spec.name!r}", hint="run with fewer releases")
+            self.started.append(worker)
+        try:
+            worker.send(plan_one, freq, spec, resolver, self.slim)
         finally:
-            del shared
+            del freq, resolver
             self._fed()
-        with proc.stdout as answer:  # the worker writes once it has read everything
-            out = answer.read()
-        proc.wait()
-        relay.join(timeout=5)  # its last progress line is counted before the plan returns
-        if proc.returncode != 0 or not out:
-            raise WorkerFailed(
-                f"release {spec.name!r}: the worker planning it exited with code "
-                f"{proc.returncode} (killed or out of memory?); run with fewer releases"
-            )
-        ok, value = pickle.loads(out)
-        if not ok:
-            raise value
-        return value  # type: ignore[no-any-return]
+        planned: Planned = worker.result()
+        return planned
 
     def _fed(self) -> None:
         """One more worker has its input: after the last of ``feeds``, drop the summary."""
@@ -388,83 +343,6 @@ class _Workers:
         """Kill every worker still running and reap it."""
         with self.lock:
             self.killed = True
-            procs = list(self.procs)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-
-
-def _relay(fd: int) -> None:
-    """Add a worker's progress lines (``stage<TAB>unit<TAB>count``, counts since its last
-    line) to this process's tally (privpipe/progress.py) until the worker closes its end."""
-    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as lines:
-        for line in lines:
-            stage, unit, n = [*line.rstrip("\n").split("\t"), "", "", ""][:3]
-            if n.isdigit():
-                progress.add_rows(stage, int(n), unit)
-
-
-class _Reporter:
-    """A worker's side of :func:`_relay`: every ``PROGRESS_S`` and once at the end, what its
-    tally gained since the last line."""
-
-    def __init__(self, fd: int) -> None:
-        self.out = os.fdopen(fd, "w", encoding="utf-8")
-        self.sent: dict[str, int] = {}
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self) -> None:
-        while not self.done.wait(PROGRESS_S):
-            self.send()
-
-    def send(self) -> None:
-        with self.lock:
-            for stage, (n, unit) in progress.snapshot().items():
-                gained = n - self.sent.get(stage, 0)
-                if gained > 0:
-                    self.out.write(f"{stage}\t{unit}\t{gained}\n")
-                    self.sent[stage] = n
-            self.out.flush()
-
-    def close(self) -> None:
-        self.done.set()
-        try:
-            self.send()
-            self.out.close()
-        except OSError:  # the caller stopped listening: progress only
-            pass
-
-
-def serve() -> None:
-    """A worker's main: summary, hierarchies, spec and slim from stdin; (ok, plan | error)
-    out; its progress on the descriptor named in argv."""
-    caller = int(sys.argv[1])
-    reporter = _Reporter(int(sys.argv[2])) if len(sys.argv) > 2 else None
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the caller stops us (no traceback)
-    threading.Thread(target=_exit_with, args=(caller,), daemon=True).start()
-    stdin = sys.stdin.buffer
-    freq, resolver = pickle.load(stdin)
-    spec, slim = pickle.load(stdin)
-    answer: tuple[bool, object]
-    try:
-        answer = (True, plan_one(freq, spec, resolver, slim))
-    except Exception as e:  # the caller raises it as its own
-        answer = (False, e)
-    try:
-        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # an exception that does not pickle: its type and message
-        data = pickle.dumps((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
-    if reporter is not None:
-        reporter.close()
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
-
-
-def _exit_with(caller: int) -> None:
-    """Exit as soon as the caller is gone (killed with no chance to stop its workers)."""
-    while os.getppid() == caller:
-        time.sleep(WATCH_S)
-    os._exit(1)
+            started = list(self.started)
+        for worker in started:
+            worker.kill()

@@ -1,0 +1,187 @@
+"""Worker processes: one picklable call each, in a fresh ``python``, beside the caller.
+
+A worker is a fresh interpreter running ``serve()``: no fork of a threaded Beam process,
+no re-import of the caller's ``__main__``. It first imports the ``warm`` modules it is
+started with (so those imports overlap whatever the caller does until it sends the
+call), then reads one pickled call (function, arguments) from its stdin, a pipe: the
+arguments are pickled straight into it, never held pickled by the caller nor written to
+disk. It writes the pickled result, or the exception, to its stdout, and its progress
+lines (``privpipe.progress``) to a descriptor the caller relays into its own tally.
+
+Workers ignore Ctrl-C: the caller kills them on any error or interrupt (``kill``), and a
+worker exits by itself once its caller is gone, so none outlives the call. Used by the
+searches planned beside each other (``transforms.planning``) and by the audit's
+publication attacks (``pipelines.run``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from privpipe import progress
+
+__all__ = ["Worker", "WorkerFailed", "available_cores", "serve"]
+
+WATCH_S = 1.0  # how often a worker checks that its caller is alive
+PROGRESS_S = 1.0  # how often a worker reports its progress counts
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS reports one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process died without an answer (killed, out of memory)."""
+
+
+class Worker:
+    """One worker process for one call: ``send`` it, then ``result``; ``kill`` on any
+    error. ``what`` names the work in errors ("release 'k5'"); ``hint`` ends the message
+    of a worker that died."""
+
+    def __init__(self, what: str, warm: Sequence[str] = (), hint: str = "") -> None:
+        self.what = what
+        self.hint = hint
+        code = f"import sys; sys.path[:] = {sys.path!r}; import {__name__} as m; m.serve()"
+        report, tell = os.pipe()  # the worker's progress, line by line
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code, str(os.getpid()), str(tell), *warm],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                pass_fds=(tell,),
+            )
+        except BaseException:
+            os.close(report)
+            raise
+        finally:
+            os.close(tell)
+        self.relay = threading.Thread(target=_relay, args=(report,), daemon=True)
+        self.relay.start()
+
+    def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Pickle the call into the worker's stdin (streamed: large arrays go to the pipe
+        without a pickled copy here). A worker that dies meanwhile is reported by
+        ``result``."""
+        assert self.proc.stdin is not None
+        try:
+            with self.proc.stdin as task:
+                pickle.dump((fn, args, kwargs), task, protocol=pickle.HIGHEST_PROTOCOL)
+        except (BrokenPipeError, ValueError):  # it died while reading (or was killed)
+            pass
+
+    def result(self) -> Any:
+        """The call's result; its exception raised here as it was raised there."""
+        assert self.proc.stdout is not None
+        out = b""
+        if not self.proc.stdout.closed:  # closed: killed
+            with self.proc.stdout as answer:  # the worker writes once the call returned
+                out = answer.read()
+        self.proc.wait()
+        self.relay.join(timeout=5)  # its last progress line is counted before we return
+        if self.proc.returncode != 0 or not out:
+            raise WorkerFailed(
+                f"{self.what}: the worker process exited with code {self.proc.returncode} "
+                f"(killed or out of memory?){'; ' + self.hint if self.hint else ''}"
+            )
+        ok, value = pickle.loads(out)
+        if not ok:
+            raise value
+        return value
+
+    def kill(self) -> None:
+        """Kill the worker if it still runs, and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def _relay(fd: int) -> None:
+    """Add a worker's progress lines (``stage<TAB>unit<TAB>count``, counts since its last
+    line) to this process's tally (privpipe/progress.py) until the worker closes its end."""
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            stage, unit, n = [*line.rstrip("\n").split("\t"), "", "", ""][:3]
+            if n.isdigit():
+                progress.add_rows(stage, int(n), unit)
+
+
+class _Reporter:
+    """A worker's side of :func:`_relay`: every ``PROGRESS_S`` and once at the end, what its
+    tally gained since the last line."""
+
+    def __init__(self, fd: int) -> None:
+        self.out = os.fdopen(fd, "w", encoding="utf-8")
+        self.sent: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self.done.wait(PROGRESS_S):
+            self.send()
+
+    def send(self) -> None:
+        with self.lock:
+            for stage, (n, unit) in progress.snapshot().items():
+                gained = n - self.sent.get(stage, 0)
+                if gained > 0:
+                    self.out.write(f"{stage}\t{unit}\t{gained}\n")
+                    self.sent[stage] = n
+            self.out.flush()
+
+    def close(self) -> None:
+        self.done.set()
+        try:
+            self.send()
+            self.out.close()
+        except OSError:  # the caller stopped listening: progress only
+            pass
+
+
+def serve() -> None:
+    """A worker's main: argv is the caller's pid, the progress descriptor and the modules
+    to import at once; the call from stdin, (ok, result | error) to stdout."""
+    caller = int(sys.argv[1])
+    reporter = _Reporter(int(sys.argv[2]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the caller stops us (no traceback)
+    threading.Thread(target=_exit_with, args=(caller,), daemon=True).start()
+    for module in sys.argv[3:]:
+        importlib.import_module(module)
+    fn, args, kwargs = pickle.load(sys.stdin.buffer)
+    answer: tuple[bool, object]
+    try:
+        answer = (True, fn(*args, **kwargs))
+    except Exception as e:  # the caller raises it as its own
+        answer = (False, e)
+    del fn, args, kwargs
+    try:
+        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # an exception that does not pickle: its type and message
+        data = pickle.dumps((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
+    reporter.close()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def _exit_with(caller: int) -> None:
+    """Exit as soon as the caller is gone (killed with no chance to stop its workers)."""
+    while os.getppid() == caller:
+        time.sleep(WATCH_S)
+    os._exit(1)

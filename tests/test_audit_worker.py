@@ -1,0 +1,77 @@
+"""The publication attacks in a worker process (``pipelines.audit.PublicationAttacks``,
+used from ``AUDIT_WORKER_ROWS`` accepted rows on two cores or more): the same entries as
+the in-line call on the same staged run, and no worker left by a run that fails after
+the worker was sent its work."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from privpipe.errors import PrivacyRefusal
+from privpipe.pipelines import audit
+from privpipe.pipelines import run as run_module
+from privpipe.pipelines.cli import main
+from privpipe.pipelines.pubattacks import publication_attacks
+from tests.layout import internal_file
+from tests.test_planning import workers
+
+
+@pytest.fixture
+def in_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(audit, "AUDIT_WORKER_ROWS", 0)
+    monkeypatch.setattr(audit, "available_cores", lambda: 2)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("in_a_worker")
+def test_the_worker_finds_what_the_call_in_line_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compared: list[tuple[Any, Any]] = []
+    write_audit = run_module.write_audit
+
+    def both(*args: Any, publication: Any = None, **kwargs: Any) -> Any:
+        plan, staging, raw, hierarchies, _, manifest, loaded = args
+        assert isinstance(publication, audit.PublicationAttacks)
+        every = tuple({r.kind for r in plan.config.releases})
+        releases = audit.load_releases(plan, staging, every, loaded, kwargs["work"])
+        in_line = publication_attacks(
+            plan, releases, raw, hierarchies, manifest["publication"], kwargs["targets"]
+        )
+        compared.append((publication.result(), in_line))
+        return write_audit(*args, publication=None, **kwargs)
+
+    monkeypatch.setattr(run_module, "write_audit", both)
+    assert main(["demo", "--rows", "400", "--output", str(tmp_path / "d")]) == 0
+    ((from_worker, in_line),) = compared
+    assert from_worker == in_line
+    assert sum(len(entries) for entries in from_worker.values()) >= 3
+    assert workers() == []
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("in_a_worker")
+def test_a_run_failing_after_the_work_was_sent_leaves_no_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sent: list[bool] = []
+
+    def counted(self: audit.PublicationAttacks, *args: Any) -> None:
+        sent.append(self.worker.proc.poll() is None)
+        self.worker.send(time.sleep, 120)  # work still running when the run fails
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise PrivacyRefusal("the common attacker failed (test)")
+
+    monkeypatch.setattr(audit.PublicationAttacks, "send", counted)
+    monkeypatch.setattr(run_module, "run_common", failing)
+    out = tmp_path / "d"
+    assert main(["demo", "--rows", "400", "--output", str(out)]) == 4
+    assert "the common attacker failed (test)" in capsys.readouterr().err
+    assert sent == [True]  # the worker was running and got (slow) work
+    assert workers() == []
+    assert not internal_file(out, "manifest.json").exists()
