@@ -638,6 +638,9 @@ rest of the audit (below, a worker's start-up and its own reading of the staged 
 cost about what it saves)."""
 
 
+WORKER_STAGE: Final = "worker:publication_attacks"
+
+
 class PublicationAttacks:
     """The publication attacks in a worker process (``privpipe.workers``), beside the
     driver's common attacker and utility: it reads the staged truth and releases itself
@@ -662,11 +665,12 @@ class PublicationAttacks:
         )
 
     def result(self) -> dict[str, list[dict[str, Any]]]:
-        """The entries (the worker's own seconds timed as ``publication_attacks``)."""
+        """The entries; the worker's own seconds are timed as ``worker:publication_attacks``
+        (beside the driver's stages, like the pipeline's: not part of their sum)."""
         entries, seconds = self.worker.result()
         clock = timing.current()
         if clock is not None:
-            clock.add("publication_attacks", seconds)
+            clock.add(WORKER_STAGE, seconds)
         return entries  # type: ignore[no-any-return]
 
     def kill(self) -> None:

@@ -5,6 +5,7 @@ the worker was sent its work."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ def test_the_worker_finds_what_the_call_in_line_finds(
     assert main(["demo", "--rows", "400", "--output", str(tmp_path / "d")]) == 0
     ((from_worker, in_line),) = compared
     assert from_worker == in_line
+    manifest = json.loads(internal_file(tmp_path / "d", "manifest.json").read_text())
+    assert manifest["timings"]["stages"][audit.WORKER_STAGE] > 0
     assert sum(len(entries) for entries in from_worker.values()) >= 3
     assert workers() == []
 
