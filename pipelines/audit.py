@@ -682,7 +682,10 @@ def audit_worker(plan: Plan, rows: int) -> PublicationAttacks | None:
     (``AUDIT_WORKER_ROWS``) and there is a second core; else None (computed in line)."""
     if not wants_audit(plan) or rows < AUDIT_WORKER_ROWS or available_cores() < 2:
         return None
-    return PublicationAttacks()
+    try:
+        return PublicationAttacks()
+    except OSError:  # no process to be had (limits): the attacks run in line
+        return None
 
 
 def staged_publication_attacks(

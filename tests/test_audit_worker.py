@@ -6,6 +6,7 @@ the worker was sent its work."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -78,3 +79,18 @@ def test_a_run_failing_after_the_work_was_sent_leaves_no_worker(
     assert sent == [True]  # the worker was running and got (slow) work
     assert workers() == []
     assert not internal_file(out, "manifest.json").exists()
+
+
+def test_without_a_process_to_be_had_the_attacks_run_in_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(audit, "wants_audit", lambda plan: True)
+    monkeypatch.setattr(audit, "available_cores", lambda: 2)
+    started = audit.audit_worker(None, 10**6)  # type: ignore[arg-type]
+    assert isinstance(started, audit.PublicationAttacks)
+    started.kill()
+    monkeypatch.setattr(subprocess, "Popen", refused)
+    assert audit.audit_worker(None, 10**6) is None  # type: ignore[arg-type]
