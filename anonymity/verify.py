@@ -110,12 +110,6 @@ def _coded(column: pd.Series) -> tuple[IntArray, npt.NDArray[np.object_]]:
     return np.asarray(same, dtype=np.int64)[raw], np.asarray(names, dtype=object)
 
 
-def _strings(column: pd.Series) -> npt.NDArray[np.object_]:
-    """Canonical strings of a column (missing cells as ``""``)."""
-    codes, names = _coded(column)
-    return np.asarray(names[codes], dtype=object)
-
-
 def _persons(column: pd.Series) -> IntArray:
     """Codes that tell persons apart: of the 64-bit hashes of the ids (a ``uint64``
     column, as the frequency table carries them) as they are, else of canonical strings."""
@@ -328,7 +322,6 @@ def verify_counts(
         f"suppression: {suppressed_records} <= {cap} "
         f"({_pct(spec.suppression_limit)} of {input_records} records)"
     )
-    in_class = np.ones(len(frame), dtype=bool)  # the all-'*' block is a class too
     if spec.suppressed == "star" and star_records < suppressed_records:
         failures.append(
             f"{suppressed_records} records were suppressed but the table has only "
@@ -336,22 +329,21 @@ def verify_counts(
         )
 
     # ------------------------------------------------------------- classes
-    kept = frame.loc[in_class]
-    kept_counts = counts[in_class]
+    # every row is in a class: the all-'*' block is a class too
     class_of, n_classes = _dense(  # rows with equal labels, in order of first appearance
-        _joint([codes[in_class] for codes, _ in coded], [len(labels) for _, labels in coded])
+        _joint([codes for codes, _ in coded], [len(labels) for _, labels in coded])
     )
-    sizes = np.bincount(class_of, weights=kept_counts, minlength=n_classes).astype(np.int64)
+    sizes = np.bincount(class_of, weights=counts, minlength=n_classes).astype(np.int64)
     person = None
     n_persons = 0
     if unit is not None:  # distinct persons: one (class, person) pair each
-        person = _persons(kept[unit])
+        person = _persons(frame[unit])
         n_persons = int(person.max()) + 1 if person.size else 0
         once = ~pd.Series(_joint([class_of, person], [n_classes, n_persons])).duplicated()
         sizes = np.bincount(class_of[once.to_numpy()], minlength=n_classes).astype(np.int64)
     what = "persons" if unit is not None else "records"
     first = _firsts(class_of, n_classes)
-    names = _Names(qis, [(codes[in_class], labels) for codes, labels in coded], first)
+    names = _Names(qis, coded, first)
     smallest = int(sizes.min()) if n_classes else 0
 
     _report(
@@ -364,7 +356,7 @@ def verify_counts(
 
     distances: dict[str, float] = {}
     if needs_sa and sa is not None and n_classes:
-        cells = _sa_cells(class_of, n_classes, _coded(kept[sa]), kept_counts, person, n_persons)
+        cells = _sa_cells(class_of, n_classes, _coded(frame[sa]), counts, person, n_persons)
         if spec.kind == "l_diversity":
             _check_l(spec, cells, sizes, names, failures, checked)
             if person is not None:
