@@ -688,6 +688,13 @@ def audit_worker(plan: Plan, rows: int) -> PublicationAttacks | None:
         return None
 
 
+def audited_releases(
+    plan: Plan, staging: Path, loaded: Mapping[str, Release], work: Path | None
+) -> dict[str, Release]:
+    """Every staged release of the run, as the audit reads it (those in ``loaded`` reused)."""
+    return load_releases(plan, staging, tuple({r.kind for r in plan.config.releases}), loaded, work)
+
+
 def staged_publication_attacks(
     plan: Plan,
     staging: Path,
@@ -699,8 +706,7 @@ def staged_publication_attacks(
     as ``write_audit`` reads them) and the seconds it took: a worker's call."""
     t0 = time.perf_counter()
     raw, targets = load_truth(plan, work)
-    every_kind = tuple({r.kind for r in plan.config.releases})
-    releases = load_releases(plan, staging, every_kind, None, work)
+    releases = audited_releases(plan, staging, {}, work)
     try:
         entries = publication_attacks(plan, releases, raw, hierarchies, checked, targets)
     finally:
@@ -742,8 +748,7 @@ def write_audit(
 
     rc = plan.config.report
     s = plan.config.schema_
-    every_kind = tuple({r.kind for r in plan.config.releases})
-    releases = load_releases(plan, staging, every_kind, loaded, work)
+    releases = audited_releases(plan, staging, loaded, work)
     run = Run(staging, manifest, releases)
     per_release = None
     baseline = None

@@ -481,7 +481,6 @@ def _run(
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner
             raise unwrap_pipeline_error(e) from e
         profile, value_counts = split_internal(load_json(str(out.work / "profile.json")))
-        side = audit_worker(plan, int(profile["rows"]))  # its imports overlap what follows
         rejected = pd.read_csv(out.internal / "rejected.csv", dtype={"file": str, "reason": str})
         control = load_controls(plan, out.work)
         held_out = control_records(control) if control is not None and holdout_share(plan) else 0
@@ -493,6 +492,7 @@ def _run(
             hierarchies = resolver(value_counts)
         except InputDataError as e:
             raise e if exact else withheld(e) from None
+        side = audit_worker(plan, int(profile["rows"]))  # its imports overlap what follows
         dp_bounding: dict[str, Any] = {}
         if jobs and ledger is not None:
             with stage("dp_noise"):
@@ -536,7 +536,7 @@ def _run(
                     dp_count_keys([*jobs, *cjobs]), log, out.work,
                 )  # fmt: skip
         continual_summary: dict[str, Any] = {}
-        if cjobs and ledger is not None:  # the stream advances durably here: only the audit follows
+        if cjobs and ledger is not None:  # the stream advances durably: only the audit follows
             with stage("continual_publish"):
                 continual_summary = publish_continual(
                     cjobs, new_streams, ledger, run_id, plan, out.work, out.staging,

@@ -39,8 +39,7 @@ def test_the_worker_finds_what_the_call_in_line_finds(
     def both(*args: Any, publication: Any = None, **kwargs: Any) -> Any:
         plan, staging, raw, hierarchies, _, manifest, loaded = args
         assert isinstance(publication, audit.PublicationAttacks)
-        every = tuple({r.kind for r in plan.config.releases})
-        releases = audit.load_releases(plan, staging, every, loaded, kwargs["work"])
+        releases = audit.audited_releases(plan, staging, loaded, kwargs["work"])
         in_line = publication_attacks(
             plan, releases, raw, hierarchies, manifest["publication"], kwargs["targets"]
         )
