@@ -16,6 +16,7 @@ publication attacks (``pipelines.run``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import pickle
@@ -138,21 +139,33 @@ class _Reporter:
             self.send()
 
     def send(self) -> None:
+        """Write what was gained since the last line; nothing once closed (the loop may
+        wake just as :meth:`close` runs)."""
         with self.lock:
-            for stage, (n, unit) in progress.snapshot().items():
-                gained = n - self.sent.get(stage, 0)
-                if gained > 0:
-                    self.out.write(f"{stage}\t{unit}\t{gained}\n")
-                    self.sent[stage] = n
-            self.out.flush()
+            if self.out.closed:
+                return
+            with contextlib.suppress(OSError):  # the caller stopped listening: progress only
+                self._write()
+
+    def _write(self) -> None:
+        for stage, (n, unit) in progress.snapshot().items():
+            gained = n - self.sent.get(stage, 0)
+            if gained > 0:
+                self.out.write(f"{stage}\t{unit}\t{gained}\n")
+                self.sent[stage] = n
+        self.out.flush()
 
     def close(self) -> None:
+        """Send the last line and close, under the lock the loop's sends take."""
         self.done.set()
-        try:
-            self.send()
-            self.out.close()
-        except OSError:  # the caller stopped listening: progress only
-            pass
+        with self.lock:
+            if self.out.closed:
+                return
+            try:
+                self._write()
+                self.out.close()
+            except OSError:  # the caller stopped listening: progress only
+                pass
 
 
 def serve() -> None:

@@ -5,12 +5,13 @@ nothing left running after ``kill``."""
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import pytest
 
 from privpipe import progress
-from privpipe.workers import Worker, WorkerFailed
+from privpipe.workers import Worker, WorkerFailed, _Reporter
 from tests.test_planning import workers
 
 
@@ -52,3 +53,17 @@ def test_progress_counted_there_is_counted_here() -> None:
     worker.send(eval, "__import__('privpipe.progress').progress.add_rows('worker test', 7)")
     worker.result()
     assert progress.snapshot()["worker test"][0] == before + 7
+
+
+def test_a_reporter_woken_after_closing_writes_nothing_and_raises_nothing() -> None:
+    """The worker's progress loop can wake just as the call ends: a send after close is a
+    no-op (once printed 'Exception in thread ... _loop' into a demo run's output)."""
+    read, write = os.pipe()
+    progress.add_rows("reporter test", 3)
+    reporter = _Reporter(write)
+    reporter.close()
+    reporter.send()  # what the loop does when it wakes late
+    reporter.close()
+    with os.fdopen(read, encoding="utf-8") as lines:
+        sent = [line for line in lines if line.startswith("reporter test\t")]
+    assert len(sent) == 1
