@@ -69,6 +69,10 @@ class Base:
     packed: list[FloatArray] = field(default_factory=list)
     """The rows' ``counts`` and ``singles`` packed in one weight (at most one array),
     cached by the evaluator (``Evaluator._packed_weights``)."""
+    blocks: dict[int, IntArray | None] = field(default_factory=dict)
+    """Row ranges of the blocks of the first QI at a level (level -> cut positions, None
+    when the rows are not in that QI's order), cached by the evaluator
+    (``Evaluator.classes_by_block``)."""
 
     @property
     def n_rows(self) -> int:

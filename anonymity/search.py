@@ -60,6 +60,7 @@ from privpipe.anonymity.models import (
     Assessment,
     PrivacyModel,
     assess,
+    certain_values,
     check_models,
     describe_models,
     max_suppressed,
@@ -244,7 +245,11 @@ def _refusal(
     limit: float,
     watch: _Watch,
     complete: bool,
+    partial: bool = False,
 ) -> PrivacyRefusal:
+    """``complete``: every node was checked or known to fail; ``partial``: some were
+    refused from part of their rows (``_OptimalState``) and their suppression is not
+    known, so the least suppression named is that of the nodes counted in full."""
     top = watch.top
     if top is None:
         top = assess(evaluator.classes(lattice.top), models, limit)
@@ -264,7 +269,13 @@ def _refusal(
         )
     least = watch.least
     if least is not None and least.suppressed_records < top.suppressed_records:
-        scope = "any transformation" if complete else "any transformation checked"
+        scope = (
+            "any transformation counted in full"
+            if partial
+            else "any transformation"
+            if complete
+            else "any transformation checked"
+        )
         text += (
             f"; the least {scope} needs is {_pct(least.suppressed_share)} "
             f"({least.suppressed_records} records) at {describe_node(names, least.levels)}"
@@ -330,12 +341,14 @@ def optimal(
     metric: str | Metric = "loss",
     lattice: Lattice | None = None,
     probe: bool = True,
+    blocks: bool = True,
 ) -> SearchResult:
     """The node satisfying all models with the least ``metric`` (module docstring).
 
     Raises ConfigError for lattices above ``MAX_OPTIMAL_NODES`` (use ``heuristic``) and
     PrivacyRefusal, with the suppression needed, when no node satisfies the models.
-    ``probe=False`` disables the chain probes (same answer, for tests and benchmarks).
+    ``probe=False`` disables the chain probes, ``blocks=False`` the refusals from part of
+    a node's rows (same answer, for tests and benchmarks).
     """
     started = time.perf_counter()
     items, chosen, lattice, work = _prepare(evaluator, models, metric, lattice)
@@ -345,10 +358,10 @@ def optimal(
             f"{MAX_OPTIMAL_NODES:,} algorithm: optimal searches; use algorithm: heuristic, "
             "or restrict the levels (min/max level per quasi-identifier)"
         )
-    state = _OptimalState(work, items, chosen, lattice, suppression_limit)
+    state = _OptimalState(work, items, chosen, lattice, suppression_limit, blocks)
     # if the top fails the monotone models, every node does
-    if state.monotone and not state.evaluate(state.top_rank).satisfied and state.fails[-1]:
-        raise _refusal(items, work, lattice, suppression_limit, state.watch, complete=True)
+    if state.monotone and not state.evaluate(state.top_rank) and state.fails[-1]:
+        raise _refusal(items, work, lattice, suppression_limit, state.watch, True, state.partial)
     for rank in state.order.tolist():
         if state.best is not None and state.bounds is not None:
             bound = float(state.bounds[rank])
@@ -364,7 +377,7 @@ def optimal(
                 continue
         state.evaluate(rank)
     if state.best is None:
-        raise _refusal(items, work, lattice, suppression_limit, state.watch, complete=True)
+        raise _refusal(items, work, lattice, suppression_limit, state.watch, True, state.partial)
     return _result(
         evaluator,
         work,
@@ -386,6 +399,9 @@ class _OptimalState:
     down-set. ``mono_ok``: known to satisfy them (a predecessor did), an up-set.
     ``dominated``: a predecessor satisfied *all* models (all monotone) with nothing
     suppressed, and the metric is monotone without suppression: cannot win.
+    ``by_block``: some model is not monotone (most nodes checked then fail), so a node is
+    first counted block by block and refused as soon as its rows counted need more
+    suppression than allowed (``_fails_by_block``); ``partial`` once one was.
     """
 
     def __init__(
@@ -395,6 +411,7 @@ class _OptimalState:
         metric: Metric,
         lattice: Lattice,
         limit: float,
+        blocks: bool = True,
     ) -> None:
         self.work = work
         self.models = models
@@ -403,6 +420,8 @@ class _OptimalState:
         self.mono = tuple(model for model in models if model.monotone)
         self.monotone = bool(self.mono)
         self.dominance = len(self.mono) == len(models) and metric.monotone_without_suppression
+        self.by_block = blocks and len(self.mono) < len(models)
+        self.partial = False
         self.cap = max_suppressed(limit, work.n_records)
         self.watch = _Watch()
         self.checked = 0
@@ -488,9 +507,70 @@ class _OptimalState:
         self.cache.put(rank, classes)
         return classes
 
-    def evaluate(self, rank: int) -> Assessment:
-        """Check a node, record what it implies for others, and update the best node."""
-        classes = self._classes(rank)
+    def _by_block(self, rank: int) -> tuple[bool, EquivalenceClasses | None]:
+        """Count the node block by block (``Evaluator.classes_by_block``): refused (True)
+        once the records of the blocks counted in classes violating some model exceed the
+        suppression limit. While the node's standing with the monotone models is unknown,
+        blocks are counted until those models alone exceed the limit (its down-set fails
+        too) or every block is counted (its up-set satisfies them); then a roll-up from
+        a cached specialisation is preferred. Not refused: the node's classes joined from
+        every block, or None when it was not cut. Classes of every block are cached."""
+        known = bool(self.mono_ok[rank])
+        if not known and self.cache.smallest_below(self.nodes[rank]) is not None:
+            return False, None  # every block would be counted: a roll-up is cheaper
+        blocks = self.work.classes_by_block(self.nodes[rank])
+        if blocks is None:
+            return False, None
+        needed = mono = 0
+        parts: dict[int, EquivalenceClasses] = {}
+        for index, part in blocks:
+            parts[index] = part
+            view = self.work.in_units(part)
+            bad = np.zeros(part.n_classes, dtype=bool)
+            mono_bad = np.zeros(part.n_classes, dtype=bool)
+            for model in self.models:
+                violating = model.violating(view)
+                bad |= violating
+                if model.monotone:
+                    mono_bad |= violating
+            certain = certain_values(view, self.models)
+            if certain is not None:
+                bad |= certain
+            needed += int(part.sizes[bad].sum())
+            mono += int(part.sizes[mono_bad].sum())
+            if mono > self.cap or (known and needed > self.cap):
+                break
+        joined = None
+        if len(parts) == self.work.n_blocks(self.nodes[rank]):  # kept for roll-ups
+            joined = self.work.joined([parts[index] for index in sorted(parts)])
+        if needed <= self.cap:  # every block was counted; it may satisfy the models
+            return False, joined
+        if joined is not None:
+            self.cache.put(rank, joined)
+        self.checked += 1
+        progress.add_rows("search", 1, NODES)
+        self.evaluated[rank] = True
+        self.partial = True
+        if self.monotone:
+            if mono > self.cap:
+                self._mark(rank, self.fails, up=False, itself=True)
+            elif not known:  # every block was counted: the monotone models hold
+                self._mark(rank, self.mono_ok, up=True, itself=True)
+        return True, None
+
+    def evaluate(self, rank: int) -> bool:
+        """Check a node, record what it implies for others, and update the best node;
+        whether it satisfies the models."""
+        counted = None
+        if self.by_block:
+            refused, counted = self._by_block(rank)
+            if refused:
+                return False
+        if counted is not None:
+            classes = counted
+            self.cache.put(rank, classes)
+        else:
+            classes = self._classes(rank)
         result = assess(classes, self.models, self.limit)
         self.checked += 1
         progress.add_rows("search", 1, NODES)
@@ -507,7 +587,7 @@ class _OptimalState:
             else:
                 self._mark(rank, self.mono_ok, up=True, itself=True)
         if not result.satisfied:
-            return result
+            return False
         if self.dominance and result.suppressed_records == 0:
             self._mark(rank, self.dominated, up=True, itself=False)
         value = self.metric.value(classes, result.suppressed)
@@ -518,7 +598,7 @@ class _OptimalState:
             or (value <= self.best_value + tol and rank < self.best_rank)
         ):
             self.best, self.best_value, self.best_rank = result, value, rank
-        return result
+        return True
 
     def probe(self, rank: int) -> None:
         """Binary search up a chain from ``rank`` to the top for the lowest node that

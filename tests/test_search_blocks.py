@@ -1,0 +1,218 @@
+"""Nodes refused from part of their rows (``Evaluator.classes_by_block``, the optimal
+search's ``_by_block``): the blocks join to the node's classes, what the models find in
+the blocks adds up to what they find in the node, and the search finds the same optimum
+with and without blocks while counting fewer rows with them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from unittest.mock import patch
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from privpipe.anonymity import search, transformation
+from privpipe.anonymity.hierarchy import Hierarchy, build_grouping
+from privpipe.anonymity.models import (
+    KAnonymity,
+    PrivacyModel,
+    RecursiveCLDiversity,
+    TCloseness,
+    assess,
+)
+from privpipe.anonymity.search import optimal
+from privpipe.anonymity.summary import Summary
+from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator
+from privpipe.errors import PrivacyRefusal
+from tests.test_anonymity_properties import cases, lattice_nodes, model_lists
+
+ZIP = build_grouping(
+    "zip",
+    [
+        {f"z{i:02d}": f"z{i // 5}/2" for i in range(40)},
+        {f"z{i}/2": f"z{i // 2}*" for i in range(8)},
+    ],
+)
+AGE = build_grouping(
+    "age",
+    [{f"a{i}": f"a{i // 2}/2" for i in range(10)}, {f"a{i}/2": f"a{i // 3}/3" for i in range(5)}],
+)
+SEX = build_grouping("sex", [{"m": "*", "f": "*"}])
+DIAGNOSIS = build_grouping(
+    "diagnosis", [{f"d{i}": f"c{i // 3}" for i in range(8)}, {f"c{i}": "*" for i in range(3)}]
+)
+HIERARCHIES: dict[str, Hierarchy] = {"zip": ZIP, "age": AGE, "sex": SEX}
+QIS = ["zip", "age", "sex"]
+
+
+@pytest.fixture(autouse=True)
+def small_blocks() -> Iterator[None]:
+    """Blocks of a few rows (at scale they need ``BLOCK_ROWS`` rows each)."""
+    with patch.object(transformation, "BLOCK_ROWS", 64):
+        yield
+
+
+def visits(moving: int = 0) -> pd.DataFrame:
+    """4,000 persons with 1-3 visits each, one QI tuple per person (``moving`` persons
+    get a second zip code), a diagnosis per visit; skewed so that most nodes fail."""
+    rng = np.random.default_rng(7)  # test data, not a release
+    n = 4_000
+    visits_of = rng.integers(1, 4, n)
+    person = np.repeat(np.arange(n), visits_of)
+    zips = rng.zipf(1.6, n) % 40
+    frame = pd.DataFrame(
+        {
+            "pid": [f"p{i}" for i in person],
+            "zip": [f"z{z:02d}" for z in zips[person]],
+            "age": [f"a{a}" for a in rng.integers(0, 10, n)[person]],
+            "sex": np.where(rng.random(n) < 0.5, "m", "f")[person],
+            "diagnosis": [f"d{d}" for d in rng.choice(8, person.shape[0], p=PROBABILITIES)],
+        }
+    )
+    if moving:
+        first = np.flatnonzero(np.r_[True, person[1:] != person[:-1]])
+        first_rows = first[visits_of[person[first]] > 1][:moving]
+        frame.loc[first_rows, "zip"] = "z39"  # their other visits keep their own zip
+    return frame
+
+
+PROBABILITIES = [0.4, 0.2, 0.1, 0.1, 0.08, 0.06, 0.04, 0.02]
+
+
+def evaluator(frame: pd.DataFrame, unit: str | None) -> Evaluator:
+    summary = Summary.from_frame(frame, QIS, "diagnosis", HIERARCHIES, DIAGNOSIS, unit=unit)
+    return Evaluator(summary, HIERARCHIES)
+
+
+def models() -> list[PrivacyModel]:
+    return [KAnonymity(5), TCloseness(0.1, "hierarchical", DIAGNOSIS)]
+
+
+def same_classes(a: EquivalenceClasses, b: EquivalenceClasses) -> None:
+    assert a.levels == b.levels
+    for name in ("sizes", "cell_class", "cell_sa", "cell_count", "cell_single", "cell_first"):
+        left, right = getattr(a, name), getattr(b, name)
+        assert (left is None) == (right is None), name
+        if left is not None:
+            np.testing.assert_array_equal(left, right, err_msg=name)
+    np.testing.assert_array_equal(a.labels, b.labels)
+
+
+@pytest.mark.parametrize("unit", [None, "pid"])
+def test_the_blocks_join_to_the_node_and_their_violations_add_up(unit: str | None) -> None:
+    ev = evaluator(visits(), unit)
+    cut = 0
+    for node in lattice_nodes_of(ev):
+        blocks = ev.classes_by_block(node)
+        if blocks is None:
+            assert ev.n_blocks(node) == 0
+            continue
+        parts = dict(blocks)
+        assert len(parts) == ev.n_blocks(node) >= 2
+        cut += 1
+        whole = ev.classes(node)
+        joined = ev.joined([parts[i] for i in sorted(parts)])
+        same_classes(joined, whole)
+        same_classes(ev.in_units(joined), ev.in_units(whole))
+        # records in violating classes, block by block, add up to the node's
+        full = assess(whole, models(), 1.0)
+        for model in models():
+            in_blocks = sum(
+                int(part.sizes[model.violating(ev.in_units(part))].sum()) for part in parts.values()
+            )
+            assert in_blocks == full.violations[model.describe()]
+    assert cut >= 6  # nodes with the first QI below its top, on enough rows, are cut
+
+
+def lattice_nodes_of(ev: Evaluator) -> list[tuple[int, ...]]:
+    lattice = ev.lattice()
+    return [tuple(int(x) for x in node) for node in lattice.nodes()]
+
+
+def test_persons_with_rows_in_several_tuples_are_not_cut() -> None:
+    ev = evaluator(visits(moving=50), "pid")
+    assert all(ev.classes_by_block(node) is None for node in lattice_nodes_of(ev))
+    assert evaluator(visits(), "pid").n_blocks((0, 0, 0)) >= 2
+
+
+def counting_rows(ev: Evaluator) -> list[int]:
+    """Rows counted by ``ev`` (every call of its counting), appended per call."""
+    counted: list[int] = []
+    count = ev._count
+
+    def spy(base: object, node: object, rows: slice | None = None) -> EquivalenceClasses:
+        classes = count(base, node, rows)  # type: ignore[arg-type]
+        n = base.n_rows if rows is None else rows.stop - rows.start  # type: ignore[attr-defined]
+        counted.append(int(n))
+        return classes
+
+    ev._count = spy  # type: ignore[method-assign]
+    return counted
+
+
+@pytest.mark.parametrize("unit", [None, "pid"])
+@pytest.mark.parametrize(
+    "chosen",
+    [models(), [KAnonymity(5), RecursiveCLDiversity(3.0, 2)]],
+    ids=["t-closeness", "recursive-l"],
+)
+def test_the_search_finds_the_same_optimum_with_and_without_blocks(
+    unit: str | None, chosen: list[PrivacyModel]
+) -> None:
+    with_blocks, without = (
+        optimal(evaluator(visits(), unit), chosen, suppression_limit=0.05, blocks=blocks)
+        for blocks in (True, False)
+    )
+    assert with_blocks.transformation == without.transformation
+    assert with_blocks.value == without.value
+    assert with_blocks.suppressed_records == without.suppressed_records
+    assert with_blocks.nodes_checked == without.nodes_checked >= 5
+
+
+@pytest.mark.parametrize("unit", [None, "pid"])
+def test_nodes_are_refused_from_part_of_their_rows(unit: str | None) -> None:
+    """Without roll-ups (nothing cached), every node is counted from a base: with blocks,
+    the nodes refused early leave rows uncounted."""
+    rows = []
+    with patch.object(search, "CACHE_CELLS", 0):
+        for blocks in (True, False):
+            ev = evaluator(visits(), unit)
+            counted = counting_rows(ev)
+            optimal(ev, models(), suppression_limit=0.05, blocks=blocks)
+            rows.append(sum(counted))
+    assert rows[0] < 0.9 * rows[1], rows
+
+
+def test_a_refusal_names_the_least_suppression_of_nodes_counted_in_full() -> None:
+    ev = evaluator(visits(), "pid")
+    # the most frequent diagnosis outweighs half of the rest even in the whole table
+    strict = [KAnonymity(5), RecursiveCLDiversity(0.5, 2)]
+    with pytest.raises(PrivacyRefusal, match="the least any transformation counted in full"):
+        optimal(ev, strict, suppression_limit=0.01)
+    with pytest.raises(PrivacyRefusal, match="the least any transformation needs"):
+        optimal(evaluator(visits(), "pid"), strict, suppression_limit=0.01, blocks=False)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_blocks_never_change_the_optimum(data: st.DataObject) -> None:
+    case = data.draw(cases(max_rows=40))
+    chosen = data.draw(model_lists(case.sa_hierarchy))
+    limit = data.draw(st.sampled_from([0.0, 0.1, 0.2, 0.5]))
+    metric = data.draw(st.sampled_from(["loss", "discernibility", "entropy"]))
+    outcomes = []
+    with patch.object(transformation, "BLOCK_ROWS", 1):
+        for blocks in (True, False):
+            try:
+                found = optimal(
+                    case.evaluator(), chosen, suppression_limit=limit, metric=metric, blocks=blocks
+                )
+            except PrivacyRefusal:
+                outcomes.append(None)
+            else:
+                outcomes.append((found.transformation, found.value, found.suppressed_records))
+    assert outcomes[0] == outcomes[1]
+    assert lattice_nodes(case)  # the case has a lattice
