@@ -33,6 +33,16 @@ With a privacy unit, classes are counted in persons (``Evaluator.in_units``); di
 persons per class are monotone along generalisation like records, so the same pruning
 holds.
 
+Refusal from part of the rows: when some model is not monotone, nearly every node
+checked fails (at the 1M demo's t=0.3 search, 4,644 of 4,649, most with 2.6-8 times the
+records the limit allows). Such a node is counted block by block
+(``Evaluator.classes_by_block``: ranges of the first QI's labels, which no class spans),
+and each model's violations, summed over the blocks counted, are already records that
+must be suppressed; once they exceed the limit the node fails, its other blocks
+uncounted. Only a node that may still satisfy is counted whole (its blocks joined). The
+answer is the same; a refusal's message then names the least suppression among the
+nodes counted in full.
+
 Ties: values within a relative 1e-9 are equal; the winner is then the node with the
 lower sum of levels, then the lexicographically smaller level vector.
 
