@@ -267,3 +267,24 @@ def test_the_root_merges_simple_persons_and_counts_as_the_summary_rows(use_sa: b
         row_class = ev.classes(node).row_classes()
         for c in range(view.n_classes):
             assert view.sizes[c] == np.unique(units[row_class == c]).shape[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, (1 << 40) - 1), max_size=300),
+    st.sampled_from([0, 1 << 41]),
+)
+def test_grouped_codes_are_numpys_unique_whether_flagged_or_hashed(
+    values: list[int], dense_limit: int
+) -> None:
+    """Both ways of grouping (a flag array over the key space, or a hash table) give the
+    sorted distinct codes and each code's index among them."""
+    codes = np.array(values, dtype=np.int64)
+    space = 1 << 40
+    if dense_limit:  # a flag array needs a small space: use the codes' own range
+        codes = codes % 4096
+        space = 4096
+    present, inverse = bases.group_codes(codes, space, dense_limit)
+    expected, expected_inverse = np.unique(codes, return_inverse=True)
+    np.testing.assert_array_equal(present, expected)
+    np.testing.assert_array_equal(inverse, expected_inverse)
