@@ -68,6 +68,7 @@ from privpipe.anonymity.metrics import Metric, Metrics, all_metrics, get_metric
 from privpipe.anonymity.models import (
     CERTAIN,
     Assessment,
+    KAnonymity,
     PrivacyModel,
     assess,
     certain_values,
@@ -431,6 +432,12 @@ class _OptimalState:
         self.monotone = bool(self.mono)
         self.dominance = len(self.mono) == len(models) and metric.monotone_without_suppression
         self.by_block = blocks and len(self.mono) < len(models)
+        # the largest k when k-anonymity is the only monotone model (0: not so)
+        self.k_only = (
+            max(model.k for model in self.mono if isinstance(model, KAnonymity))
+            if self.mono and all(isinstance(model, KAnonymity) for model in self.mono)
+            else 0
+        )
         self.partial = False
         self.cap = max_suppressed(limit, work.n_records)
         self.watch = _Watch()
@@ -531,6 +538,15 @@ class _OptimalState:
         blocks = self.work.classes_by_block(self.nodes[rank])
         if blocks is None:
             return False, None
+        if not known and self.k_only:  # its standing with k first, from class sizes alone
+            sizes = self.work.class_sizes(self.nodes[rank])
+            if sizes is not None:
+                records, units = sizes
+                if int(records[units < self.k_only].sum()) > self.cap:
+                    self._refused(rank, fails=True)
+                    return True, None
+                self._mark(rank, self.mono_ok, up=True, itself=True)
+                known = True
         needed = mono = 0
         parts: dict[int, EquivalenceClasses] = {}
         for index, part in blocks:
@@ -557,16 +573,23 @@ class _OptimalState:
             return False, joined
         if joined is not None:
             self.cache.put(rank, joined)
+        if self.monotone and mono > self.cap:
+            self._refused(rank, fails=True)
+        else:
+            self._refused(rank, fails=False)
+            if self.monotone and not known:  # every block was counted: they hold
+                self._mark(rank, self.mono_ok, up=True, itself=True)
+        return True, None
+
+    def _refused(self, rank: int, fails: bool) -> None:
+        """Book a node refused without its whole classes (``_by_block``); ``fails``: by
+        the monotone models alone, so its down-set fails too."""
         self.checked += 1
         progress.add_rows("search", 1, NODES)
         self.evaluated[rank] = True
         self.partial = True
-        if self.monotone:
-            if mono > self.cap:
-                self._mark(rank, self.fails, up=False, itself=True)
-            elif not known:  # every block was counted: the monotone models hold
-                self._mark(rank, self.mono_ok, up=True, itself=True)
-        return True, None
+        if fails:
+            self._mark(rank, self.fails, up=False, itself=True)
 
     def evaluate(self, rank: int) -> bool:
         """Check a node, record what it implies for others, and update the best node;

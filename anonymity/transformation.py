@@ -809,6 +809,28 @@ class Evaluator:
             carried("cell_first"),
         )
 
+    def class_sizes(self, levels: Sequence[int]) -> tuple[IntArray, IntArray] | None:
+        """Per class of ``levels``, in no particular order: its records and its persons
+        (its records without a privacy unit), counted from the same base as ``classes``
+        but without the SA digit, cells or person view: what k-anonymity needs, several
+        times cheaper. None where ``classes_by_block`` is: persons are summed from the
+        rows' first-row weights, exact only when no person has several QI tuples."""
+        node = self._check(levels)
+        if not self.packed or not node or self.n_blocks(node) == 0:
+            return None
+        base = self._base_for(node)
+        codes, _, stride = self._codes(base, node)
+        codes //= self.sa_radix  # the class: every digit but the SA's
+        space = max(stride // self.sa_radix, 1)
+        _, inverse = group_codes(codes, space, _dense_limit(base.n_rows))
+        del codes
+        n_classes = int(inverse.max()) + 1 if inverse.shape[0] else 0
+        records = np.rint(weight_sums(inverse, base.counts, n_classes)).astype(np.int64)
+        if base.first is None:
+            return records, records
+        persons = np.rint(weight_sums(inverse, base.first, n_classes)).astype(np.int64)
+        return records, persons
+
     def n_blocks(self, levels: Sequence[int]) -> int:
         """Blocks ``classes_by_block`` cuts the node into (0: it is not cut)."""
         node = self._check(levels)

@@ -108,7 +108,7 @@ def test_the_blocks_join_to_the_node_and_their_violations_add_up(unit: str | Non
     for node in lattice_nodes_of(ev):
         blocks = ev.classes_by_block(node)
         if blocks is None:
-            assert ev.n_blocks(node) == 0
+            assert ev.n_blocks(node) == 0 and ev.class_sizes(node) is None
             continue
         parts = dict(blocks)
         assert len(parts) == ev.n_blocks(node) >= 2
@@ -117,6 +117,14 @@ def test_the_blocks_join_to_the_node_and_their_violations_add_up(unit: str | Non
         joined = ev.joined([parts[i] for i in sorted(parts)])
         same_classes(joined, whole)
         same_classes(ev.in_units(joined), ev.in_units(whole))
+        # the class sizes k needs, counted without SA cells: the node's, as multisets
+        sizes = ev.class_sizes(node)
+        assert sizes is not None
+        records, units = sizes
+        view = ev.in_units(whole)
+        assert sorted(zip(records.tolist(), units.tolist(), strict=True)) == sorted(
+            zip(whole.sizes.tolist(), view.sizes.tolist(), strict=True)
+        )
         # records in violating classes, block by block, add up to the node's
         full = assess(whole, models(), 1.0)
         for model in models():
