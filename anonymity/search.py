@@ -39,9 +39,11 @@ records the limit allows). Such a node is counted block by block
 (``Evaluator.classes_by_block``: ranges of the first QI's labels, which no class spans),
 and each model's violations, summed over the blocks counted, are already records that
 must be suppressed; once they exceed the limit the node fails, its other blocks
-uncounted. Only a node that may still satisfy is counted whole (its blocks joined). The
-answer is the same; a refusal's message then names the least suppression among the
-nodes counted in full.
+uncounted. Only a node that may still satisfy is counted whole (its blocks joined). A
+node whose standing with the monotone models is still unknown (the probes' nodes) learns
+it first: from class sizes alone when k-anonymity is the only monotone model
+(``Evaluator.class_sizes``, no SA cells), else from every block. The answer is the same;
+a refusal's message then names the least suppression among the nodes counted in full.
 
 Ties: values within a relative 1e-9 are equal; the winner is then the node with the
 lower sum of levels, then the lexicographically smaller level vector.
