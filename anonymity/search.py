@@ -529,11 +529,13 @@ class _OptimalState:
     def _by_block(self, rank: int) -> tuple[bool, EquivalenceClasses | None]:
         """Count the node block by block (``Evaluator.classes_by_block``): refused (True)
         once the records of the blocks counted in classes violating some model exceed the
-        suppression limit. While the node's standing with the monotone models is unknown,
-        blocks are counted until those models alone exceed the limit (its down-set fails
-        too) or every block is counted (its up-set satisfies them); then a roll-up from
-        a cached specialisation is preferred. Not refused: the node's classes joined from
-        every block, or None when it was not cut. Classes of every block are cached."""
+        suppression limit. A node whose standing with the monotone models is unknown is
+        rolled up instead when a cached specialisation allows; else it learns that
+        standing first, from class sizes when k-anonymity is the only monotone model
+        (``Evaluator.class_sizes``), or by counting blocks until those models alone
+        exceed the limit (its down-set fails too) or every block is counted (its up-set
+        satisfies them). Not refused: the node's classes joined from every block, or None
+        when it was not cut. A refused node whose every block was counted is cached."""
         known = bool(self.mono_ok[rank])
         if not known and self.cache.smallest_below(self.nodes[rank]) is not None:
             return False, None  # every block would be counted: a roll-up is cheaper
