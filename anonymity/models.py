@@ -77,6 +77,7 @@ __all__ = [
     "recursive_cl_holds",
     "shared_by_all",
     "t_distance",
+    "violating_classes",
 ]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
@@ -514,6 +515,25 @@ class Assessment:
         return ~self.suppressed
 
 
+def violating_classes(
+    classes: EquivalenceClasses, models: Sequence[PrivacyModel]
+) -> tuple[BoolArray, tuple[BoolArray, ...], BoolArray | None]:
+    """Per class, checked in the evaluator's unit (``Evaluator.in_units``): whether it
+    violates some model or the person-level condition, each model's own mask, and that
+    condition's mask (``certain_values``; None when it does not apply)."""
+    view = classes.evaluator.in_units(classes)  # the classes themselves without a unit
+    violating = np.zeros(classes.n_classes, dtype=bool)
+    masks = []
+    for model in models:
+        bad = model.violating(view)
+        violating |= bad
+        masks.append(bad)
+    certain = certain_values(view, models)
+    if certain is not None:
+        violating |= certain
+    return violating, tuple(masks), certain
+
+
 def assess(
     classes: EquivalenceClasses,
     models: Sequence[PrivacyModel] | PrivacyModel,
@@ -527,19 +547,13 @@ def assess(
         early = _fails_in_records(classes, items, suppression_limit, cap)
         if early is not None:
             return early
-    view = evaluator.in_units(classes)  # the classes themselves without a privacy unit
-    violating = np.zeros(classes.n_classes, dtype=bool)
-    violations: dict[str, int] = {}
-    masks = []
-    for model in items:
-        bad = model.violating(view)
-        violations[model.describe()] = int(classes.sizes[bad].sum())
-        violating |= bad
-        masks.append(bad)
-    certain = certain_values(view, items)
+    violating, masks, certain = violating_classes(classes, items)
+    violations = {
+        model.describe(): int(classes.sizes[bad].sum())
+        for model, bad in zip(items, masks, strict=True)
+    }
     if certain is not None:  # not a model's mask: it is not monotone (certain_values)
         violations[CERTAIN] = int(classes.sizes[certain].sum())
-        violating |= certain
     needed = (
         int(classes.sizes[violating].sum())
         if len(items) > 1 or certain is not None

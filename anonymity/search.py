@@ -73,10 +73,10 @@ from privpipe.anonymity.models import (
     KAnonymity,
     PrivacyModel,
     assess,
-    certain_values,
     check_models,
     describe_models,
     max_suppressed,
+    violating_classes,
 )
 from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator, describe_node
 from privpipe.errors import ConfigError, PrivacyRefusal
@@ -414,7 +414,7 @@ class _OptimalState:
     suppressed, and the metric is monotone without suppression: cannot win.
     ``by_block``: some model is not monotone (most nodes checked then fail), so a node is
     first counted block by block and refused as soon as its rows counted need more
-    suppression than allowed (``_fails_by_block``); ``partial`` once one was.
+    suppression than allowed (``_by_block``); ``partial`` once one was.
     """
 
     def __init__(
@@ -553,25 +553,19 @@ class _OptimalState:
                 known = True
         needed = mono = 0
         parts: dict[int, EquivalenceClasses] = {}
+        joined = None
         for index, part in blocks:
             parts[index] = part
-            view = self.work.in_units(part)
-            bad = np.zeros(part.n_classes, dtype=bool)
+            bad, masks, _ = violating_classes(part, self.models)
             mono_bad = np.zeros(part.n_classes, dtype=bool)
-            for model in self.models:
-                violating = model.violating(view)
-                bad |= violating
+            for model, model_bad in zip(self.models, masks, strict=True):
                 if model.monotone:
-                    mono_bad |= violating
-            certain = certain_values(view, self.models)
-            if certain is not None:
-                bad |= certain
+                    mono_bad |= model_bad
             needed += int(part.sizes[bad].sum())
             mono += int(part.sizes[mono_bad].sum())
             if mono > self.cap or (known and needed > self.cap):
                 break
-        joined = None
-        if len(parts) == self.work.n_blocks(self.nodes[rank]):  # kept for roll-ups
+        else:  # every block was counted: the node's classes (kept for roll-ups)
             joined = self.work.joined([parts[index] for index in sorted(parts)])
         if needed <= self.cap:  # every block was counted; it may satisfy the models
             return False, joined

@@ -862,7 +862,8 @@ class Evaluator:
     def _count(self, base: Base, node: Node, rows: slice | None = None) -> EquivalenceClasses:
         """Classes of ``node`` from the rows of ``base`` (a specialisation of ``node``):
         the rows' dense codes at ``node`` grouped (a flag array when the key space is
-        small, else a sort), then the weights summed per cell. ``rows``: a block of
+        small, else a hash table: ``bases.group_codes``), then the weights summed per
+        cell. ``rows``: a block of
         ``base`` in the first QI's order (``classes_by_block``), base.multi empty."""
         part = slice(None) if rows is None else rows
         codes, radices, stride = self._codes(base, node, rows)
@@ -1447,7 +1448,8 @@ def count_units(
 
 
 def _dense_limit(n_rows: int) -> int:
-    """The largest key space grouped with a flag array (``DENSE_FACTOR``)."""
+    """The largest key space grouped with a flag array (``DENSE_FACTOR``, ``WIDE_FACTOR``,
+    ``DENSE_KEYS``)."""
     return max(DENSE_FACTOR * n_rows, min(WIDE_FACTOR * n_rows, DENSE_KEYS), 1 << 16)
 
 
