@@ -5,8 +5,14 @@ no re-import of the caller's ``__main__``. It first imports the ``warm`` modules
 started with (so those imports overlap whatever the caller does until it sends the
 call), then reads one pickled call (function, arguments) from its stdin, a pipe: the
 arguments are pickled straight into it, never held pickled by the caller nor written to
-disk. It writes the pickled result, or the exception, to its stdout, and its progress
-lines (``privpipe.progress``) to a descriptor the caller relays into its own tally.
+disk. It writes the pickled result, or the exception, to its stdout behind its length,
+and its progress lines (``privpipe.progress``) to a descriptor the caller relays into its
+own tally.
+
+Both pipes are written with :func:`write_all`: a write to a pipe that a signal interrupts
+returns short (a profiler such as py-spy attaching, a handler the call installed), and
+Python's buffered files passed that on silently, so the other end once read a truncated
+pickle. The length lets the caller say so if an answer still arrives incomplete.
 
 Workers ignore Ctrl-C: the caller kills them on any error or interrupt (``kill``), and a
 worker exits by itself once its caller is gone, so none outlives the call. Used by the
@@ -21,6 +27,7 @@ import importlib
 import os
 import pickle
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -34,6 +41,27 @@ __all__ = ["Worker", "WorkerFailed", "available_cores", "serve"]
 
 WATCH_S = 1.0  # how often a worker checks that its caller is alive
 PROGRESS_S = 1.0  # how often a worker reports its progress counts
+LENGTH = struct.Struct("<Q")  # the answer's length, ahead of it
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> int:
+    """Write every byte of ``data`` to ``fd``: a pipe write that a signal interrupts
+    returns short, and is resumed here where a buffered file would have dropped the rest."""
+    view = memoryview(data).cast("B")
+    total = len(view)
+    while view:
+        view = view[os.write(fd, view) :]
+    return total
+
+
+class _PipeWriter:
+    """The ``write`` that ``pickle.dump`` needs, writing all of each piece."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        return write_all(self.fd, data)
 
 
 def available_cores() -> int:
@@ -80,7 +108,8 @@ class Worker:
         assert self.proc.stdin is not None
         try:
             with self.proc.stdin as task:
-                pickle.dump((fn, args, kwargs), task, protocol=pickle.HIGHEST_PROTOCOL)
+                call = (fn, args, kwargs)
+                pickle.dump(call, _PipeWriter(task.fileno()), protocol=pickle.HIGHEST_PROTOCOL)
         except (BrokenPipeError, ValueError):  # it died while reading (or was killed)
             pass
 
@@ -98,7 +127,13 @@ class Worker:
                 f"{self.what}: the worker process exited with code {self.proc.returncode} "
                 f"(killed or out of memory?){'; ' + self.hint if self.hint else ''}"
             )
-        ok, value = pickle.loads(out)
+        size = LENGTH.size + (LENGTH.unpack_from(out)[0] if len(out) >= LENGTH.size else 0)
+        if len(out) != size:
+            raise WorkerFailed(
+                f"{self.what}: the worker's answer arrived incomplete ({len(out):,} of "
+                f"{size:,} bytes); run it again"
+            )
+        ok, value = pickle.loads(memoryview(out)[LENGTH.size :])
         if not ok:
             raise value
         return value
@@ -170,9 +205,12 @@ class _Reporter:
 
 def serve() -> None:
     """A worker's main: argv is the caller's pid, the progress descriptor and the modules
-    to import at once; the call from stdin, (ok, result | error) to stdout."""
+    to import at once; the call from stdin, (ok, result | error) to stdout behind its
+    length."""
     caller = int(sys.argv[1])
     reporter = _Reporter(int(sys.argv[2]))
+    reply = os.dup(sys.stdout.fileno())  # the answer's own descriptor: whatever the call
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints goes to stderr instead
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the caller stops us (no traceback)
     threading.Thread(target=_exit_with, args=(caller,), daemon=True).start()
     for module in sys.argv[3:]:
@@ -189,8 +227,8 @@ def serve() -> None:
     except Exception:  # an exception that does not pickle: its type and message
         data = pickle.dumps((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
     reporter.close()
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    write_all(reply, LENGTH.pack(len(data)))
+    write_all(reply, data)
 
 
 def _exit_with(caller: int) -> None:

@@ -4,8 +4,13 @@ nothing left running after ``kill``."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -67,3 +72,89 @@ def test_a_reporter_woken_after_closing_writes_nothing_and_raises_nothing() -> N
     with os.fdopen(read, encoding="utf-8") as lines:
         sent = [line for line in lines if line.startswith("reporter test\t")]
     assert len(sent) == 1
+
+
+BIG = 48_000_000  # far beyond a pipe's buffer: the write blocks, and signals land mid-write
+
+
+def _interrupted(n: int) -> bytes:
+    """A call that catches SIGWINCH (a handler interrupts a blocked pipe write, which then
+    returns short) and answers with ``n`` bytes."""
+    signal.signal(signal.SIGWINCH, lambda *_: None)
+    return b"x" * n
+
+
+def _pester(pid: int | None, stop: threading.Event, thread: int | None = None) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(ProcessLookupError):
+            if thread is None:
+                assert pid is not None
+                os.kill(pid, signal.SIGWINCH)
+            else:
+                signal.pthread_kill(thread, signal.SIGWINCH)
+        time.sleep(0.0002)
+
+
+def _catches_sigwinch(pid: int) -> bool:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGWINCH - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_an_answer_interrupted_by_signals_arrives_whole() -> None:
+    """A worker's answer written while signals interrupt it (a profiler attaching, a
+    handler the call installed) once arrived truncated: 'pickle data was truncated'."""
+    worker = Worker("signals")
+    worker.send(_interrupted, BIG)
+    while not _catches_sigwinch(worker.proc.pid):
+        time.sleep(0.005)
+    stop = threading.Event()
+    pester = threading.Thread(target=_pester, args=(worker.proc.pid, stop))
+    pester.start()
+    try:
+        answer = worker.result()
+    finally:
+        stop.set()
+        pester.join()
+    assert len(answer) == BIG
+
+
+def test_a_call_sent_while_signals_interrupt_the_caller_arrives_whole() -> None:
+    """The arguments too, pickled into the pipe while this process is interrupted: each
+    write returns short here, and is resumed."""
+    before = signal.signal(signal.SIGWINCH, lambda *_: None)
+    stop = threading.Event()
+    pester = threading.Thread(target=_pester, args=(None, stop, threading.get_ident()))
+    try:
+        worker = Worker("signals")
+        pester.start()
+        worker.send(len, b"y" * BIG)
+        stop.set()
+        assert worker.result() == BIG
+    finally:
+        stop.set()
+        if pester.is_alive():
+            pester.join()
+        signal.signal(signal.SIGWINCH, before)
+
+
+def test_what_the_call_prints_does_not_break_its_answer() -> None:
+    worker = Worker("a print")
+    worker.send(eval, "print('printed by the call') or 42")
+    assert worker.result() == 42
+
+
+def test_an_incomplete_answer_fails_naming_the_work() -> None:
+    """The length ahead of the answer: one that stops short is a WorkerFailed, not an
+    unpickling error from deep inside."""
+    worker = Worker.__new__(Worker)
+    worker.what, worker.hint = "release 'x'", ""
+    short = "import sys, struct; sys.stdout.buffer.write(struct.pack('<Q', 100) + b'abc')"
+    worker.proc = subprocess.Popen([sys.executable, "-c", short], stdout=subprocess.PIPE)
+    worker.relay = threading.Thread(target=lambda: None)
+    worker.relay.start()
+    with pytest.raises(WorkerFailed, match=r"^release 'x': the worker's answer arrived incomplete"):
+        worker.result()
