@@ -32,6 +32,7 @@ Pure core: numpy, pandas and the standard library only (no Beam).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -58,9 +59,11 @@ from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
 __all__ = [
     "AnonymizedRelease",
+    "InputBaseline",
     "RecodingPlan",
     "anonymize",
     "identity_recoding",
+    "input_baseline",
     "input_sa_distribution",
     "person_class_sizes",
     "plan_recoding",
@@ -149,6 +152,31 @@ def identity_recoding(
     labels = full_domain_labels(summary.qi_names, hierarchies, codes, [0] * summary.n_qi)
     nothing = np.zeros(codes.shape[0], dtype=bool)
     return Recoding(summary.qi_names, codes, labels, nothing, {"type": "identity"})
+
+
+@dataclass(frozen=True, eq=False)
+class InputBaseline:
+    """The input's own scores on a summary (every QI at level 0, nothing suppressed): the
+    metrics and the class sizes the input risk is computed from (records, or persons when
+    the summary has units). They depend on the summary and its hierarchies only, not on the
+    release, so the releases of one summary can share one (``plan_recoding(baseline=)``)."""
+
+    summary: Summary
+    metrics: dict[str, Any]
+    sizes: IntArray
+
+
+def input_baseline(
+    summary: Summary, hierarchies: Mapping[str, Hierarchy], tuples: IntArray | None = None
+) -> InputBaseline:
+    """Measure the input as a recoding (``identity_recoding``; ``tuples`` as there). Its
+    labels are the level-0 labels, read at level 0 whatever ``numeric`` says, so no
+    release's settings enter."""
+    identity = identity_recoding(summary, hierarchies, tuples)
+    metrics, sizes = measure_recoding(identity, summary, hierarchies, levels=[0] * summary.n_qi)
+    if summary.has_units:  # risk per person: 1 / persons in the class
+        sizes = person_class_sizes(identity, summary)
+    return InputBaseline(summary, _plain(metrics), sizes)
 
 
 def input_sa_distribution(summary: Summary) -> dict[str, float] | None:
@@ -249,14 +277,20 @@ def plan_recoding(
     spec: AnonymizationSpec,
     hierarchies: Mapping[str, Hierarchy],
     sa_hierarchy: Hierarchy | None = None,
+    baseline: InputBaseline | None = None,
 ) -> RecodingPlan:
     """Decide the recoding on the summary: feasibility, search or Mondrian, metrics, risk.
+
+    ``baseline``: the input's own scores on this summary when already at hand (releases
+    of one summary share them: ``input_baseline``); measured here otherwise.
 
     Raises PrivacyRefusal (exit 4) with the numbers when the guarantee is unreachable
     (k above |D|, l above the distinct SA values, or no transformation within the
     suppression limit), ConfigError for settings that do not fit the data.
     """
     _check_summary(summary, spec)
+    if baseline is not None and baseline.summary is not summary:
+        raise ValueError("the input baseline was measured on another summary")
     distinct_sa = int((summary.sa_counts() > 0).sum()) if summary.has_sa else None
     spec.check_feasible(summary.n_units, distinct_sa)
     models = spec.models(sa_hierarchy)
@@ -308,14 +342,10 @@ def plan_recoding(
         }
         del evaluator, result  # free the search's per-row caches before measuring
     info["total_seconds"] = time.perf_counter() - started
-    # a full-domain recoding is keyed by exactly the summary's sorted distinct tuples
-    shared = recoding.codes if spec.algorithm != "mondrian" else None
-    identity = identity_recoding(summary, hierarchies, shared)
-    level_0 = dict.fromkeys(spec.qis, 0)
-    metrics_input, input_sizes = measure_recoding(
-        identity, summary, hierarchies, numeric=spec.numeric, levels=level_0
-    )
-    del identity  # measured: free it before the output is measured
+    if baseline is None:
+        # a full-domain recoding is keyed by exactly the summary's sorted distinct tuples
+        tuples = recoding.codes if spec.algorithm != "mondrian" else None
+        baseline = input_baseline(summary, hierarchies, tuples)
     metrics_output, output_sizes = measure_recoding(
         recoding, summary, hierarchies, numeric=spec.numeric
     )
@@ -327,14 +357,13 @@ def plan_recoding(
         )
     info["unit"] = spec.unit
     if summary.has_units:  # risk per person: 1 / persons in the class
-        input_sizes = person_class_sizes(identity_recoding(summary, hierarchies), summary)
         output_sizes = person_class_sizes(recoding, summary)
     return RecodingPlan(
         recoding,
         info,
-        _plain(metrics_input),
+        copy.deepcopy(baseline.metrics),  # each plan its own: the baseline may be shared
         _plain(metrics_output),
-        _risk(input_sizes, 0, spec.unit),
+        _risk(baseline.sizes, 0, spec.unit),
         _risk(output_sizes, suppressed, spec.unit),
         summary.n_records,
         input_sa_distribution(summary),

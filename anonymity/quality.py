@@ -67,6 +67,12 @@ FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
 ObjArray: TypeAlias = npt.NDArray[np.object_]
 
+_DENSE_FACTOR = 4
+_DENSE_MIN = 1 << 16
+"""The entropy counts (raw value, label) pairs in an array indexed by the pair while it has
+at most ``_DENSE_FACTOR`` slots per tuple (or ``_DENSE_MIN`` in all), and by grouping
+otherwise: the same sums, in the same order."""
+
 
 @dataclass(frozen=True, eq=False)
 class _Published:
@@ -248,9 +254,15 @@ def _entropy(reading: _Reading, published: _Published, codes: IntArray) -> float
     w = published.weights.astype(np.float64)
     node = pd.factorize(reading.before)[0].astype(np.int64)
     count = np.bincount(node, weights=w)
-    joint, _ = group_rows([codes, node], [int(codes.max()) + 1, int(node.max()) + 1])
-    count_joint = np.bincount(joint, weights=w)
-    total = float(np.dot(w, np.log2(count[node] / count_joint[joint])))
+    nodes = int(node.max()) + 1
+    span = (int(codes.max()) + 1) * nodes
+    if span <= max(_DENSE_FACTOR * node.shape[0], _DENSE_MIN):  # (value, label): a count array
+        key = codes.astype(np.int64) * nodes + node
+        with_value = np.bincount(key, weights=w, minlength=span)[key]
+    else:
+        joint, _ = group_rows([codes, node], [int(codes.max()) + 1, nodes])
+        with_value = np.bincount(joint, weights=w)[joint]
+    total = float(np.dot(w, np.log2(count[node] / with_value)))
     supp = published.suppressed
     s = float(w[supp].sum())
     if s > 0:

@@ -15,12 +15,13 @@ import pandas as pd
 import psutil
 import pytest
 
+from privpipe.anonymity.api import plan_recoding
 from privpipe.anonymity.hierarchy import Hierarchy, load_arx_csv
 from privpipe.anonymity.spec import AnonymizationSpec
 from privpipe.errors import PrivacyRefusal
 from privpipe.transforms import planning
 from privpipe.transforms.anonymize import FrequencyTable
-from privpipe.transforms.context import ReleaseContext, SlimContext
+from privpipe.transforms.context import ReleaseContext, SharedPlanning, SlimContext, make_context
 from privpipe.transforms.planning import Planned, expected_effort, plan_releases
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 
@@ -200,3 +201,33 @@ def test_nodes_checked_reach_the_progress_from_workers(freq: pd.DataFrame) -> No
     assert checked > 0
     assert progress.snapshot()["search"] == (checked, "nodes checked")
     assert workers() == []
+
+
+def test_releases_planned_in_one_thread_share_a_summary_and_plan_the_same(
+    freq: pd.DataFrame,
+) -> None:
+    """``SharedPlanning``: releases of the same columns and hierarchies reuse one summary
+    and the input's scores on it, and plan exactly as alone; a release of other columns,
+    or with other hierarchy objects, gets its own."""
+    resolver = Loaded()
+    fewer = spec("k5_fewer", qis=QIS[:4], suppression_limit=0.05)
+    shared = SharedPlanning()
+    for s in [*SPECS, fewer]:
+        alone = make_context(freq, s, resolver)
+        assert figures(make_context(freq, s, resolver, shared)) == figures(alone)
+    qi_h = {q: resolver.h[q] for q in QIS}
+    first, base = shared.get(freq, SPECS[0], qi_h, None)
+    again, base_again = shared.get(freq, SPECS[1], qi_h, None)
+    assert again is first and base_again is base and base.summary is first
+    assert shared.get(freq, fewer, {q: resolver.h[q] for q in QIS[:4]}, None)[0] is not first
+    other = Loaded()  # equal hierarchies, other objects: not assumed the same
+    assert shared.get(freq, SPECS[0], {q: other.h[q] for q in QIS}, None)[0] is not first
+
+
+def test_a_baseline_of_another_summary_is_refused(freq: pd.DataFrame) -> None:
+    resolver = Loaded()
+    qi_h = {q: resolver.h[q] for q in QIS}
+    _, baseline = SharedPlanning().get(freq, SPECS[0], qi_h, None)
+    summary, _ = SharedPlanning().get(freq, SPECS[0], qi_h, None)
+    with pytest.raises(ValueError, match="another summary"):
+        plan_recoding(summary, SPECS[0], qi_h, None, baseline)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from privpipe.anonymity.hierarchy import Hierarchy, build_intervals, load_arx_csv
 from privpipe.anonymity.models import DistinctLDiversity, KAnonymity, PrivacyModel, TCloseness
+from privpipe.anonymity.mondrian import mondrian
 from privpipe.anonymity.quality import class_sizes, recoding_metrics
 from privpipe.anonymity.recoding import Recoding, full_domain_labels
 from privpipe.anonymity.search import SearchResult, optimal
@@ -237,3 +238,29 @@ def test_errors(ages: tuple[Summary, Hierarchy]) -> None:
     other = Summary.from_frame(pd.DataFrame({"x": ["0"]}), ["x"], None, {"x": h})
     with pytest.raises(ValueError, match="the recoding is of"):
         recoding_metrics(_recoding(h, labels), other, [h])
+
+
+def test_entropy_by_count_array_equals_entropy_by_grouping(
+    adult: tuple[Summary, dict[str, Hierarchy]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The non-uniform entropy counts (raw value, label) pairs in an array indexed by the
+    pair when that is small, else by grouping: the same sums in the same order, so the
+    same figure to the last bit, with suppression and without."""
+    from privpipe.anonymity import quality
+
+    summary, hierarchies = adult
+    recodings = [
+        full_domain(
+            optimal(Evaluator(summary, hierarchies), [KAnonymity(5)], suppression_limit=s), summary
+        )
+        for s in (0.0, 0.05)
+    ]  # a label is a function of the raw value
+    recodings.append(mondrian(summary, hierarchies, [KAnonymity(5)]).recoding)  # and is not
+    for recoding in recodings:
+        dense = recoding_metrics(recoding, summary, hierarchies)
+        monkeypatch.setattr(quality, "_DENSE_FACTOR", 0)
+        monkeypatch.setattr(quality, "_DENSE_MIN", 0)
+        grouped = recoding_metrics(recoding, summary, hierarchies)
+        monkeypatch.undo()
+        assert dense["non_uniform_entropy"] > 0
+        assert dense == grouped

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from privpipe.anonymity.api import RecodingPlan, plan_recoding
+from privpipe.anonymity.api import InputBaseline, RecodingPlan, input_baseline, plan_recoding
 from privpipe.anonymity.hierarchy import Hierarchy
 from privpipe.anonymity.recoding import BatchRecoder, Recoding
 from privpipe.anonymity.spec import AnonymizationSpec
@@ -92,8 +92,15 @@ class RecodeContext:
     hierarchies: Mapping[str, Hierarchy]
 
 
-def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver) -> ReleaseContext:
-    """On one worker: complete the hierarchies, build the summary, search the recoding."""
+def make_context(
+    freq: pd.DataFrame,
+    spec: AnonymizationSpec,
+    resolver: Resolver,
+    shared: SharedPlanning | None = None,
+) -> ReleaseContext:
+    """On one worker: complete the hierarchies, build the summary, search the recoding.
+    ``shared``: what the releases planned before this one in this process already built
+    (their summary and the input's scores on it), reused where this release's are equal."""
     release_free_memory()  # the search peaks on top of whatever the reads left behind
     unit = spec.unit_by
     value_counts = column_counts(freq, skip=unit)  # no hierarchy is built for person ids
@@ -102,9 +109,63 @@ def make_context(freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver
     sa_hierarchy = hierarchies.get(sa) if sa and spec.distance == "hierarchical" else None
     records = int(freq[COUNT].sum())
     qi_h = {q: hierarchies[q] for q in spec.qis}
-    summary = Summary.from_frame(freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit)
-    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy)  # refuses k > persons etc. first
+    if shared is None:
+        summary = Summary.from_frame(
+            freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit
+        )
+        baseline = None
+    else:
+        summary, baseline = shared.get(freq, spec, qi_h, sa_hierarchy)
+    # refuses k > persons etc. first
+    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy, baseline)
     return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
+
+
+class SharedPlanning:
+    """The summary and the input's own scores on it (``InputBaseline``), built once for
+    the releases planned one after another in one process (the search step's thread).
+
+    Releases counting the same columns of the same frequency table with the same
+    hierarchy objects get the same summary and the same input metrics and risk, so
+    sharing them changes no plan (a test compares); it saves their building for every
+    release after the first (at 1M demo rows 0.4 s and 0.75 s each). Entries hold their
+    frequency table and hierarchies, so an identity compared here is never reused."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[tuple[object, ...], Summary, InputBaseline]] = []
+
+    def get(
+        self,
+        freq: pd.DataFrame,
+        spec: AnonymizationSpec,
+        qi_h: Mapping[str, Hierarchy],
+        sa_hierarchy: Hierarchy | None,
+    ) -> tuple[Summary, InputBaseline]:
+        """The summary of ``spec``'s columns of ``freq`` and the input's scores on it."""
+        key = (
+            freq,
+            tuple(spec.qis),
+            spec.sensitive,
+            spec.unit_by,
+            *(qi_h[q] for q in spec.qis),
+            sa_hierarchy,
+        )
+        for seen, summary, baseline in self._entries:
+            if len(seen) == len(key) and all(_same(a, b) for a, b in zip(seen, key, strict=True)):
+                return summary, baseline
+        summary = Summary.from_frame(
+            freq, spec.qis, spec.sensitive, qi_h, sa_hierarchy, weights=COUNT, unit=spec.unit_by
+        )
+        baseline = input_baseline(summary, qi_h)
+        self._entries.append((key, summary, baseline))
+        return summary, baseline
+
+
+def _same(a: object, b: object) -> bool:
+    """Names compare by value; tables and hierarchies by identity."""
+    if isinstance(a, (str, tuple)) or a is None:
+        return a == b
+    return a is b
 
 
 def column_counts(freq: pd.DataFrame, skip: str | None = None) -> dict[str, pd.Series]:

@@ -54,6 +54,7 @@ from privpipe.transforms.context import (
     ReleaseContext,
     Resolved,
     Resolver,
+    SharedPlanning,
     SlimContext,
     column_counts,
     make_context,
@@ -81,12 +82,17 @@ def expected_effort(spec: AnonymizationSpec) -> int:
 
 
 def plan_one(
-    freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver, slim: bool = False
+    freq: pd.DataFrame,
+    spec: AnonymizationSpec,
+    resolver: Resolver,
+    slim: bool = False,
+    shared: SharedPlanning | None = None,
 ) -> Planned:
     """``make_context`` and its wall seconds; with ``slim`` its ``SlimContext``, made
-    right away so the full context is never kept (or pickled, in a worker)."""
+    right away so the full context is never kept (or pickled, in a worker). ``shared``:
+    the summary and input scores of the releases planned before it in this thread."""
     t0 = time.perf_counter()
-    context: ReleaseContext | SlimContext = make_context(freq, spec, resolver)
+    context: ReleaseContext | SlimContext = make_context(freq, spec, resolver, shared)
     if slim:
         context = context.slim()
     return Planned(context, time.perf_counter() - t0)
@@ -108,7 +114,8 @@ def plan_releases(
     if len(specs) > 1:
         resolver = _resolved_once(freq, specs, resolver)
     if processes <= 0:
-        return {str(s.name): plan_one(freq, s, resolver, slim) for s in specs}
+        shared = SharedPlanning()
+        return {str(s.name): plan_one(freq, s, resolver, slim, shared) for s in specs}
     workers = _Workers((freq, resolver), slim)
     pool = ThreadPoolExecutor(processes, thread_name_prefix="privpipe-plan")
     try:
@@ -157,6 +164,7 @@ def _schedule(
 
     pending = deque(order)
     running: dict[Future[Planned], int] = {}
+    shared = SharedPlanning()  # for the releases planned in this thread
     while True:
         pending = deque(i for i in pending if needed(i))
         while pending and len(running) < processes:
@@ -166,7 +174,7 @@ def _schedule(
         if pending:  # this thread is a worker too
             i = pending.popleft()
             try:
-                results[i] = plan_one(freq, specs[i], resolver, slim)
+                results[i] = plan_one(freq, specs[i], resolver, slim, shared)
             except Exception as e:  # raised below, in config order
                 errors[i] = e
             done = {f for f in running if f.done()}
@@ -250,6 +258,7 @@ def plan_with_ahead(
     resolver = _resolved_once(freq, specs, resolver)
     tickets = start_ahead(freq, [s for s in specs if s.name in ahead], resolver)
     here: dict[str, Planned] = {}
+    shared = SharedPlanning()
     earlier: list[Ticket] = []  # planned ahead, before the next release in config order
     try:
         for spec in specs:
@@ -257,7 +266,7 @@ def plan_with_ahead(
                 earlier += [t for t in tickets if t.spec.name == spec.name]
                 continue
             try:
-                here[str(spec.name)] = plan_one(freq, spec, resolver, slim=True)
+                here[str(spec.name)] = plan_one(freq, spec, resolver, True, shared)
             except Exception:
                 for ticket in earlier:  # an earlier release's error wins, as in sequence
                     collect_ahead(ticket)
