@@ -74,7 +74,12 @@ from privpipe.anonymity.models import (
 )
 from privpipe.anonymity.recoding import Recoding
 from privpipe.anonymity.summary import Summary, resolve_hierarchies
-from privpipe.anonymity.transformation import EquivalenceClasses, Evaluator, count_units
+from privpipe.anonymity.transformation import (
+    EquivalenceClasses,
+    Evaluator,
+    count_units,
+    in_persons,
+)
 from privpipe.errors import ConfigError, PrivacyRefusal
 
 __all__ = ["MondrianResult", "mondrian", "numeric_values", "parse_range", "range_label"]
@@ -245,6 +250,9 @@ class _Checker:
         per_tuple = np.bincount(tuple_of_row, minlength=weights.shape[0])
         self.n_rows = per_tuple.astype(np.int64)
         self.row_start = (np.cumsum(per_tuple) - per_tuple).astype(np.int64)
+        # without SA cells, when each person's rows share one tuple: persons per class are
+        # sums of persons per tuple (no sort of (class, person) pairs at every check)
+        self.persons = None if evaluator.use_sa else evaluator.persons_per_tuple()
 
     def classes(self, tuples: IntArray, of_tuple: IntArray, n_classes: int) -> EquivalenceClasses:
         """The classes ``0..n_classes-1`` given by the class ``of_tuple`` of each of ``tuples``
@@ -253,6 +261,11 @@ class _Checker:
         ev = self.evaluator
         if ev.units is None:
             return classes
+        if self.persons is not None:
+            tally = np.bincount(of_tuple, weights=self.persons[tuples], minlength=n_classes)
+            view = in_persons(classes, np.rint(tally).astype(np.int64))
+            view._sa_p = ev.unit_sa_distribution
+            return view
         lengths = self.n_rows[tuples]
         offsets = np.cumsum(lengths) - lengths
         within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)

@@ -548,6 +548,16 @@ class Evaluator:
         """The lattice of this evaluator's hierarchies (optionally restricted)."""
         return Lattice.from_hierarchies(self.hierarchies, min_levels, max_levels, self.qi_names)
 
+    def persons_per_tuple(self) -> IntArray | None:
+        """Distinct persons of each QI tuple (``qi_tuples`` order) when every person's
+        rows share one tuple, so that a class of tuples has their sum in persons; None
+        when some person's rows have several tuples, or without units to count."""
+        if self.units is None or self._first is None or self._multi.shape[0]:
+            return None
+        tuple_of_row, first = self.qi_tuples()
+        n_tuples = first.shape[0]
+        return np.bincount(tuple_of_row, weights=self._first, minlength=n_tuples).astype(np.int64)
+
     def without_sa(self) -> Evaluator:
         """The same evaluator without SA cells (shares the per-QI precomputation)."""
         if not self.use_sa:
@@ -1432,13 +1442,21 @@ def count_units(
             cell_count = _distinct_per_group(index, row_unit, radix, classes.n_cells)
         if cell_count.shape[0] != classes.n_cells:
             raise RuntimeError("person counts do not match the cells of the classes")
+    return in_persons(classes, persons, cell_count)
+
+
+def in_persons(
+    classes: EquivalenceClasses, persons: IntArray, cell_count: IntArray | None = None
+) -> EquivalenceClasses:
+    """The person-counted view of ``classes`` given its persons per class (and per cell;
+    without SA cells, the persons per class)."""
     view = EquivalenceClasses(
         classes.evaluator,
         classes.levels,
         persons,
         classes.cell_class,
         classes.cell_sa,
-        cell_count,
+        persons if cell_count is None else cell_count,
         cell_keys=classes._cell_keys,
         class_keys=classes._class_keys,
         local_labels=classes._local,

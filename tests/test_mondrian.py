@@ -472,3 +472,73 @@ def test_adult_l_and_t(adult: tuple[Summary, dict[str, Hierarchy]]) -> None:
         )
         assert class_sizes(result.recoding, summary).min() >= 5
         assert result.seconds < 5.0
+
+
+# --------------------------------------------------------------------------- persons
+
+
+@st.composite
+def person_tables(draw: st.DrawFn) -> tuple[pd.DataFrame, bool]:
+    """Persons with 1-3 rows (their SA values may differ); with ``moves`` some persons'
+    rows have several QI tuples."""
+    moves = draw(st.booleans())
+    rows = []
+    for pid in range(draw(st.integers(6, 40))):
+        age, x = draw(st.integers(0, 19)), draw(st.integers(0, 9))
+        for _ in range(draw(st.integers(1, 3))):
+            if moves and draw(st.booleans()):
+                age = draw(st.integers(0, 19))
+            rows.append(
+                {"pid": f"p{pid}", "age": str(age), "x": str(x), "d": draw(st.sampled_from("uvw"))}
+            )
+    return pd.DataFrame(rows), moves
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(table=person_tables(), k=st.integers(2, 4))
+def test_persons_by_tuple_sums_equal_persons_counted_pairwise(
+    table: tuple[pd.DataFrame, bool], k: int
+) -> None:
+    """Mondrian's checks count persons per class from persons per tuple when each person's
+    rows share one tuple (``Evaluator.persons_per_tuple``): the same partitions and labels
+    as counting distinct (class, person) pairs at every check."""
+    from unittest import mock
+
+    df, _ = table
+    hierarchies = {
+        "age": build_intervals("age", [str(a) for a in range(20)], [5, 10]),
+        "x": build_intervals("x", [str(v) for v in range(10)], [5]),
+    }
+    summary = Summary.from_frame(df, ["age", "x"], "d", hierarchies, unit="pid")
+    per_tuple = Evaluator(summary, hierarchies, use_sa=False).persons_per_tuple()
+    several = bool((df.groupby("pid")[["age", "x"]].nunique() > 1).any(axis=None))
+    one_row_each = df["pid"].nunique() == len(df)  # records are persons: nothing to count
+    event(f"persons with several tuples: {several}, one row each: {one_row_each}")
+    assert (per_tuple is None) == (several or one_row_each)
+
+    def run() -> tuple[int, list[list[str]]] | str:
+        try:
+            out = mondrian(summary, hierarchies, [KAnonymity(k)])
+        except PrivacyRefusal as e:
+            return str(e)
+        return out.partitions, out.recoding.labels.tolist()
+
+    fast = run()
+    with mock.patch.object(Evaluator, "persons_per_tuple", return_value=None):
+        assert run() == fast
+
+
+def test_persons_per_tuple_counts_distinct_persons() -> None:
+    df = pd.DataFrame(
+        {
+            "pid": ["a", "a", "b", "c", "c", "c"],
+            "age": ["1", "1", "1", "2", "2", "2"],
+            "d": ["u", "v", "u", "u", "v", "w"],
+        }
+    )
+    h = {"age": build_intervals("age", [str(a) for a in range(5)], [5])}
+    summary = Summary.from_frame(df, ["age"], "d", h, unit="pid")
+    assert Evaluator(summary, h).persons_per_tuple().tolist() == [2, 1]  # age 1: a, b; 2: c
+    moved = df.assign(age=["1", "2", "1", "2", "2", "2"])  # a has two tuples
+    summary = Summary.from_frame(moved, ["age"], "d", h, unit="pid")
+    assert Evaluator(summary, h).persons_per_tuple() is None
