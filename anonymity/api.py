@@ -210,8 +210,9 @@ def _risk(sizes: IntArray, suppressed: int, unit: str = "rows") -> dict[str, Any
 def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     """Distinct persons per published class of ``recoding`` (kept classes only; suppressed
     tuples left out as the record-level risk does), classes in order of their first
-    tuple. Integer keys throughout: a class id per tuple from its factorised labels, then
-    the distinct (class, person) pairs of the kept summary rows, packed in one int64."""
+    tuple. Integer keys throughout: a class id per tuple from its factorised labels; when
+    each person's rows share one tuple, the sum of the class's tuples' persons, else the
+    distinct (class, person) pairs of the kept summary rows, packed in one int64."""
     assert summary.unit_codes is not None
     row = _tuple_of_rows(summary, recoding.codes)
     n_tuples, n_qi = recoding.labels.shape
@@ -221,9 +222,18 @@ def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     group, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
     rank = np.empty(first.shape[0], dtype=np.int64)  # classes in order of first tuple
     rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
+    units = summary.dense_units()
+    unit_tuple = row[units.first_rows]  # the tuple of each person's first row
+    if np.array_equal(unit_tuple[units.ids], row):  # each person's rows share one tuple
+        kept_tuples = ~np.asarray(recoding.suppressed, dtype=bool)
+        persons = np.bincount(unit_tuple, minlength=n_tuples)
+        sizes = np.bincount(
+            rank[group][kept_tuples], weights=persons[kept_tuples], minlength=first.shape[0]
+        )
+        sizes = np.rint(sizes).astype(np.int64)
+        return np.asarray(sizes[sizes > 0], dtype=np.int64)
     kept = ~np.asarray(recoding.suppressed, dtype=bool)[row]
     cls = rank[group][row][kept]
-    units = summary.dense_units()
     n_units = max(units.n_units, 1)
     pairs = sorted_unique(cls * n_units + units.ids[kept])
     sizes = np.bincount(pairs // n_units, minlength=first.shape[0])
@@ -240,13 +250,40 @@ def _label_ids(labels: npt.NDArray[Any]) -> IntArray:
 
 
 def _tuple_of_rows(summary: Summary, tuples: IntArray) -> IntArray:
-    """Index in ``tuples`` (distinct raw QI tuples) of every summary row."""
+    """Index in ``tuples`` (distinct raw QI tuples) of every summary row: a binary search
+    of mixed-radix keys (the tuples usually come sorted, as the summary's rows do), or a
+    hashed MultiIndex lookup when the keys would not fit in an int64."""
+    codes = summary.qi_codes
+    radices = [
+        max(int(tuples[:, j].max(initial=0)), int(codes[:, j].max(initial=0))) + 1
+        for j in range(summary.n_qi)
+    ]
+    if math.prod(radices) < 1 << 62:
+        tuple_keys = _packed(tuples, radices)
+        row_keys = _packed(codes, radices)
+        order: IntArray | None = None
+        if tuple_keys.shape[0] > 1 and bool((tuple_keys[1:] < tuple_keys[:-1]).any()):
+            order = np.argsort(tuple_keys, kind="stable").astype(np.int64)
+            tuple_keys = tuple_keys[order]
+        at = np.searchsorted(tuple_keys, row_keys)
+        at_valid = np.minimum(at, max(tuple_keys.shape[0] - 1, 0))
+        if tuple_keys.shape[0] == 0 or not np.array_equal(tuple_keys[at_valid], row_keys):
+            raise RuntimeError("a QI tuple of the summary is not in the recoding")
+        return at_valid.astype(np.int64) if order is None else order[at_valid]
     index = pd.MultiIndex.from_arrays([tuples[:, j] for j in range(tuples.shape[1])])
-    rows = pd.MultiIndex.from_arrays([summary.qi_codes[:, j] for j in range(summary.n_qi)])
+    rows = pd.MultiIndex.from_arrays([codes[:, j] for j in range(summary.n_qi)])
     position = np.asarray(index.get_indexer(rows), dtype=np.int64)
     if (position < 0).any():
         raise RuntimeError("a QI tuple of the summary is not in the recoding")
     return position
+
+
+def _packed(codes: IntArray, radices: Sequence[int]) -> IntArray:
+    """Each row of non-negative codes as one int64 (first column most significant)."""
+    key = np.zeros(codes.shape[0], dtype=np.int64)
+    for j, radix in enumerate(radices):
+        key = key * radix + codes[:, j]
+    return key
 
 
 # --------------------------------------------------------------------------- planning

@@ -131,3 +131,34 @@ def test_person_class_sizes_equal_the_pandas_definition(data: st.DataObject) -> 
             person_class_sizes(recoding, summary),
             _person_class_sizes_by_pandas(recoding, summary),
         )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_person_class_sizes_of_persons_with_one_tuple_each(data: st.DataObject) -> None:
+    """When every person's rows share one QI tuple the persons of a class are summed per
+    tuple (no pairs are sorted): still the pandas definition, with suppressed tuples left
+    out and with the recoding's tuples in any order."""
+    df, hier = data.draw(person_tables(max_rows=20))
+    qis = qi_names(df)
+    df[qis] = df.groupby("P")[qis].transform("first")  # each person keeps one tuple
+    summary = Summary.from_frame(df, qis, "S", hier, unit="P")
+    ev = Evaluator(summary, hier)
+    try:
+        base = recoding_from_search(
+            optimal(ev, KAnonymity(2), suppression_limit=0.5), summary, hier
+        )
+    except PrivacyRefusal:
+        base = identity_recoding(summary, hier)
+    n = base.codes.shape[0]
+    suppressed = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    order = np.array(data.draw(st.permutations(range(n))), dtype=np.int64)
+    for recoding in (
+        base,
+        Recoding(base.qi_names, base.codes, base.labels, suppressed, {}),
+        Recoding(base.qi_names, base.codes[order], base.labels[order], suppressed[order], {}),
+    ):
+        np.testing.assert_array_equal(
+            person_class_sizes(recoding, summary),
+            _person_class_sizes_by_pandas(recoding, summary),
+        )
