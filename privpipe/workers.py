@@ -44,10 +44,12 @@ PROGRESS_S = 1.0  # how often a worker reports its progress counts
 LENGTH = struct.Struct("<Q")  # the answer's length, ahead of it
 
 
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> int:
+def write_all(fd: int, data: bytes | bytearray | memoryview | pickle.PickleBuffer) -> int:
     """Write every byte of ``data`` to ``fd``: a pipe write that a signal interrupts
-    returns short, and is resumed here where a buffered file would have dropped the rest."""
-    view = memoryview(data).cast("B")
+    returns short, and is resumed here where a buffered file would have dropped the rest.
+    ``data`` is any contiguous buffer (``pickle.dump`` hands over large ones as they are,
+    C- or Fortran-ordered), written in its memory order."""
+    view = pickle.PickleBuffer(data).raw()
     total = len(view)
     while view:
         view = view[os.write(fd, view) :]
@@ -60,7 +62,7 @@ class _PipeWriter:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:
+    def write(self, data: bytes | bytearray | memoryview | pickle.PickleBuffer) -> int:
         return write_all(self.fd, data)
 
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from privpipe import progress
-from privpipe.workers import Worker, WorkerFailed, _Reporter
+from privpipe.workers import Worker, WorkerFailed, _Reporter, write_all
 from tests.test_planning import workers
 
 
@@ -158,3 +158,15 @@ def test_an_incomplete_answer_fails_naming_the_work() -> None:
     worker.relay.start()
     with pytest.raises(WorkerFailed, match=r"^release 'x': the worker's answer arrived incomplete"):
         worker.result()
+
+
+def test_write_all_writes_any_contiguous_buffer_in_its_memory_order() -> None:
+    """``pickle.dump`` hands large buffers over as they are: a Fortran-ordered one too."""
+    import numpy as np
+
+    fortran = np.asfortranarray(np.arange(12, dtype=np.int8).reshape(3, 4))
+    read, write = os.pipe()
+    assert write_all(write, memoryview(fortran)) == 12
+    os.close(write)
+    with os.fdopen(read, "rb") as got:
+        assert got.read() == fortran.tobytes(order="A")
