@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -159,9 +159,8 @@ class InputBaseline:
     """The input's own scores on a summary (every QI at level 0, nothing suppressed): the
     metrics and the class sizes the input risk is computed from (records, or persons when
     the summary has units). They depend on the summary and its hierarchies only, not on the
-    release, so the releases of one summary can share one (``plan_recoding(baseline=)``)."""
+    release, so the releases of one summary can share one (``plan_recoding(baselines=)``)."""
 
-    summary: Summary
     metrics: dict[str, Any]
     sizes: IntArray
 
@@ -176,7 +175,7 @@ def input_baseline(
     metrics, sizes = measure_recoding(identity, summary, hierarchies, levels=[0] * summary.n_qi)
     if summary.has_units:  # risk per person: 1 / persons in the class
         sizes = person_class_sizes(identity, summary)
-    return InputBaseline(summary, _plain(metrics), sizes)
+    return InputBaseline(_plain(metrics), sizes)
 
 
 def input_sa_distribution(summary: Summary) -> dict[str, float] | None:
@@ -265,11 +264,15 @@ def _tuple_of_rows(summary: Summary, tuples: IntArray) -> IntArray:
         if tuple_keys.shape[0] > 1 and bool((tuple_keys[1:] < tuple_keys[:-1]).any()):
             order = np.argsort(tuple_keys, kind="stable").astype(np.int64)
             tuple_keys = tuple_keys[order]
-        at = np.searchsorted(tuple_keys, row_keys)
-        at_valid = np.minimum(at, max(tuple_keys.shape[0] - 1, 0))
-        if tuple_keys.shape[0] == 0 or not np.array_equal(tuple_keys[at_valid], row_keys):
+        if row_keys.shape[0] == 0:
+            return np.zeros(0, dtype=np.int64)
+        if tuple_keys.shape[0] == 0:
             raise RuntimeError("a QI tuple of the summary is not in the recoding")
-        return at_valid.astype(np.int64) if order is None else order[at_valid]
+        at = np.minimum(np.searchsorted(tuple_keys, row_keys), tuple_keys.shape[0] - 1)
+        if not np.array_equal(tuple_keys[at], row_keys):
+            raise RuntimeError("a QI tuple of the summary is not in the recoding")
+        found: IntArray = at.astype(np.int64) if order is None else order[at]
+        return found
     index = pd.MultiIndex.from_arrays([tuples[:, j] for j in range(tuples.shape[1])])
     rows = pd.MultiIndex.from_arrays([codes[:, j] for j in range(summary.n_qi)])
     position = np.asarray(index.get_indexer(rows), dtype=np.int64)
@@ -314,20 +317,19 @@ def plan_recoding(
     spec: AnonymizationSpec,
     hierarchies: Mapping[str, Hierarchy],
     sa_hierarchy: Hierarchy | None = None,
-    baseline: InputBaseline | None = None,
+    baselines: MutableMapping[Summary, InputBaseline] | None = None,
 ) -> RecodingPlan:
     """Decide the recoding on the summary: feasibility, search or Mondrian, metrics, risk.
 
-    ``baseline``: the input's own scores on this summary when already at hand (releases
-    of one summary share them: ``input_baseline``); measured here otherwise.
+    ``baselines``: the input's own scores (``input_baseline``) already measured, by summary
+    (the releases of one summary share them); this summary's is measured here if absent,
+    after the search as always, and added.
 
     Raises PrivacyRefusal (exit 4) with the numbers when the guarantee is unreachable
     (k above |D|, l above the distinct SA values, or no transformation within the
     suppression limit), ConfigError for settings that do not fit the data.
     """
     _check_summary(summary, spec)
-    if baseline is not None and baseline.summary is not summary:
-        raise ValueError("the input baseline was measured on another summary")
     distinct_sa = int((summary.sa_counts() > 0).sum()) if summary.has_sa else None
     spec.check_feasible(summary.n_units, distinct_sa)
     models = spec.models(sa_hierarchy)
@@ -379,10 +381,13 @@ def plan_recoding(
         }
         del evaluator, result  # free the search's per-row caches before measuring
     info["total_seconds"] = time.perf_counter() - started
+    baseline = None if baselines is None else baselines.get(summary)
     if baseline is None:
         # a full-domain recoding is keyed by exactly the summary's sorted distinct tuples
         tuples = recoding.codes if spec.algorithm != "mondrian" else None
         baseline = input_baseline(summary, hierarchies, tuples)
+        if baselines is not None:
+            baselines[summary] = baseline
     metrics_output, output_sizes = measure_recoding(
         recoding, summary, hierarchies, numeric=spec.numeric
     )

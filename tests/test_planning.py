@@ -15,10 +15,9 @@ import pandas as pd
 import psutil
 import pytest
 
-from privpipe.anonymity.api import plan_recoding
 from privpipe.anonymity.hierarchy import Hierarchy, load_arx_csv
 from privpipe.anonymity.spec import AnonymizationSpec
-from privpipe.errors import PrivacyRefusal
+from privpipe.errors import InputDataError, PrivacyRefusal
 from privpipe.transforms import planning
 from privpipe.transforms.anonymize import FrequencyTable
 from privpipe.transforms.context import ReleaseContext, SharedPlanning, SlimContext, make_context
@@ -215,19 +214,25 @@ def test_releases_planned_in_one_thread_share_a_summary_and_plan_the_same(
     for s in [*SPECS, fewer]:
         alone = make_context(freq, s, resolver)
         assert figures(make_context(freq, s, resolver, shared)) == figures(alone)
+    assert len(shared.baselines) == 2  # SPECS' summary and fewer's
     qi_h = {q: resolver.h[q] for q in QIS}
-    first, base = shared.get(freq, SPECS[0], qi_h, None)
-    again, base_again = shared.get(freq, SPECS[1], qi_h, None)
-    assert again is first and base_again is base and base.summary is first
-    assert shared.get(freq, fewer, {q: resolver.h[q] for q in QIS[:4]}, None)[0] is not first
+    first = shared.summary(freq, SPECS[0], qi_h, None)
+    assert shared.summary(freq, SPECS[1], qi_h, None) is first and first in shared.baselines
+    assert shared.summary(freq, fewer, {q: resolver.h[q] for q in QIS[:4]}, None) is not first
     other = Loaded()  # equal hierarchies, other objects: not assumed the same
-    assert shared.get(freq, SPECS[0], {q: other.h[q] for q in QIS}, None)[0] is not first
+    assert shared.summary(freq, SPECS[0], {q: other.h[q] for q in QIS}, None) is not first
 
 
-def test_a_baseline_of_another_summary_is_refused(freq: pd.DataFrame) -> None:
-    resolver = Loaded()
-    qi_h = {q: resolver.h[q] for q in QIS}
-    _, baseline = SharedPlanning().get(freq, SPECS[0], qi_h, None)
-    summary, _ = SharedPlanning().get(freq, SPECS[0], qi_h, None)
-    with pytest.raises(ValueError, match="another summary"):
-        plan_recoding(summary, SPECS[0], qi_h, None, baseline)
+def test_shared_planning_refuses_as_planning_alone(freq: pd.DataFrame) -> None:
+    """The input's scores are measured after the release's own checks, as without
+    sharing: an empty input is still the input error (exit 3), and k above the persons
+    still the refusal (exit 4), not a failure to measure."""
+    for table, s, error in [
+        (freq.iloc[:0], SPECS[0], InputDataError),
+        (freq, spec("k_huge", k=10**9), PrivacyRefusal),
+    ]:
+        with pytest.raises(error) as alone:
+            make_context(table, s, Loaded())
+        with pytest.raises(error) as shared:
+            make_context(table, s, Loaded(), SharedPlanning())
+        assert str(shared.value) == str(alone.value)

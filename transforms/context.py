@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from privpipe.anonymity.api import InputBaseline, RecodingPlan, input_baseline, plan_recoding
+from privpipe.anonymity.api import InputBaseline, RecodingPlan, plan_recoding
 from privpipe.anonymity.hierarchy import Hierarchy
 from privpipe.anonymity.recoding import BatchRecoder, Recoding
 from privpipe.anonymity.spec import AnonymizationSpec
@@ -113,11 +113,11 @@ def make_context(
         summary = Summary.from_frame(
             freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit
         )
-        baseline = None
     else:
-        summary, baseline = shared.get(freq, spec, qi_h, sa_hierarchy)
+        summary = shared.summary(freq, spec, qi_h, sa_hierarchy)
+    baselines = None if shared is None else shared.baselines
     # refuses k > persons etc. first
-    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy, baseline)
+    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy, baselines)
     return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
 
 
@@ -132,16 +132,17 @@ class SharedPlanning:
     frequency table and hierarchies, so an identity compared here is never reused."""
 
     def __init__(self) -> None:
-        self._entries: list[tuple[tuple[object, ...], Summary, InputBaseline]] = []
+        self._entries: list[tuple[tuple[object, ...], Summary]] = []
+        self.baselines: dict[Summary, InputBaseline] = {}  # filled by ``plan_recoding``
 
-    def get(
+    def summary(
         self,
         freq: pd.DataFrame,
         spec: AnonymizationSpec,
         qi_h: Mapping[str, Hierarchy],
         sa_hierarchy: Hierarchy | None,
-    ) -> tuple[Summary, InputBaseline]:
-        """The summary of ``spec``'s columns of ``freq`` and the input's scores on it."""
+    ) -> Summary:
+        """The summary of ``spec``'s columns of ``freq``, built once."""
         key = (
             freq,
             tuple(spec.qis),
@@ -150,15 +151,14 @@ class SharedPlanning:
             *(qi_h[q] for q in spec.qis),
             sa_hierarchy,
         )
-        for seen, summary, baseline in self._entries:
+        for seen, summary in self._entries:
             if len(seen) == len(key) and all(_same(a, b) for a, b in zip(seen, key, strict=True)):
-                return summary, baseline
+                return summary
         summary = Summary.from_frame(
             freq, spec.qis, spec.sensitive, qi_h, sa_hierarchy, weights=COUNT, unit=spec.unit_by
         )
-        baseline = input_baseline(summary, qi_h)
-        self._entries.append((key, summary, baseline))
-        return summary, baseline
+        self._entries.append((key, summary))
+        return summary
 
 
 def _same(a: object, b: object) -> bool:
