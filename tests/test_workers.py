@@ -109,7 +109,9 @@ def test_an_answer_interrupted_by_signals_arrives_whole() -> None:
     handler the call installed) once arrived truncated: 'pickle data was truncated'."""
     worker = Worker("signals")
     worker.send(_interrupted, BIG)
-    while not _catches_sigwinch(worker.proc.pid):
+    deadline = time.monotonic() + 60
+    while not _catches_sigwinch(worker.proc.pid):  # its handler is installed: pester it
+        assert worker.proc.poll() is None and time.monotonic() < deadline, "worker gone"
         time.sleep(0.005)
     stop = threading.Event()
     pester = threading.Thread(target=_pester, args=(worker.proc.pid, stop))
