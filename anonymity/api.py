@@ -213,7 +213,9 @@ def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     each person's rows share one tuple, the sum of the class's tuples' persons, else the
     distinct (class, person) pairs of the kept summary rows, packed in one int64."""
     assert summary.unit_codes is not None
-    row = _tuple_of_rows(summary, recoding.codes)
+    row = recoding.locate(summary.qi_codes)  # the recoding's own index of its tuples
+    if (row < 0).any():
+        raise RuntimeError("a QI tuple of the summary is not in the recoding")
     n_tuples, n_qi = recoding.labels.shape
     if n_tuples == 0 or summary.n_distinct == 0:
         return np.zeros(0, dtype=np.int64)
@@ -221,17 +223,17 @@ def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     group, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
     rank = np.empty(first.shape[0], dtype=np.int64)  # classes in order of first tuple
     rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
+    kept_tuples = ~np.asarray(recoding.suppressed, dtype=bool)
     units = summary.dense_units()
     unit_tuple = row[units.first_rows]  # the tuple of each person's first row
     if np.array_equal(unit_tuple[units.ids], row):  # each person's rows share one tuple
-        kept_tuples = ~np.asarray(recoding.suppressed, dtype=bool)
         persons = np.bincount(unit_tuple, minlength=n_tuples)
         sizes = np.bincount(
             rank[group][kept_tuples], weights=persons[kept_tuples], minlength=first.shape[0]
         )
         sizes = np.rint(sizes).astype(np.int64)
         return np.asarray(sizes[sizes > 0], dtype=np.int64)
-    kept = ~np.asarray(recoding.suppressed, dtype=bool)[row]
+    kept = kept_tuples[row]
     cls = rank[group][row][kept]
     n_units = max(units.n_units, 1)
     pairs = sorted_unique(cls * n_units + units.ids[kept])
@@ -246,47 +248,6 @@ def _label_ids(labels: npt.NDArray[Any]) -> IntArray:
     raw, uniques = pd.factorize(labels, use_na_sentinel=False)
     ids = np.asarray(pd.factorize(np.asarray(uniques).astype(str))[0], dtype=np.int64)
     return ids[np.asarray(raw, dtype=np.int64)]
-
-
-def _tuple_of_rows(summary: Summary, tuples: IntArray) -> IntArray:
-    """Index in ``tuples`` (distinct raw QI tuples) of every summary row: a binary search
-    of mixed-radix keys (the tuples usually come sorted, as the summary's rows do), or a
-    hashed MultiIndex lookup when the keys would not fit in an int64."""
-    codes = summary.qi_codes
-    radices = [
-        max(int(tuples[:, j].max(initial=0)), int(codes[:, j].max(initial=0))) + 1
-        for j in range(summary.n_qi)
-    ]
-    if math.prod(radices) < 1 << 62:
-        tuple_keys = _packed(tuples, radices)
-        row_keys = _packed(codes, radices)
-        order: IntArray | None = None
-        if tuple_keys.shape[0] > 1 and bool((tuple_keys[1:] < tuple_keys[:-1]).any()):
-            order = np.argsort(tuple_keys, kind="stable").astype(np.int64)
-            tuple_keys = tuple_keys[order]
-        if row_keys.shape[0] == 0:
-            return np.zeros(0, dtype=np.int64)
-        if tuple_keys.shape[0] == 0:
-            raise RuntimeError("a QI tuple of the summary is not in the recoding")
-        at = np.minimum(np.searchsorted(tuple_keys, row_keys), tuple_keys.shape[0] - 1)
-        if not np.array_equal(tuple_keys[at], row_keys):
-            raise RuntimeError("a QI tuple of the summary is not in the recoding")
-        found: IntArray = at.astype(np.int64) if order is None else order[at]
-        return found
-    index = pd.MultiIndex.from_arrays([tuples[:, j] for j in range(tuples.shape[1])])
-    rows = pd.MultiIndex.from_arrays([codes[:, j] for j in range(summary.n_qi)])
-    position = np.asarray(index.get_indexer(rows), dtype=np.int64)
-    if (position < 0).any():
-        raise RuntimeError("a QI tuple of the summary is not in the recoding")
-    return position
-
-
-def _packed(codes: IntArray, radices: Sequence[int]) -> IntArray:
-    """Each row of non-negative codes as one int64 (first column most significant)."""
-    key = np.zeros(codes.shape[0], dtype=np.int64)
-    for j, radix in enumerate(radices):
-        key = key * radix + codes[:, j]
-    return key
 
 
 # --------------------------------------------------------------------------- planning
