@@ -109,15 +109,10 @@ def make_context(
     sa_hierarchy = hierarchies.get(sa) if sa and spec.distance == "hierarchical" else None
     records = int(freq[COUNT].sum())
     qi_h = {q: hierarchies[q] for q in spec.qis}
-    if shared is None:
-        summary = Summary.from_frame(
-            freq, spec.qis, sa, qi_h, sa_hierarchy, weights=COUNT, unit=unit
-        )
-    else:
-        summary = shared.summary(freq, spec, qi_h, sa_hierarchy)
-    baselines = None if shared is None else shared.baselines
+    shared = SharedPlanning() if shared is None else shared  # alone: shares nothing
+    summary = shared.summary(freq, spec, qi_h, sa_hierarchy)
     # refuses k > persons etc. first
-    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy, baselines)
+    plan = plan_recoding(summary, spec, qi_h, sa_hierarchy, shared.baselines)
     return ReleaseContext(spec, plan, qi_h, sa_hierarchy, records)
 
 
@@ -132,7 +127,8 @@ class SharedPlanning:
     frequency table and hierarchies, so an identity compared here is never reused."""
 
     def __init__(self) -> None:
-        self._entries: list[tuple[tuple[object, ...], Summary]] = []
+        # (column names, then the table and hierarchies compared by identity, summary)
+        self._entries: list[tuple[tuple[object, ...], tuple[object, ...], Summary]] = []
         self.baselines: dict[Summary, InputBaseline] = {}  # filled by ``plan_recoding``
 
     def summary(
@@ -143,29 +139,18 @@ class SharedPlanning:
         sa_hierarchy: Hierarchy | None,
     ) -> Summary:
         """The summary of ``spec``'s columns of ``freq``, built once."""
-        key = (
-            freq,
-            tuple(spec.qis),
-            spec.sensitive,
-            spec.unit_by,
-            *(qi_h[q] for q in spec.qis),
-            sa_hierarchy,
-        )
-        for seen, summary in self._entries:
-            if len(seen) == len(key) and all(_same(a, b) for a, b in zip(seen, key, strict=True)):
+        names = (tuple(spec.qis), spec.sensitive, spec.unit_by)
+        objects = (freq, *(qi_h[q] for q in spec.qis), sa_hierarchy)
+        for seen_names, seen_objects, summary in self._entries:
+            if seen_names == names and all(
+                a is b for a, b in zip(seen_objects, objects, strict=True)
+            ):
                 return summary
         summary = Summary.from_frame(
             freq, spec.qis, spec.sensitive, qi_h, sa_hierarchy, weights=COUNT, unit=spec.unit_by
         )
-        self._entries.append((key, summary))
+        self._entries.append((names, objects, summary))
         return summary
-
-
-def _same(a: object, b: object) -> bool:
-    """Names compare by value; tables and hierarchies by identity."""
-    if isinstance(a, (str, tuple)) or a is None:
-        return a == b
-    return a is b
 
 
 def column_counts(freq: pd.DataFrame, skip: str | None = None) -> dict[str, pd.Series]:
