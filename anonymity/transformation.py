@@ -826,9 +826,11 @@ class Evaluator:
         times cheaper. None where ``classes_by_block`` is: persons are summed from the
         rows' first-row weights, exact only when no person has several QI tuples."""
         node = self._check(levels)
-        if not self.packed or not node or self.n_blocks(node) == 0:
+        if not self.packed or not node:
             return None
         base = self._base_for(node)
+        if self._block_cuts(base, node[0]) is None:
+            return None
         codes, _, stride = self._codes(base, node)
         codes //= self.sa_radix  # the class: every digit but the SA's
         space = max(stride // self.sa_radix, 1)
