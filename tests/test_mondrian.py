@@ -44,6 +44,7 @@ from privpipe.anonymity.verify import verify_grid_labels
 from privpipe.errors import ConfigError, PrivacyRefusal
 from tests.conftest import ADULT_QIS, ADULT_SA, ARX
 from tests.oracles import naive_violates_k_or_l, tree_hierarchy
+from tests.test_units import person_tables, qi_names
 
 SLACK = 1e-12
 RANGE = re.compile(r"^\[(-?\d+), (-?\d+)\)$")  # a half-open interval [lo, hi)
@@ -477,42 +478,25 @@ def test_adult_l_and_t(adult: tuple[Summary, dict[str, Hierarchy]]) -> None:
 # --------------------------------------------------------------------------- persons
 
 
-@st.composite
-def person_tables(draw: st.DrawFn) -> tuple[pd.DataFrame, bool]:
-    """Persons with 1-3 rows (their SA values may differ); with ``moves`` some persons'
-    rows have several QI tuples."""
-    moves = draw(st.booleans())
-    rows = []
-    for pid in range(draw(st.integers(6, 40))):
-        age, x = draw(st.integers(0, 19)), draw(st.integers(0, 9))
-        for _ in range(draw(st.integers(1, 3))):
-            if moves and draw(st.booleans()):
-                age = draw(st.integers(0, 19))
-            rows.append(
-                {"pid": f"p{pid}", "age": str(age), "x": str(x), "d": draw(st.sampled_from("uvw"))}
-            )
-    return pd.DataFrame(rows), moves
-
-
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(table=person_tables(), k=st.integers(2, 4))
+@given(table=person_tables(max_rows=40), pin=st.booleans(), k=st.integers(2, 4))
 def test_persons_by_tuple_sums_equal_persons_counted_pairwise(
-    table: tuple[pd.DataFrame, bool], k: int
+    table: tuple[pd.DataFrame, dict[str, Hierarchy]], pin: bool, k: int
 ) -> None:
     """Mondrian's checks count persons per class from persons per tuple when each person's
     rows share one tuple (``Evaluator.persons_per_tuple``): the same partitions and labels
-    as counting distinct (class, person) pairs at every check."""
+    as counting distinct (class, person) pairs at every check. ``pin``: each person keeps
+    the tuple of their first row (else their rows may have several)."""
     from unittest import mock
 
-    df, _ = table
-    hierarchies = {
-        "age": build_intervals("age", [str(a) for a in range(20)], [5, 10]),
-        "x": build_intervals("x", [str(v) for v in range(10)], [5]),
-    }
-    summary = Summary.from_frame(df, ["age", "x"], "d", hierarchies, unit="pid")
+    df, hierarchies = table
+    qis = qi_names(df)
+    if pin:
+        df[qis] = df.groupby("P")[qis].transform("first")
+    summary = Summary.from_frame(df, qis, "S", hierarchies, unit="P")
     per_tuple = Evaluator(summary, hierarchies, use_sa=False).persons_per_tuple()
-    several = bool((df.groupby("pid")[["age", "x"]].nunique() > 1).any(axis=None))
-    one_row_each = df["pid"].nunique() == len(df)  # records are persons: nothing to count
+    several = bool((df.groupby("P")[qis].nunique() > 1).any(axis=None))
+    one_row_each = df["P"].nunique() == len(df)  # records are persons: nothing to count
     event(f"persons with several tuples: {several}, one row each: {one_row_each}")
     assert (per_tuple is None) == (several or one_row_each)
 
