@@ -86,6 +86,7 @@ from privpipe.transforms.anonymize import (
 )
 from privpipe.transforms.audit_truth import StageAuditTruth
 from privpipe.transforms.dp_aggregate import AggregateDPCells, DPCellsJob, shards_for
+from privpipe.transforms.expand import ExpandTable
 from privpipe.transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from privpipe.transforms.io import InputSpec, ReadMicrodata, inspect_input
 from privpipe.transforms.local_dp import PerturbLocalDP
@@ -174,11 +175,16 @@ def build_graph(
     holdout_key: str | None = None,
     input_bytes: int | None = None,  # the inputs' size, None when unknown (remote)
     plan_ahead: bool = False,  # the runner runs one stage at a time in this process
+    recode_from_tables: bool | None = None,  # None: as ``plan_ahead``
 ) -> None:
     """Read batches once; profile, anonymise, aggregate DP cells, perturb local DP reports.
 
     With ``attacks.control.holdout`` the batches are split right after each read by the
-    run's ``holdout_key``: members feed everything, the controls only the attacks."""
+    run's ``holdout_key``: members feed everything, the controls only the attacks.
+
+    The anonymised releases recode the rows of their frequency table (``ExpandTable``)
+    when ``recode_from_tables`` (a runner in this process, which holds the table for the
+    search anyway); otherwise they read the file again, in parallel on a runner's workers."""
     s = plan.config.schema_
     counted = list(s.quasi_identifiers) + ([s.sensitive] if s.sensitive else [])
     read = p | "Read" >> ReadMicrodata(spec)
@@ -188,8 +194,10 @@ def build_graph(
         exact_columns(plan),
     )  # fmt: skip
     resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
-    # recoding needs the search's result first, so the rows are read a second time: once
-    # for all anonymised releases together (a third time for the releases planned ahead)
+    # recoding needs the search's result first: the rows come again from the frequency
+    # table the search started from (in this process), or are read a second time, once for
+    # all anonymised releases together (a third time for the releases planned ahead)
+    from_tables = plan_ahead if recode_from_tables is None else recode_from_tables
     anonymised = [r for r in plan.config.releases if r.kind in ANONYMITY_KINDS]
     # one summary per counted columns; the searches of the releases sharing one run side
     # by side on the cores (SearchReleases), each release recodes with its own plan
@@ -209,8 +217,24 @@ def build_graph(
             again = again | f"HashUnits{suffix}" >> beam.Map(hash_units, s.privacy_unit)
         return again
 
-    again = read_again() if anonymised else None
-    late_again: beam.PCollection | None = None  # for the releases planned ahead
+    rows_to_recode: dict[str, beam.PCollection] = {}  # one per label, shared by releases
+
+    def rows_again(summary: beam.PCollection, group: AnonymizationSpec, late: bool) -> Any:
+        """The rows to recode: of ``summary``'s frequency table (per group), or of the file
+        read again (once for every group); the releases planned ahead get their own
+        (``late``), so that the others need not wait for their plans."""
+        suffix = "Ahead" if late else ""
+        label = f"{suffix}[{group.name}]" if from_tables else suffix
+        if label not in rows_to_recode:
+            rows_to_recode[label] = (
+                summary
+                | f"Rows{label}"
+                >> ExpandTable(counted_columns(group), spec.column_types, spec.batch_rows)
+                if from_tables
+                else read_again(suffix)
+            )
+        return rows_to_recode[label]
+
     searched: list[beam.PCollection] = []  # the search steps that plan ahead
     several = len(plan.config.published()) > 1
     audited = (plan.config.attacks is not None or wants_audit(plan) or several) and bool(
@@ -229,12 +253,10 @@ def build_graph(
             searched.append(contexts[next(str(a.name) for a in group if a.name not in ahead)])
         for aspec in sorted(group, key=lambda a: a.name in ahead):  # stable: config order
             name = str(aspec.name)
-            context, rows = contexts.get(name), again
+            context = contexts.get(name)
             if name in ahead:  # collected once the group's other releases are written
                 context = contexts[name] | f"AwaitPlan[{name}]" >> AwaitPlan(done)
-                if late_again is None:
-                    late_again = read_again("Ahead")
-                rows = late_again
+            rows = rows_again(summary, group[0], late=name in ahead)
             written = batches | f"Release[{name}]" >> AnonymizeRelease(
                 aspec,
                 spec,

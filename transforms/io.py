@@ -1118,6 +1118,16 @@ _TYPES_MAPPER = {
 }
 
 
+def read_dtype(kind: ColumnType) -> Any:
+    """The pandas dtype of a column of declared type ``kind`` in the batches the read
+    emits (what ``_TYPES_MAPPER`` makes of the typed Arrow columns)."""
+    if kind == "integer":
+        return pd.Int64Dtype()
+    if kind == "float":
+        return np.dtype(np.float64)
+    return pd.StringDtype("pyarrow")
+
+
 def _finish(
     parsed: _Parsed, columns: tuple[str, ...], spec: InputSpec, path: str
 ) -> tuple[pa.Table, list[tuple[int, str, str]]]:
