@@ -90,6 +90,7 @@ from privpipe.transforms.expand import ExpandTable
 from privpipe.transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from privpipe.transforms.io import InputSpec, ReadMicrodata, inspect_input
 from privpipe.transforms.local_dp import PerturbLocalDP
+from privpipe.transforms.order import after
 from privpipe.transforms.planning import abandon_ahead, ahead_releases
 from privpipe.transforms.profile import ProfileMicrodata, split_internal
 from privpipe.transforms.sink import WriteTable, load_json, write_json
@@ -217,59 +218,64 @@ def build_graph(
             again = again | f"HashUnits{suffix}" >> beam.Map(hash_units, s.privacy_unit)
         return again
 
-    rows_to_recode: dict[str, beam.PCollection] = {}  # one per label, shared by releases
+    reads: dict[str, beam.PCollection] = {}  # the file read again, shared by every group
 
-    def rows_again(summary: beam.PCollection, group: AnonymizationSpec, late: bool) -> Any:
-        """The rows to recode: of ``summary``'s frequency table (per group), or of the file
-        read again (once for every group); the releases planned ahead get their own
-        (``late``), so that the others need not wait for their plans."""
-        suffix = "Ahead" if late else ""
-        label = f"{suffix}[{group.name}]" if from_tables else suffix
-        if label not in rows_to_recode:
-            rows_to_recode[label] = (
-                summary
-                | f"Rows{label}"
-                >> ExpandTable(counted_columns(group), spec.column_types, spec.batch_rows)
-                if from_tables
-                else read_again(suffix)
-            )
-        return rows_to_recode[label]
+    def rows_again(
+        summary: beam.PCollection,
+        group: AnonymizationSpec,
+        plans: list[beam.PCollection],
+        suffix: str = "",
+    ) -> Any:
+        """The rows that the releases of the contexts ``plans`` recode: ``summary``'s rows
+        (``ExpandTable``), or the file read again (once; the releases planned ahead once
+        more, ``suffix`` "Ahead", so that the others need not wait for their plans)."""
+        if not from_tables:
+            if suffix not in reads:
+                reads[suffix] = read_again(suffix)
+            return reads[suffix]
+        # expanded once the plans are there, in the step that recodes them (without the
+        # gate a runner of one stage at a time would expand the table beside the summary
+        # and hold every expanded batch until the search ends)
+        label = f"Rows{suffix}[{group.name}]"
+        table = after(summary, plans, f"{label}/AfterPlans")
+        return table | label >> ExpandTable(
+            counted_columns(group), spec.column_types, spec.batch_rows
+        )
 
-    searched: list[beam.PCollection] = []  # the search steps that plan ahead
     several = len(plan.config.published()) > 1
     audited = (plan.config.attacks is not None or wants_audit(plan) or several) and bool(
         audit_columns(plan)
     )  # the audit's truth and each table's published counts go to the private work folder
+
+    def anonymize(
+        aspec: AnonymizationSpec,
+        rows: beam.PCollection,
+        summary: beam.PCollection,
+        context: beam.PCollection,
+    ) -> beam.PCollection:
+        name = str(aspec.name)
+        return batches | f"Release[{name}]" >> AnonymizeRelease(
+            aspec, spec, resolver, str(out.releases / name), plan.config.output.format,
+            rows, summary, context, str(out.work) if audited else None,
+        )  # fmt: skip
+
+    searched: list[beam.PCollection] = []  # the search steps that plan ahead
     for group in sharing.values():
         summary = batches | f"Summarise[{group[0].name}]" >> Summarise(group[0])
-        contexts: dict[str, beam.PCollection] = {}
         ahead = ahead_releases(group) if plan_ahead and len(group) > 1 else []
-        if len(group) > 1:
-            contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(
-                group, resolver, ahead
-            )
-        done: list[beam.PCollection] = []
+        contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(group, resolver, ahead)
+        now = [a for a in group if a.name not in ahead]  # config order
         if ahead:  # DP and local DP bound once this step has started the long searches
-            searched.append(contexts[next(str(a.name) for a in group if a.name not in ahead)])
-        for aspec in sorted(group, key=lambda a: a.name in ahead):  # stable: config order
-            name = str(aspec.name)
-            context = contexts.get(name)
-            if name in ahead:  # collected once the group's other releases are written
-                context = contexts[name] | f"AwaitPlan[{name}]" >> AwaitPlan(done)
-            rows = rows_again(summary, group[0], late=name in ahead)
-            written = batches | f"Release[{name}]" >> AnonymizeRelease(
-                aspec,
-                spec,
-                resolver,
-                str(out.releases / name),
-                plan.config.output.format,
-                rows,
-                summary,
-                context,
-                str(out.work) if audited else None,
-            )
-            if name not in ahead:
-                done.append(written)
+            searched.append(contexts[str(now[0].name)])
+        rows = rows_again(summary, group[0], [contexts[str(now[0].name)]])
+        done = [anonymize(a, rows, summary, contexts[str(a.name)]) for a in now]
+        # the releases planned ahead: their plans collected once the others are written
+        later = [a for a in group if a.name in ahead]
+        plans = [contexts[str(a.name)] | f"AwaitPlan[{a.name}]" >> AwaitPlan(done) for a in later]
+        if later:
+            rows = rows_again(summary, group[0], plans, "Ahead")
+        for aspec, context in zip(later, plans, strict=True):
+            anonymize(aspec, rows, summary, context)
     if audited:
         # the truth for the audit, the attacker's targets and the publication check: the
         # accepted rows' frequency table (QIs + SA) and a keyed sample of target records
