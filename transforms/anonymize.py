@@ -12,12 +12,15 @@ of (published labels, SA, person id), so k is checked in persons on the rows wri
 The person id travels beside the recoded rows up to the writer, which never writes it.
 With ``suppressed: drop`` the SA (and person id) of the dropped rows are counted apart,
 so the verifier can check the dropped block as the class it is for an attacker.
-Rows are read a second time for recoding (instead of reusing the first read) so
-that no runner has to hold every batch while the search runs. On a runner that runs one
+The rows to recode (``reread``) are never the first read's batches, so that no runner
+has to hold every batch while the search runs: a runner in this process expands the
+frequency table the search started from (``transforms.expand``, the same rows as a
+multiset), a distributed one reads the input again on its workers
+(``pipelines.run.build_graph``). On a runner that runs one
 stage at a time in-process, the longest searches are planned ahead (``SearchReleases(
 ahead=...)``, ``AwaitPlan``; ``transforms.planning``): the other releases are recoded,
-verified and written while those searches run, and the releases planned ahead read the
-rows a third time for their own recoding. The published table
+verified and written while those searches run, and the releases planned ahead get their
+own rows to recode. The published table
 is verified by `anonymity.verify` — code separate from the search's — on exactly
 the rows that are written; a failed check raises PrivacyRefusal and nothing is
 published (the run's staging folder is discarded). The table is written in a uniformly
@@ -290,7 +293,7 @@ class RecodeFn(beam.DoFn):  # type: ignore[misc]
     attribute are published (person ids and other columns never are)."""
 
     def setup(self) -> None:
-        release_free_memory()  # what the search freed, before the second read
+        release_free_memory()  # what the search freed, before the rows to recode
 
     SUPPRESSED = "suppressed"
     DROPPED = "dropped"
@@ -520,7 +523,7 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         self.counts_dir = counts_dir  # where the audit's table of the published rows goes
         self.context = context  # this release's plan from a ``SearchReleases`` of several
         self.summary = summary  # a ``Summarise`` of these columns shared by several releases
-        self.reread = reread  # the second read of the rows, shared by several releases
+        self.reread = reread  # the rows to recode, shared by several releases
         self.input_spec = input_spec
         self.resolver = resolver
         self.directory = directory
