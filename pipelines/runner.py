@@ -7,6 +7,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from privpipe.errors import ConfigError
+from privpipe.transforms.coders import use_batch_coder
 
 LOCAL_NAMES = ("directrunner", "direct")
 DASK_NAMES = ("dask", "daskrunner", "apache_beam.runners.dask.dask_runner.daskrunner")
@@ -25,7 +26,11 @@ def runner_for(options: PipelineOptions) -> Any:
     (``--direct_num_workers``, ``--direct_running_mode``) apply as before.
 
     Beam's own DaskRunner does not run privpipe's graph correctly (see pipelines/dask_runner);
-    every name of it (``dask``, ``DaskRunner``, its class path) gets privpipe's."""
+    every name of it (``dask``, ``DaskRunner``, its class path) gets privpipe's.
+
+    Untyped PCollections get ``transforms.coders.BatchCoder`` (Beam's default coder without
+    encoding a batch to estimate its size) on every runner."""
+    use_batch_coder()
     name = str(options.view_as(StandardOptions).runner or "DirectRunner")
     if name.lower() in LOCAL_NAMES:
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
