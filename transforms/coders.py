@@ -49,12 +49,6 @@ class BatchCoder(coders.FastPrimitivesCoder):  # type: ignore[misc]
             raise ValueError(f"{typehint} has a coder of its own ({special.__name__})")
         return cls()
 
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._fallback_coder == other._fallback_coder  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash((type(self), self._fallback_coder))
-
 
 def use_batch_coder() -> None:
     """Make ``BatchCoder`` the fallback of Beam's coder registry (once per process)."""
