@@ -56,7 +56,7 @@ class _Column:
         else:
             codes, uniques = pd.factorize(column, use_na_sentinel=True)
             strings = np.asarray(uniques, dtype=object)
-        self.codes = np.asarray(codes, dtype=np.int64)
+        self.codes = np.asarray(codes)  # int8/16/32 as the categorical keeps them: no copy
         self.values = _typed(strings, kind)
 
     def take(self, rows: npt.NDArray[np.int64]) -> Any:
