@@ -248,15 +248,12 @@ def build_graph(
     )  # the audit's truth and each table's published counts go to the private work folder
 
     def anonymize(
-        aspec: AnonymizationSpec,
-        rows: beam.PCollection,
-        summary: beam.PCollection,
-        context: beam.PCollection,
+        aspec: AnonymizationSpec, rows: beam.PCollection, context: beam.PCollection
     ) -> beam.PCollection:
         name = str(aspec.name)
-        return batches | f"Release[{name}]" >> AnonymizeRelease(
-            aspec, spec, resolver, str(out.releases / name), plan.config.output.format,
-            rows, summary, context, str(out.work) if audited else None,
+        return rows | f"Release[{name}]" >> AnonymizeRelease(
+            aspec, context, str(out.releases / name), plan.config.output.format,
+            str(out.work) if audited else None,
         )  # fmt: skip
 
     searched: list[beam.PCollection] = []  # the search steps that plan ahead
@@ -268,14 +265,14 @@ def build_graph(
         if ahead:  # DP and local DP bound once this step has started the long searches
             searched.append(contexts[str(now[0].name)])
         rows = rows_again(summary, group[0], [contexts[str(now[0].name)]])
-        done = [anonymize(a, rows, summary, contexts[str(a.name)]) for a in now]
+        done = [anonymize(a, rows, contexts[str(a.name)]) for a in now]
         # the releases planned ahead: their plans collected once the others are written
         later = [a for a in group if a.name in ahead]
         plans = [contexts[str(a.name)] | f"AwaitPlan[{a.name}]" >> AwaitPlan(done) for a in later]
         if later:
             rows = rows_again(summary, group[0], plans, "Ahead")
         for aspec, context in zip(later, plans, strict=True):
-            anonymize(aspec, rows, summary, context)
+            anonymize(aspec, rows, context)
     if audited:
         # the truth for the audit, the attacker's targets and the publication check: the
         # accepted rows' frequency table (QIs + SA) and a keyed sample of target records

@@ -3,8 +3,9 @@
     batches ─► FrequencyTable ─► Plan (hierarchies, summary, search; the releases sharing
                                    │ one table: SearchReleases, side by side on the cores)
                                    │ side input
-    input ─► ReadMicrodata (again) ─► Recode ─► WriteTable(data.csv|parquet, shuffled)
-                                        └────► FrequencyTable ─► Verify ─► release.json
+    rows to recode ─► Recode (AnonymizeRelease) ─► WriteTable(data.csv|parquet, shuffled)
+    (ExpandTable of the      └────► FrequencyTable ─► Verify ─► release.json
+     table, or a second read)
 
 The search sees only the frequency table of distinct (QI, SA) values, never rows; with
 ``unit: person`` of distinct (QI, SA, person id) values, and the verifier counts classes
@@ -12,7 +13,7 @@ of (published labels, SA, person id), so k is checked in persons on the rows wri
 The person id travels beside the recoded rows up to the writer, which never writes it.
 With ``suppressed: drop`` the SA (and person id) of the dropped rows are counted apart,
 so the verifier can check the dropped block as the class it is for an attacker.
-The rows to recode (``reread``) are never the first read's batches, so that no runner
+The rows to recode are never the first read's batches, so that no runner
 has to hold every batch while the search runs: a runner in this process expands the
 frequency table the search started from (``transforms.expand``, the same rows as a
 multiset), a distributed one reads the input again on its workers
@@ -57,7 +58,6 @@ from privpipe.transforms.context import (  # noqa: F401 (re-exported: the compos
     _value_counts,
     make_context,
 )
-from privpipe.transforms.io import InputSpec, ReadMicrodata
 from privpipe.transforms.memory import release_free_memory
 from privpipe.transforms.order import after
 from privpipe.transforms.planning import Ticket, collect_ahead, plan_releases, plan_with_ahead
@@ -504,49 +504,32 @@ def _context(name: str, context: SlimContext | Ticket) -> SlimContext | Ticket:
 
 
 class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
-    """batches (for the summary) → releases/<name>/{data.<fmt>, release.json} in `directory`."""
+    """rows to recode → releases/<name>/{data.<fmt>, release.json} in `directory`, with the
+    release's plan ``context`` (a ``SearchReleases`` step's, or ``AwaitPlan``'s)."""
 
     def __init__(
         self,
         spec: AnonymizationSpec,
-        input_spec: InputSpec,
-        resolver: Resolver,
+        context: beam.PCollection,
         directory: str,
         output_format: str = "csv",
-        reread: beam.PCollection | None = None,
-        summary: beam.PCollection | None = None,
-        context: beam.PCollection | None = None,
         counts_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
-        self.counts_dir = counts_dir  # where the audit's table of the published rows goes
-        self.context = context  # this release's plan from a ``SearchReleases`` of several
-        self.summary = summary  # a ``Summarise`` of these columns shared by several releases
-        self.reread = reread  # the rows to recode, shared by several releases
-        self.input_spec = input_spec
-        self.resolver = resolver
+        self.context = context
         self.directory = directory
         self.output_format = output_format
+        self.counts_dir = counts_dir  # where the audit's table of the published rows goes
 
-    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+    def expand(self, again: beam.PCollection) -> beam.PCollection:
         spec, cols = self.spec, published_columns(self.spec)
         counted = counted_columns(spec)
         hashed = hashed_columns(spec)
-        freq = self.summary
-        if freq is None:
-            freq = batches | "Summarise" >> Summarise(spec)
         ctx = self.context
-        if ctx is None:
-            ctx = freq | "Search" >> beam.Map(
-                timed(f"search:{spec.name}", make_context), spec, self.resolver
-            )
         # the side inputs are slim views of the context (the full one is never shipped)
         recoder = ctx | "Recoder" >> beam.Map(_for_recoding)
         figures = ctx | "Figures" >> beam.Map(_without_tuples)
-        again = self.reread
-        if again is None:
-            again = (batches.pipeline | "ReadAgain" >> ReadMicrodata(self.input_spec))["batches"]
         recode_fn = TimedDoFn(f"recode:{spec.name}", RecodeFn())
         recode = again | "Recode" >> beam.ParDo(recode_fn, AsSingleton(recoder)).with_outputs(
             RecodeFn.SUPPRESSED, RecodeFn.DROPPED, main="rows"
