@@ -50,22 +50,19 @@ class _Column:
             self.codes = None
             self.values: Any = column.to_numpy()
             return
-        if isinstance(column.dtype, pd.CategoricalDtype):
-            codes = column.cat.codes.to_numpy()
-            strings = column.cat.categories.to_numpy(dtype=object)
-        else:
-            codes, uniques = pd.factorize(column, use_na_sentinel=True)
-            strings = np.asarray(uniques, dtype=object)
-        self.codes = np.asarray(codes)  # int8/16/32 as the categorical keeps them: no copy
-        self.values = _typed(strings, kind)
+        if not isinstance(column.dtype, pd.CategoricalDtype):  # as Summarise makes it
+            raise TypeError(f"column {column.name!r}: expected a categorical, not {column.dtype}")
+        self.codes = column.cat.codes.to_numpy()  # int8/16/32 as kept: no copy
+        self.values = _typed(column.cat.categories.to_numpy(dtype=object), kind)
+        if isinstance(self.values, np.ndarray):  # float64: code -1 (missing) picks NaN
+            self.values = np.append(self.values, np.nan)
 
     def take(self, rows: npt.NDArray[np.int64]) -> Any:
         if self.codes is None:
             return self.values[rows]
         codes = self.codes[rows]
-        if isinstance(self.values, np.ndarray):  # float64: missing is NaN
-            padded = np.append(self.values, np.nan)  # code -1 picks it
-            return padded[codes]
+        if isinstance(self.values, np.ndarray):
+            return self.values[codes]
         return self.values.take(codes, allow_fill=True)
 
 
