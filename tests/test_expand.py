@@ -20,7 +20,7 @@ from privpipe.transforms.anonymize import FrequencyTable, hash_units
 from privpipe.transforms.expand import _ExpandFn
 from privpipe.transforms.io import read_dtype
 from tests.layout import internal_file, release_dir
-from tests.test_runners import without_holdout
+from tests.test_runners import demo_plan, without_holdout
 
 TYPES: dict[str, Any] = {"s": "string", "i": "integer", "f": "float"}
 
@@ -130,20 +130,9 @@ def _labels(plan: Any, out: Path, recode_from_tables: bool) -> set[str]:
 
 
 def _plan(out: Path, data: Path, output_format: str = "csv") -> Any:
-    from privpipe.pipelines.cli import DEMO_CONFIG, demo_ledger
-    from privpipe.pipelines.plan import load_plan
-
-    ledger, key = demo_ledger(out / "budget")
-    plan = load_plan(
-        DEMO_CONFIG,
-        output_dir=out,
-        input_override=data,
-        ledger_override=ledger,
-        key_file_override=key,
-    )
-    config = plan.config
-    output = config.output.model_copy(update={"format": output_format})
-    return dataclasses.replace(plan, config=config.model_copy(update={"output": output}))
+    plan = demo_plan(out, data)
+    output = plan.config.output.model_copy(update={"format": output_format})
+    return dataclasses.replace(plan, config=plan.config.model_copy(update={"output": output}))
 
 
 @pytest.fixture(scope="module")

@@ -95,23 +95,28 @@ def direct_figures(tmp_path_factory: pytest.TempPathFactory, demo_input: Path) -
 
 
 def _run(out: Path, demo_input: Path, *extra: str) -> Path:
-    from privpipe.pipelines.cli import DEMO_CONFIG, demo_ledger
-    from privpipe.pipelines.plan import load_plan
     from privpipe.pipelines.run import run
 
-    # a ledger (and continual state) per run, as `privpipe demo` makes: the demo's shared
-    # one would refuse re-runs
+    plan = without_holdout(demo_plan(out, demo_input))
+    run(plan, beam_args=list(extra), log=lambda _m: None)
+    return out
+
+
+def demo_plan(out: Path, demo_input: Path) -> Any:
+    """The demo config's plan on ``demo_input``, output in ``out``, with a ledger (and
+    continual state) of its own, as `privpipe demo` makes: the demo's shared one would
+    refuse re-runs."""
+    from privpipe.pipelines.cli import DEMO_CONFIG, demo_ledger
+    from privpipe.pipelines.plan import load_plan
+
     ledger, key = demo_ledger(out / "budget")
-    plan = load_plan(
+    return load_plan(
         DEMO_CONFIG,
         output_dir=out,
         input_override=demo_input,
         ledger_override=ledger,
         key_file_override=key,
     )
-    plan = without_holdout(plan)
-    run(plan, beam_args=list(extra), log=lambda _m: None)
-    return out
 
 
 def without_holdout(plan: Any) -> Any:
