@@ -50,8 +50,12 @@ class BatchCoder(coders.FastPrimitivesCoder):  # type: ignore[misc]
         return cls()
 
 
+_registered = False  # in this process's registry
+
+
 def use_batch_coder() -> None:
     """Make ``BatchCoder`` the fallback of Beam's coder registry (once per process)."""
-    first = getattr(typecoders.registry._fallback_coder, "_coders", [None])[0]
-    if first is not BatchCoder:
+    global _registered
+    if not _registered:
         typecoders.registry.register_fallback_coder(BatchCoder)
+        _registered = True
