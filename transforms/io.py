@@ -1120,12 +1120,11 @@ _TYPES_MAPPER = {
 
 def read_dtype(kind: ColumnType) -> Any:
     """The pandas dtype of a column of declared type ``kind`` in the batches the read
-    emits (what ``_TYPES_MAPPER`` makes of the typed Arrow columns)."""
-    if kind == "integer":
-        return pd.Int64Dtype()
+    emits: what ``_TYPES_MAPPER`` makes of the typed Arrow column (float64, which it does
+    not map, becomes numpy's)."""
     if kind == "float":
         return np.dtype(np.float64)
-    return pd.StringDtype("pyarrow")
+    return _TYPES_MAPPER[pa.int64() if kind == "integer" else pa.string()]
 
 
 def _finish(
