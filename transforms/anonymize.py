@@ -361,8 +361,9 @@ def hashed_columns(spec: AnonymizationSpec) -> list[str]:
 
 class Summarise(beam.PTransform):  # type: ignore[misc]
     """batches → the one frequency table a release's search starts from (the published
-    columns and the person id). Releases counting the same columns share one: build it
-    once and hand it to each ``AnonymizeRelease(summary=...)``."""
+    columns and the person id). Releases counting the same columns share one: built once,
+    it feeds their ``SearchReleases`` step and, expanded (``transforms.expand``), the rows
+    they recode."""
 
     def __init__(self, spec: AnonymizationSpec) -> None:
         super().__init__()
