@@ -133,6 +133,33 @@ def test_schema_into_a_closed_pipe_ends_quietly() -> None:
     assert err == "", err
 
 
+STRANDED = """
+import threading
+from privpipe.pipelines import cli
+
+def dispatch(argv):
+    # a library's thread left running by the signal (as Beam's state sampler can be)
+    threading.Thread(target=threading.Event().wait, name="stranded").start()
+    raise {exc}()
+
+cli._dispatch = dispatch
+cli.STRANDED_WAIT_S = 0.5
+cli.entry()
+"""
+
+
+@pytest.mark.parametrize(("exc", "code"), [("cli.Terminated", 143), ("KeyboardInterrupt", 130)])
+def test_a_stopped_run_exits_though_a_thread_is_left_running(exc: str, code: int) -> None:
+    """SIGTERM and Ctrl-C raise wherever the main thread is, also inside a library starting
+    a thread it then never stops; the run must still exit with its code."""
+    script = STRANDED.format(exc=exc)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == code, proc.stderr
+    assert "nothing was published" in proc.stderr
+
+
 def test_help_lists_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
