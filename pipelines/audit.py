@@ -960,7 +960,7 @@ def members_columns(plan: Plan, run_dir: Path, columns: list[str]) -> pd.DataFra
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from privpipe.pipelines.control import holdout_share, read_key
-    from privpipe.pipelines.runner import runner_for
+    from privpipe.pipelines.runner import new_pipeline
     from privpipe.transforms.holdout import MEMBERS, HoldOut
     from privpipe.transforms.io import ReadMicrodata
     from privpipe.transforms.sink import WriteTable
@@ -974,7 +974,7 @@ def members_columns(plan: Plan, run_dir: Path, columns: list[str]) -> pd.DataFra
         )
     unit = plan.config.schema_.privacy_unit
     with tempfile.TemporaryDirectory(prefix="privpipe-report-") as work:
-        with beam.Pipeline(runner=runner_for(PipelineOptions())) as p:
+        with new_pipeline(PipelineOptions()) as p, p:
             read = p | "Read" >> ReadMicrodata(plan.input_spec())
             _ = (
                 (read["batches"] | "HoldOut" >> HoldOut(share, key, unit))[MEMBERS]

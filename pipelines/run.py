@@ -74,7 +74,7 @@ from privpipe.pipelines.publication import (
     uncharged_ledger,
 )
 from privpipe.pipelines.rejections import NO_ROWS, all_rejected
-from privpipe.pipelines.runner import check_runner, plans_ahead, runner_for
+from privpipe.pipelines.runner import check_runner, new_pipeline, plans_ahead
 from privpipe.timing import stage
 from privpipe.transforms.anonymize import (
     AnonymizeRelease,
@@ -480,27 +480,28 @@ def _run(
             holdout_key = new_holdout_key()
             write_key(out.internal, holdout_key)
         try:
-            p = beam.Pipeline(runner=runner_for(options), options=options)
-            # the whole graph first: every check made while building it (specs, hierarchies,
-            # levels) runs before the local DP charge below
-            with stage("graph"):
-                build_graph(
-                    p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs,
-                    cjobs, holdout_key, input_size(stamps, plan.input_paths),
-                    plans_ahead(options),
-                )  # fmt: skip
-            if lpub and ledger is not None:  # local noise is drawn while reading: charge now
-                charge_local(ledger, run_id, lpub, log)
-            if lcands and sweep_ledger is not None:
-                charge_local(sweep_ledger, run_id, lcands, log)
-            log(f"privpipe: run {run_id}: reading {len(plan.input_paths)} file(s) on {runner_name}")
-            with stage("pipeline"):
-                try:
-                    result = p.run()
-                    result.wait_until_finish()
-                finally:  # a failed step leaves searches planned ahead running
-                    abandon_ahead()
-            clock.pipeline_ms = stage_counters(result)  # the pipeline's stages (Beam counters)
+            with new_pipeline(options) as p:
+                # the whole graph first: every check made while building it (specs, hierarchies,
+                # levels) runs before the local DP charge below
+                with stage("graph"):
+                    build_graph(
+                        p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs,
+                        cjobs, holdout_key, input_size(stamps, plan.input_paths),
+                        plans_ahead(options),
+                    )  # fmt: skip
+                if lpub and ledger is not None:  # local noise is drawn while reading: charge now
+                    charge_local(ledger, run_id, lpub, log)
+                if lcands and sweep_ledger is not None:
+                    charge_local(sweep_ledger, run_id, lcands, log)
+                files = len(plan.input_paths)
+                log(f"privpipe: run {run_id}: reading {files} file(s) on {runner_name}")
+                with stage("pipeline"):
+                    try:
+                        result = p.run()
+                        result.wait_until_finish()
+                    finally:  # a failed step leaves searches planned ahead running
+                        abandon_ahead()
+                clock.pipeline_ms = stage_counters(result)  # the pipeline's stages (Beam counters)
         except PrivpipeError as e:
             raise strip_step(e) from None
         except Exception as e:  # a DoFn's PrivpipeError arrives wrapped by the runner

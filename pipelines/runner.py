@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from privpipe.errors import ConfigError
@@ -47,6 +51,19 @@ def runner_for(options: PipelineOptions) -> Any:
         return DaskRunner()
     check_runner(name)
     return None
+
+
+@contextmanager
+def new_pipeline(options: PipelineOptions) -> Iterator[beam.Pipeline]:
+    """A pipeline on ``runner_for(options)`` whose local temporary folder is gone when the
+    block ends. Beam makes that folder (``/tmp/beam-pipeline-temp*``) when the pipeline is
+    built and removes it only when it runs: a run refused while its graph is built or before
+    it runs (a bad level, a ledger's refusal) left an empty folder in /tmp every time."""
+    p = beam.Pipeline(runner=runner_for(options), options=options)
+    try:
+        yield p
+    finally:
+        shutil.rmtree(p.local_tempdir, ignore_errors=True)
 
 
 def plans_ahead(options: PipelineOptions) -> bool:

@@ -22,6 +22,7 @@ import pytest
 
 from privpipe.pipelines.cli import main
 from privpipe.pipelines.demo_data import write_csv
+from tests.conftest import Project
 from tests.layout import internal_file
 from tests.ledgers import provision_ledger
 
@@ -231,3 +232,43 @@ def test_direct_runner_makes_no_prism_download_folder(monkeypatch: pytest.Monkey
         _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x + 1)
     assert not [f for f in made if "beam-temp" in f]
     assert runner_for(pipeline_options([], "PortableRunner")) is None
+
+
+@pytest.mark.parametrize("fails", ["graph", "run", "none"])
+def test_a_run_leaves_no_beam_pipeline_folder_in_tmp(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str
+) -> None:
+    """Beam makes ``/tmp/beam-pipeline-temp*`` when a pipeline is built and removes it only
+    when it runs: a run refused while its graph is built (or before it runs) left one
+    behind every time."""
+    import tempfile
+
+    from privpipe.errors import ConfigError
+    from privpipe.pipelines import run as run_module
+    from privpipe.pipelines.cli import main
+
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def spy(*args: Any, **kwargs: Any) -> str:
+        folder = real(*args, **kwargs)
+        made.append(folder)
+        return folder
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ConfigError("releases[0]: refused for the test")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    if fails == "graph":
+        monkeypatch.setattr(run_module, "build_graph", refuse)
+    elif fails == "run":  # after the graph, before the pipeline runs
+        import apache_beam as beam
+
+        monkeypatch.setattr(beam.Pipeline, "run", refuse)
+    project.cfg["releases"] = [{"name": "k2", "kind": "k_anonymity", "k": 2}]
+    project.save()
+    code = main(["run", str(project.config), "--output", str(tmp_path / "out")])
+    assert code == (0 if fails == "none" else 2)
+    beam_folders = [f for f in made if "beam-pipeline-temp" in f]
+    assert beam_folders  # the spy saw Beam make it
+    assert not [f for f in beam_folders if Path(f).exists()]
