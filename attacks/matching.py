@@ -29,6 +29,7 @@ Pure core: numpy, pandas, scipy and the standard library only (no Beam).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, cast
@@ -47,6 +48,7 @@ __all__ = [
     "canonical_strings",
     "coverage",
     "frequency_table",
+    "mark_distinct",
     "match_targets",
     "suppressed_rows",
     "unique_rows",
@@ -112,6 +114,41 @@ def suppressed_rows(published: pd.DataFrame, qis: Sequence[str]) -> BoolArray:
     return mask
 
 
+_DISTINCT: weakref.WeakValueDictionary[int, pd.DataFrame] = weakref.WeakValueDictionary()
+_DISTINCT_SHAPE: dict[int, tuple[tuple[str, ...], int]] = {}
+
+
+def mark_distinct(table: pd.DataFrame) -> pd.DataFrame:
+    """Record that ``table``, a frequency table (``WEIGHT``), holds each distinct row of its
+    other columns once, as its maker guarantees (``reports.run.load_release``): a
+    ``frequency_table`` of it over all those columns is then the table itself, not a
+    regrouping (a second of the 1M demo's audit went to regrouping such tables). Only
+    this object is marked, with its columns and length: a frame derived from it is not."""
+    if WEIGHT not in table.columns:
+        raise ValueError(f"mark_distinct needs a frequency table (a {WEIGHT!r} column)")
+    key = id(table)
+    if _DISTINCT.get(key) is not table:  # forgotten with the table
+        weakref.finalize(table, _DISTINCT_SHAPE.pop, key, None)
+    _DISTINCT[key] = table
+    _DISTINCT_SHAPE[key] = (tuple(map(str, table.columns)), len(table))
+    return table
+
+
+def _marked(frame: pd.DataFrame, cols: Sequence[str]) -> bool:
+    """``frame`` is a table ``mark_distinct`` recorded, unchanged in shape, and ``cols``
+    are all its columns but ``WEIGHT``."""
+    if _DISTINCT.get(id(frame)) is not frame:
+        return False
+    names, rows = _DISTINCT_SHAPE.get(id(frame), ((), -1))
+    labels = [c for c in names if c != WEIGHT]
+    return (
+        names == tuple(map(str, frame.columns))
+        and rows == len(frame)
+        and len(cols) == len(labels)
+        and set(cols) == set(labels)
+    )
+
+
 def frequency_table(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """The distinct rows of ``frame[columns]`` with their multiplicity in column ``WEIGHT``.
 
@@ -119,9 +156,12 @@ def frequency_table(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame
     frequency table (``match_targets(..., weight=WEIGHT)``) gives the same view as
     matching the rows. Values are kept as they are (no canonicalisation: two spellings of
     one value stay two rows, which matching merges as it does for rows); missing cells
-    form their own group.
+    form their own group. A table marked distinct (``mark_distinct``) asked for all its
+    columns is returned as it is, in its order (which is what grouping it would give).
     """
     cols = list(columns)
+    if WEIGHT in frame.columns and _marked(frame, cols):
+        return frame if list(frame.columns) == [*cols, WEIGHT] else frame[[*cols, WEIGHT]]
     if WEIGHT in frame.columns:  # already one: merge equal rows, adding their weights
         grouped = frame.groupby(cols, sort=False, dropna=False, observed=True)[WEIGHT].sum()
         return grouped.reset_index()

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.attacks.matching import WEIGHT
+from privpipe.attacks.matching import WEIGHT, mark_distinct
 from privpipe.dp.noise import planned_guarantee
 from privpipe.formulas import unescape, unescape_column
 
@@ -123,25 +123,65 @@ def _strings(table: pd.DataFrame) -> pd.DataFrame:
     """A frequency table's label columns as plain strings (missing -> ``""``, as a CSV
     reads them), ``WEIGHT`` as int64, rows sorted by their labels: the same table in the
     same order whether the pipeline staged it or the file was counted (a rebuilt report
-    adds its figures up in the same order as the run's)."""
-    out = {c: pd.Series(_plain(table[c]), dtype=object) for c in table.columns if c != WEIGHT}
-    frame = pd.DataFrame({**out, WEIGHT: table[WEIGHT].to_numpy(dtype=np.int64)})
-    if not out or not len(frame):
-        return frame
-    return frame.sort_values(list(out), kind="stable", ignore_index=True)
+    adds its figures up in the same order as the run's).
+
+    ``table`` holds each distinct row once (the staged counts, or ``count_rows``'); so does
+    the result, marked so (``attacks.matching.mark_distinct``): rows that become equal
+    when missing turns into ``""`` beside a real ``""`` are merged, adding their weights."""
+    labels = [c for c in table.columns if c != WEIGHT]
+    coded = {c: _Plain.of(table[c]) for c in labels}
+    frame = pd.DataFrame(
+        {**{c: pd.Series(p.strings(), dtype=object) for c, p in coded.items()},
+         WEIGHT: table[WEIGHT].to_numpy(dtype=np.int64)}
+    )  # fmt: skip
+    if not labels or not len(frame):
+        return mark_distinct(frame) if labels else frame
+    if any(p.merges() for p in coded.values()):
+        merged = frame.groupby(labels, sort=False)[WEIGHT].sum().reset_index()
+        frame = merged.astype({c: object for c in labels})  # grouping infers ``str``
+        coded = {c: _Plain.of(frame[c]) for c in labels}
+    ranks = [coded[c].ranks() for c in reversed(labels)]  # lexsort: last key first
+    order = np.lexsort(ranks)  # stable: as sort_values(kind="stable") on the strings
+    return mark_distinct(frame.iloc[order].reset_index(drop=True))
+
+
+@dataclass(frozen=True)
+class _Plain:
+    """A column as codes into its distinct values' plain strings (missing -> ``""``, the
+    table's last entry): strings and sort ranks built per distinct value, then by code,
+    instead of per row (pandas' Arrow strings convert to objects slowly)."""
+
+    codes: npt.NDArray[np.intp]
+    table: npt.NDArray[np.object_]
+    missing: bool
+
+    @staticmethod
+    def of(column: pd.Series) -> _Plain:
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            codes, values = column.cat.codes.to_numpy(), column.cat.categories
+        else:
+            codes, values = pd.factorize(column, use_na_sentinel=True)
+        table = np.array([*(str(v) for v in values), ""], dtype=object)
+        codes = np.asarray(codes, dtype=np.intp)
+        return _Plain(codes, table, bool((codes < 0).any()))
+
+    def strings(self) -> npt.NDArray[np.object_]:
+        return np.asarray(self.table[self.codes], dtype=object)  # -1: the last, ""
+
+    def ranks(self) -> npt.NDArray[np.int64]:
+        """Each row's rank among the plain strings (equal strings tie): sorting by ranks
+        orders rows as sorting the strings does."""
+        _, rank = np.unique(self.table, return_inverse=True)
+        return np.asarray(rank, dtype=np.int64)[self.codes]
+
+    def merges(self) -> bool:
+        """Whether a missing cell and a real ``""`` become the same string."""
+        return self.missing and bool((self.table[:-1] == "").any())
 
 
 def _plain(column: pd.Series) -> npt.NDArray[np.object_]:
-    """A column's values as ``str`` objects, missing as ``""``: a categorical column (the
-    pipeline's staged tables) per category, then by code, and a string column in one
-    conversion, instead of three per row."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        table = np.array([*(str(v) for v in column.cat.categories), ""], dtype=object)
-        return np.asarray(table[column.cat.codes.to_numpy()], dtype=object)  # -1: missing
-    if isinstance(column.dtype, pd.StringDtype):  # strings already: one conversion
-        return np.asarray(column.to_numpy(dtype=object, na_value=""), dtype=object)
-    plain = column.astype(object).where(column.notna(), "").astype(str)
-    return plain.to_numpy(dtype=object)
+    """A column's values as ``str`` objects, missing as ``""`` (per distinct value)."""
+    return _Plain.of(column).strings()
 
 
 def count_rows(path: Path, rows: int = CHUNK_ROWS) -> pd.DataFrame:

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privpipe.anonymity.hierarchy import Hierarchy
 from privpipe.attacks.common import public_prior
@@ -280,3 +282,67 @@ def test_a_parquet_tables_head_spans_its_row_groups(tmp_path: Path) -> None:
     head = head_rows(release, 175)
     assert len(head) == 175
     assert head.astype(str).equals(rows.head(175).astype(str))
+
+
+_CELL = st.one_of(st.none(), st.sampled_from(["", "a", "b", "B", "ä", "10", "9", "*"]))
+
+
+def _reference_strings(table: pd.DataFrame) -> pd.DataFrame:
+    """What ``reports.run._strings`` must give, the slow way: every cell as a Python
+    string (missing -> ""), equal rows merged, rows sorted by their strings (stable)."""
+    labels = [c for c in table.columns if c != WEIGHT]
+    rows: dict[tuple[str, ...], int] = {}
+    for i in range(len(table)):
+        key = tuple("" if pd.isna(table[c].iloc[i]) else str(table[c].iloc[i]) for c in labels)
+        rows[key] = rows.get(key, 0) + int(table[WEIGHT].iloc[i])
+    ordered = sorted(rows.items(), key=lambda kv: kv[0])
+    return pd.DataFrame(
+        {**{c: pd.Series([k[j] for k, _ in ordered], dtype=object) for j, c in enumerate(labels)},
+         WEIGHT: np.asarray([w for _, w in ordered], dtype=np.int64)}
+    )  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    cells=st.lists(st.tuples(_CELL, _CELL), min_size=1, max_size=30, unique=True),
+    kind=st.sampled_from(["category", "str", "object"]),
+)
+def test_a_loaded_tables_strings_are_plain_merged_and_sorted(
+    cells: list[tuple[str | None, str | None]], kind: str
+) -> None:
+    """A staged table (distinct rows, categorical, Arrow or object strings, with missing
+    cells and real ``""``) loads as the slow reference does: plain strings, rows equal
+    once missing is ``""`` merged, sorted by their strings; and it is marked distinct
+    (a ``frequency_table`` of it over all its columns is the table itself)."""
+    from privpipe.reports.run import _strings
+
+    table = pd.DataFrame(
+        {
+            "a": pd.Series([a for a, _ in cells], dtype=kind),
+            "b": pd.Series([b for _, b in cells], dtype=kind),
+            WEIGHT: np.arange(1, len(cells) + 1, dtype=np.int64),
+        }
+    )
+    got = _strings(table)
+    pd.testing.assert_frame_equal(got, _reference_strings(table))
+    assert frequency_table(got, ["b", "a"]) is not got  # another column order: a view
+    assert frequency_table(got, ["a", "b"]) is got  # all its columns: the table itself
+    assert not got.duplicated(["a", "b"]).any()
+
+
+def test_only_the_marked_table_itself_is_taken_as_distinct() -> None:
+    """A frame derived from a marked table (rows added, a column dropped, the same
+    columns under a new object) is grouped again: its rows may repeat."""
+    from privpipe.attacks.matching import mark_distinct
+
+    table = mark_distinct(
+        pd.DataFrame({"a": ["x", "y"], "b": ["1", "1"], WEIGHT: np.array([2, 3], np.int64)})
+    )
+    assert frequency_table(table, ["a", "b"]) is table
+    doubled = pd.concat([table, table], ignore_index=True)
+    assert frequency_table(doubled, ["a", "b"])[WEIGHT].tolist() == [4, 6]
+    assert frequency_table(table, ["b"])[WEIGHT].tolist() == [5]
+    table.loc[len(table)] = ["x", "1", 1]  # grown in place: no longer as it was marked
+    assert frequency_table(table, ["a", "b"])[WEIGHT].tolist() == [3, 3]
+    with pytest.raises(ValueError, match="frequency table"):
+        mark_distinct(pd.DataFrame({"a": ["x"]}))
