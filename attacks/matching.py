@@ -137,7 +137,7 @@ def mark_distinct(table: pd.DataFrame) -> pd.DataFrame:
 def _marked(frame: pd.DataFrame, cols: Sequence[str]) -> bool:
     """``frame`` is a table ``mark_distinct`` recorded, unchanged in shape, and ``cols``
     are all its columns but ``WEIGHT``."""
-    if _DISTINCT.get(id(frame)) is not frame:
+    if _DISTINCT.get(id(frame)) is None:  # a live entry under its id is the frame itself
         return False
     names, rows = _DISTINCT_SHAPE.get(id(frame), ((), -1))
     labels = [c for c in names if c != WEIGHT]

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privpipe.attacks import AttackerKnowledge
 from privpipe.attacks.common import (
@@ -283,3 +285,39 @@ def test_audit_has_the_common_attacker_for_every_release_and_the_baseline(
         rebuilt["releases"]["dp"]["summary"]["attribute_accuracy"]
         == (audit["releases"]["dp"]["summary"]["attribute_accuracy"])
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(alphabet="ab\u00e4Z9 ", max_size=3), max_size=40))
+def test_sorted_distinct_is_numpys_unique(values: list[str]) -> None:
+    """The sensitive domain by hashing then sorting only the distinct values is
+    ``np.unique`` of the strings (same values, same order)."""
+    from privpipe.attacks.common import _sorted_distinct
+
+    array = np.asarray(values, dtype=object)
+    got = _sorted_distinct(array)
+    assert got.dtype == object
+    assert got.tolist() == np.unique(array.astype(str)).tolist()
+
+
+def test_a_table_is_hashed_once_for_its_matches_and_again_when_it_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``matched_view``'s key hashes a frame once per frame object; a frame that gained
+    rows in place is hashed again (its match is not taken from the remembered one)."""
+    from privpipe.attacks import common
+
+    calls: list[int] = []
+    real = pd.util.hash_pandas_object
+
+    def counted(frame: Any, **kw: Any) -> Any:
+        calls.append(len(frame))
+        return real(frame, **kw)
+
+    monkeypatch.setattr(pd.util, "hash_pandas_object", counted)
+    table = pd.DataFrame({"zip": ["1*", "1*", "2*"], "dx": ["flu", "gout", "flu"]})
+    first = common._fingerprint(table)
+    assert common._fingerprint(table) == first and calls == [3]
+    assert common._fingerprint(table.copy()) == first and calls == [3, 3]  # equal content
+    table.loc[3] = ["2*", "gout"]
+    assert common._fingerprint(table) != first and calls == [3, 3, 4]
