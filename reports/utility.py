@@ -777,8 +777,11 @@ def own_utility(
         labels = canonical_frame(part, keys) if keys else pd.DataFrame({"__all": [""] * len(part)})
         index = pd.MultiIndex.from_frame(labels)
         est_parts.append(_numbers(part[column]))
-        mapped = pd.DataFrame(
-            {k: _at_level(raw[k], hierarchies.get(k), levels.get(k, 0)) for k in keys}
+        mapped = pd.DataFrame(  # object labels, not converted to Arrow strings per row
+            {
+                k: pd.Series(_at_level(raw[k], hierarchies.get(k), levels.get(k, 0)), dtype=object)
+                for k in keys
+            }
             if keys
             else {"__all": [""] * len(raw)}
         )

@@ -141,7 +141,11 @@ def canonical_frame(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise KeyError(f"columns {missing} are not in the data (have {list(df.columns)})")
-    return pd.DataFrame({c: canonical_column(df[c]) for c in columns}, index=None)
+    # object columns: pandas would convert each to Arrow strings (seconds at 10M rows), and
+    # every reader turns them back into Python strings
+    return pd.DataFrame(
+        {c: pd.Series(canonical_column(df[c]), dtype=object) for c in columns}, index=None
+    )
 
 
 @dataclass(frozen=True)
