@@ -34,6 +34,7 @@ view, not a release. Pure core: numpy, pandas, scipy and the standard library (n
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import weakref
@@ -45,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.anonymity.hierarchy import Hierarchy, canonical_column
+from privpipe.anonymity.hierarchy import Hierarchy, canonical_column, canonical_factorize
 from privpipe.attacks.knowledge import AttackerKnowledge
 from privpipe.attacks.matching import WEIGHT, TargetView, match_targets, unique_rows
 from privpipe.attacks.stats import wilson_interval
@@ -160,6 +161,84 @@ class PriorModel:
         return np.zeros(len(records), dtype=np.float64)
 
 
+def _canonical_codes(values: Any) -> tuple[IntArray, ObjArray]:
+    """Codes of a column's canonical strings into their distinct values (missing is ``""``,
+    as ``canonical_column`` makes it, one value with a real ``""``)."""
+    codes, uniques = canonical_factorize(values)
+    table = np.append(uniques, "").astype(object)
+    merged, distinct = pd.factorize(table)  # a real "" and missing: one value
+    return np.asarray(merged, np.int64)[codes], np.asarray(distinct, dtype=object)
+
+
+@dataclass(frozen=True)
+class _RawSide:
+    """The raw table as codes: each row's tuple of known QIs (``row_tuple``, dense ids in
+    the tuples' lexicographic code order, ``tuples`` their code rows) and sensitive value
+    (``sa``, the position among ``labels``, its sorted canonical strings)."""
+
+    known: tuple[str, ...]
+    values: tuple[pd.Index, ...]  # per known QI, its distinct canonical strings by code
+    tuples: IntArray
+    row_tuple: IntArray
+    sa: IntArray
+    labels: ObjArray
+    weights: FloatArray | None
+
+    @property
+    def n_tuples(self) -> int:
+        return int(self.tuples.shape[0])
+
+    @staticmethod
+    def of(raw: pd.DataFrame, known: Sequence[str], sa: str) -> _RawSide:
+        n = len(raw)
+        coded = [_canonical_codes(raw[c]) for c in known]
+        if coded:
+            matrix = np.stack([codes for codes, _ in coded], axis=1)
+            tuples, row_tuple = unique_rows(matrix)
+            row_tuple = np.asarray(row_tuple, dtype=np.int64).reshape(-1)
+        else:  # nothing known: one tuple, every row
+            tuples, row_tuple = np.zeros((1 if n else 0, 0), np.int64), np.zeros(n, np.int64)
+        sa_codes, sa_values = _canonical_codes(raw[sa])
+        present = np.zeros(sa_values.shape[0], dtype=bool)
+        present[sa_codes] = True
+        labels = _sorted_distinct(sa_values[present])
+        position = _codes(sa_values, labels)
+        weights = raw[WEIGHT].to_numpy(dtype=np.float64) if WEIGHT in raw.columns else None
+        return _RawSide(
+            tuple(known),
+            tuple(pd.Index(v, dtype=object) for _, v in coded),
+            np.asarray(tuples, dtype=np.int64),
+            row_tuple,
+            position[sa_codes],
+            labels,
+            weights,
+        )
+
+    def tuple_ids(self, records: pd.DataFrame) -> IntArray:
+        """Each record's raw tuple (of its known QIs' canonical strings), -1 when no raw
+        row has it."""
+        n = len(records)
+        if not self.values:
+            return np.zeros(n, np.int64) if self.n_tuples else np.full(n, -1, np.int64)
+        codes = np.stack(
+            [v.get_indexer(canonical_column(records[c]))
+             for v, c in zip(self.values, self.known, strict=True)],
+            axis=1,
+        )  # fmt: skip
+        found = np.full(n, -1, dtype=np.int64)
+        whole = (codes >= 0).all(axis=1)
+        if self.n_tuples and whole.any():
+            both = np.concatenate([self.tuples, codes[whole]])
+            _, ids = unique_rows(both)
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            # the raw tuples are distinct and sorted: their ids are 0..n_tuples-1 in order
+            # unless a record's tuple falls between them, so look the ids up, not assume
+            first = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+            first[ids[: self.n_tuples]] = np.arange(self.n_tuples)
+            found[whole] = first[ids[self.n_tuples :]]
+        return found
+
+
 @dataclass(frozen=True)
 class RawRowsModel:
     """The raw table (no protection): the rows with the record's exact known QIs.
@@ -186,24 +265,28 @@ class RawRowsModel:
         return table.copy(), labels  # a copy: a caller may rule values out in place
 
     def _count(self, records: pd.DataFrame) -> tuple[FloatArray, ObjArray]:
-        r_ids, t_ids, n_ids = _tuple_ids(self.raw, records, self.known)
+        side = self._raw_side
+        t_ids = side.tuple_ids(records)  # -1: a tuple no raw row has
         targets, local = np.unique(t_ids, return_inverse=True)
-        slot = np.full(n_ids, -1, dtype=np.int64)
+        slot = np.full(side.n_tuples + 1, -1, dtype=np.int64)  # the last: absent tuples
         slot[targets] = np.arange(targets.shape[0])
-        values = canonical_column(self.raw[self.sa])
-        labels = _sorted_distinct(values)
-        sa = _codes(values, labels)
-        row_slot = slot[r_ids]
+        row_slot = slot[side.row_tuple]
         keep = row_slot >= 0
-        m = labels.shape[0]
-        weights = None  # a frequency table (attacks.matching.frequency_table): its counts
-        if WEIGHT in self.raw.columns:
-            weights = self.raw[WEIGHT].to_numpy(dtype=np.float64)[keep]
+        m = side.labels.shape[0]
         flat = np.bincount(
-            row_slot[keep] * m + sa[keep], weights=weights, minlength=targets.shape[0] * m
+            row_slot[keep] * m + side.sa[keep],
+            weights=None if side.weights is None else side.weights[keep],
+            minlength=targets.shape[0] * m,
         ).astype(np.float64)
         table = flat.reshape(targets.shape[0], m)
-        return table[np.asarray(local, np.int64).reshape(-1)], labels.astype(object)
+        table[targets < 0] = 0.0  # no raw row has their tuple
+        return table[np.asarray(local, np.int64).reshape(-1)], side.labels.astype(object)
+
+    @functools.cached_property
+    def _raw_side(self) -> _RawSide:
+        """The raw table coded once (its tuples of known QIs, its sensitive values), for
+        every batch of records matched against it (members, controls)."""
+        return _RawSide.of(self.raw, self.known, self.sa)
 
     def weights(
         self, records: pd.DataFrame, domain: ObjArray, prior: FloatArray, *, members: bool

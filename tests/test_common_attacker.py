@@ -321,3 +321,69 @@ def test_a_table_is_hashed_once_for_its_matches_and_again_when_it_changed(
     assert common._fingerprint(table.copy()) == first and calls == [3, 3]  # equal content
     table.loc[3] = ["2*", "gout"]
     assert common._fingerprint(table) != first and calls == [3, 3, 4]
+
+
+def _raw_counts_by_rows(
+    raw: pd.DataFrame, records: pd.DataFrame, known: tuple[str, ...], sa: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The raw rows' sensitive counts per record, the slow way: every raw row and record
+    coded together, as RawRowsModel counted before it coded the raw table once."""
+    from privpipe.anonymity.hierarchy import canonical_column
+    from privpipe.attacks.common import _tuple_ids
+    from privpipe.attacks.matching import WEIGHT
+
+    r_ids, t_ids, _ = _tuple_ids(raw, records, known)
+    values = canonical_column(raw[sa])
+    labels = np.unique(values.astype(str)).astype(object)
+    sa_codes = pd.Index(labels).get_indexer(values)
+    table = np.zeros((len(records), labels.shape[0]))
+    weights = raw[WEIGHT].to_numpy(np.float64) if WEIGHT in raw.columns else np.ones(len(raw))
+    for i, t in enumerate(t_ids):
+        rows = r_ids == t
+        table[i] = np.bincount(sa_codes[rows], weights=weights[rows], minlength=len(labels))
+    return table, labels
+
+
+_VALUE = st.one_of(st.none(), st.sampled_from(["", "1", "1.0", "2", "x", "y"]), st.just(1))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    raw=st.lists(st.tuples(_VALUE, _VALUE, _VALUE, st.integers(1, 4)), max_size=30),
+    records=st.lists(st.tuples(_VALUE, _VALUE, _VALUE), min_size=1, max_size=12),
+    known=st.sampled_from([("q1",), ("q1", "q2"), ()]),
+    weighted=st.booleans(),
+)
+def test_raw_rows_counts_are_those_of_every_raw_row(
+    raw: list[tuple[Any, Any, Any, int]],
+    records: list[tuple[Any, Any, Any]],
+    known: tuple[str, ...],
+    weighted: bool,
+) -> None:
+    """RawRowsModel codes the raw table once for every batch of records; its counts are
+    the sensitive values of the raw rows with each record's known QIs (canonical strings:
+    1 and "1.0" and "1" are one value, missing and "" another), members and controls
+    alike."""
+    from privpipe.attacks.matching import WEIGHT
+
+    frame = pd.DataFrame(
+        {
+            "q1": pd.Series([r[0] for r in raw], dtype=object),
+            "q2": pd.Series([r[1] for r in raw], dtype=object),
+            "s": pd.Series([r[2] for r in raw], dtype=object),
+        }
+    )
+    if weighted:
+        frame[WEIGHT] = np.asarray([r[3] for r in raw], dtype=np.int64)
+    targets = pd.DataFrame(
+        {
+            c: pd.Series([r[j] for r in records], dtype=object)
+            for j, c in enumerate(["q1", "q2", "s"])
+        }
+    )
+    model = RawRowsModel(frame, known, "s")
+    for batch in (targets, targets.iloc[::-1]):  # a second batch: the raw side kept
+        got, labels = model.weights(batch, np.empty(0, object), np.empty(0), members=True)
+        want, want_labels = _raw_counts_by_rows(frame, batch, known, "s")
+        assert labels.tolist() == want_labels.tolist()
+        np.testing.assert_array_equal(got, want)
