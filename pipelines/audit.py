@@ -611,11 +611,18 @@ def typed(table: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     types = plan.column_types()
     out = {}
     for c in table.columns:
-        if c != WEIGHT and types.get(c) == "integer":
-            out[c] = pd.to_numeric(table[c]).astype("Int64")
-        elif c != WEIGHT and types.get(c) == "float":
-            out[c] = pd.to_numeric(table[c]).astype("float64")
+        kind = {"integer": "Int64", "float": "float64"}.get(str(types.get(c)))
+        if c != WEIGHT and kind is not None:
+            out[c] = _parsed(table[c], kind)
     return table.assign(**out) if out else table
+
+
+def _parsed(column: pd.Series, dtype: str) -> pd.Series:
+    """``pd.to_numeric(column).astype(dtype)``, parsed once per distinct string."""
+    codes, uniques = pd.factorize(column, use_na_sentinel=True)
+    numbers = pd.to_numeric(pd.Series(uniques)).astype(dtype)
+    taken = numbers.array.take(codes, allow_fill=True)  # -1: missing
+    return pd.Series(taken, index=column.index, name=column.name, dtype=dtype)
 
 
 def _negative_zeros(table: pd.DataFrame) -> bool:

@@ -399,3 +399,25 @@ def test_the_staged_truth_is_taken_as_its_own_frequency_table_only_when_it_is_on
     assert int(got[WEIGHT].sum()) == len(frame) and len(got) == len(regrouped)
     if not (frame["score"].eq(0) & np.signbit(frame["score"])).any():
         assert marked  # no negative zero: the staged strings parse to distinct rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ints=st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), max_size=20),
+    floats=st.lists(st.one_of(st.none(), st.floats(allow_nan=False)), max_size=20),
+)
+def test_staged_numbers_parse_back_once_per_distinct_string_to_the_same_values(
+    ints: list[int | None], floats: list[float | None]
+) -> None:
+    """``typed`` parses each distinct string of a staged column once: the values are the
+    ones each string names (integers exactly, even beside missing cells; floats to the
+    bit, -0.0 included), missing stays missing."""
+    from privpipe.pipelines.audit import _parsed
+
+    got = _parsed(pd.Series([None if v is None else str(v) for v in ints], dtype="str"), "Int64")
+    assert got.dtype == "Int64" and [None if v is pd.NA else int(v) for v in got] == ints
+    text = pd.Series([None if v is None else repr(v) for v in floats], dtype="str")
+    parsed = _parsed(text, "float64").to_numpy()
+    want = np.asarray([np.nan if v is None else v for v in floats], dtype=np.float64)
+    assert parsed.tobytes() == want.tobytes() or np.array_equal(parsed, want, equal_nan=True)
+    assert np.array_equal(np.signbit(parsed), np.signbit(want))
