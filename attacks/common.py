@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeAlias, cast
@@ -47,6 +46,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from privpipe.anonymity.hierarchy import Hierarchy, canonical_column, canonical_factorize
+from privpipe.attacks.frames import FrameMemo
 from privpipe.attacks.knowledge import AttackerKnowledge
 from privpipe.attacks.matching import WEIGHT, TargetView, match_targets, unique_rows
 from privpipe.attacks.stats import wilson_interval
@@ -311,30 +311,22 @@ _VIEWS: dict[bytes, TargetView] = {}
 _VIEWS_KEPT: Final = 16
 
 
-_PRINTED: weakref.WeakValueDictionary[int, pd.DataFrame] = weakref.WeakValueDictionary()
-_PRINTS: dict[int, tuple[tuple[tuple[str, ...], int], bytes]] = {}
+_PRINTS: FrameMemo[bytes] = FrameMemo()
 
 
 def _fingerprint(frame: pd.DataFrame) -> bytes:
     """A content hash of a frame (values and column names, not its index), hashed once per
-    frame object: the attacks match the same published table many times (every target
-    set, members and controls), and hashing a 10M run's tables took ~4.6 s of its audit.
-    Frames are not changed in place here; a frame whose columns or length changed is
-    hashed again."""
-    shape = (tuple(map(str, frame.columns)), len(frame))
-    key = id(frame)
-    if _PRINTED.get(key) is frame:
-        kept = _PRINTS.get(key)
-        if kept is not None and kept[0] == shape:
-            return kept[1]
-    else:
-        weakref.finalize(frame, _PRINTS.pop, key, None)
+    frame object (``attacks.frames.FrameMemo``): the attacks match the same published
+    table many times (every target set, members and controls), and hashing a 10M run's
+    tables took ~4.6 s of its audit."""
+    kept = _PRINTS.get(frame)
+    if kept is not None:
+        return kept
     digest = hashlib.blake2b(digest_size=16)
     digest.update(repr(list(frame.columns)).encode())
     digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
-    _PRINTED[key] = frame
-    _PRINTS[key] = (shape, digest.digest())
-    return _PRINTS[key][1]
+    _PRINTS.put(frame, digest.digest())
+    return digest.digest()
 
 
 def _hierarchy_key(name: str, hierarchy: Hierarchy) -> bytes:

@@ -29,7 +29,6 @@ Pure core: numpy, pandas, scipy and the standard library only (no Beam).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, cast
@@ -40,6 +39,7 @@ import pandas as pd
 
 from privpipe.anonymity.hierarchy import Hierarchy, canonical_factorize
 from privpipe.anonymity.summary import group_rows
+from privpipe.attacks.frames import FrameMemo
 
 __all__ = [
     "SUPPRESSED",
@@ -114,8 +114,7 @@ def suppressed_rows(published: pd.DataFrame, qis: Sequence[str]) -> BoolArray:
     return mask
 
 
-_DISTINCT: weakref.WeakValueDictionary[int, pd.DataFrame] = weakref.WeakValueDictionary()
-_DISTINCT_SHAPE: dict[int, tuple[tuple[str, ...], int]] = {}
+_DISTINCT: FrameMemo[bool] = FrameMemo()
 
 
 def mark_distinct(table: pd.DataFrame) -> pd.DataFrame:
@@ -126,27 +125,15 @@ def mark_distinct(table: pd.DataFrame) -> pd.DataFrame:
     this object is marked, with its columns and length: a frame derived from it is not."""
     if WEIGHT not in table.columns:
         raise ValueError(f"mark_distinct needs a frequency table (a {WEIGHT!r} column)")
-    key = id(table)
-    if _DISTINCT.get(key) is not table:  # forgotten with the table
-        weakref.finalize(table, _DISTINCT_SHAPE.pop, key, None)
-    _DISTINCT[key] = table
-    _DISTINCT_SHAPE[key] = (tuple(map(str, table.columns)), len(table))
+    _DISTINCT.put(table, True)
     return table
 
 
 def _marked(frame: pd.DataFrame, cols: Sequence[str]) -> bool:
     """``frame`` is a table ``mark_distinct`` recorded, unchanged in shape, and ``cols``
     are all its columns but ``WEIGHT``."""
-    if _DISTINCT.get(id(frame)) is None:  # a live entry under its id is the frame itself
-        return False
-    names, rows = _DISTINCT_SHAPE.get(id(frame), ((), -1))
-    labels = [c for c in names if c != WEIGHT]
-    return (
-        names == tuple(map(str, frame.columns))
-        and rows == len(frame)
-        and len(cols) == len(labels)
-        and set(cols) == set(labels)
-    )
+    labels = [str(c) for c in frame.columns if c != WEIGHT]
+    return bool(_DISTINCT.get(frame)) and len(cols) == len(labels) and set(cols) == set(labels)
 
 
 def frequency_table(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
