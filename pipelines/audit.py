@@ -625,16 +625,6 @@ def _parsed(column: pd.Series, dtype: str) -> pd.Series:
     return pd.Series(taken, index=column.index, name=column.name, dtype=dtype)
 
 
-def _negative_zeros(table: pd.DataFrame) -> bool:
-    """Whether a float column holds ``-0.0`` (equal to ``0.0`` as a number, not as text)."""
-    for c in table.columns:
-        if table[c].dtype.kind == "f":
-            values = table[c].to_numpy()
-            if bool((np.signbit(values) & (values == 0)).any()):
-                return True
-    return False
-
-
 def load_truth(plan: Plan, work: Path, name: str = RAW_TABLE) -> tuple[pd.DataFrame, pd.DataFrame]:
     """What the pipeline staged for the audit (transforms.audit_truth): the accepted rows'
     frequency table (audit columns and ``WEIGHT``) and the target records (the sampled
@@ -642,11 +632,9 @@ def load_truth(plan: Plan, work: Path, name: str = RAW_TABLE) -> tuple[pd.DataFr
     targets frame's ``attrs["records"]`` holds how many rows the input had."""
     from privpipe.transforms.audit_truth import RECORDS
 
-    table = typed(pd.read_parquet(work / f"{name}_counts.parquet"), plan)
-    if not _negative_zeros(table):  # else "-0.0" and "0.0" are one value once typed
-        # distinct rows (a FrequencyTable's, over the strings the read's types print, which
-        # parse back to distinct values): a frequency table of all its columns is itself
-        mark_distinct(table)
+    # distinct rows (a FrequencyTable's, over the strings the read's types print, which
+    # parse back to distinct values): a frequency table of all its columns is itself
+    table = mark_distinct(typed(pd.read_parquet(work / f"{name}_counts.parquet"), plan))
     path = work / f"{name}.parquet"
     if path.exists():
         sample = pd.read_parquet(path)

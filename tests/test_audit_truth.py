@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from privpipe.anonymity.hierarchy import Hierarchy
@@ -355,6 +355,7 @@ class _Typed:
         return {"age": "integer", "score": "float"}
 
 
+@example(rows=[(None, -0.0, None), (None, 0.0, None)])  # two batches, one value
 @settings(max_examples=60, deadline=None)
 @given(
     rows=st.lists(
@@ -372,8 +373,8 @@ def test_the_staged_truth_is_taken_as_its_own_frequency_table_only_when_it_is_on
 ) -> None:
     """``load_truth`` reads the staged FrequencyTable of the rows (as the reader types
     them) back in their types; it is marked distinct (a frequency table of all its
-    columns is the table itself) only when it is: ``-0.0`` and ``0.0`` are two strings
-    but one number, and then it is grouped as before."""
+    columns is the table itself) and is: ``-0.0`` and ``0.0``, two strings but one number,
+    are one value in the staged table however the batches fell."""
     from privpipe.pipelines.audit import RAW_TABLE, load_truth
     from privpipe.transforms.anonymize import FrequencyTable
 

@@ -58,6 +58,32 @@ def test_frequency_table_matches_pandas(
         pd.testing.assert_series_equal(_value_counts(out[c], out[COUNT]), want)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    values=st.lists(st.sampled_from([0.0, -0.0, 1.5, np.nan]), min_size=1, max_size=12),
+    step=st.integers(1, 12),
+)
+def test_a_float_column_is_counted_the_same_whatever_the_batches(
+    values: list[float], step: int
+) -> None:
+    """-0.0 and 0.0 are one value, in one batch (as pandas factorises) and across batches
+    (they used to be two rows, "-0.0" and "0.0", when they arrived in different batches)."""
+    frame = pd.DataFrame({"x": np.asarray(values, dtype=np.float64)})
+    fn = FrequencyTable(["x"])
+    whole = fn.extract_output(fn.add_input(fn.create_accumulator(), frame))
+    acc = fn.create_accumulator()
+    for i in range(0, len(frame), step):
+        acc = fn.add_input(acc, frame.iloc[i : i + step])
+    parts = fn.extract_output(acc)
+
+    def counts(t: pd.DataFrame) -> list[tuple[str, int]]:
+        labels = t["x"].astype(object).where(t["x"].notna(), "<NA>").astype(str)
+        return sorted(zip(labels, t[COUNT].astype(int), strict=True))
+
+    assert counts(parts) == counts(whole)
+    assert "-0.0" not in set(parts["x"].dropna())
+
+
 def test_empty_input_gives_empty_table() -> None:
     fn = FrequencyTable(["a"])
     out = fn.extract_output(fn.create_accumulator())

@@ -185,7 +185,8 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
     """Batches → one DataFrame of the distinct value combinations of `columns` (as strings)
     and their counts, bounded by the distinct combinations, not by rows.
 
-    Values are compared as strings (``astype("str")``; missing stays missing). While
+    Values are compared as strings (``astype("str")``; missing stays missing; a float
+    ``-0.0`` is ``0.0``, as in the canonical strings hierarchies match). While
     partial tables are combined, a row is a tuple of int32 codes into per-column
     dictionaries of values (about 4 bytes per column and 8 for the count per distinct
     row); equal rows are found exactly with mixed-radix int64 keys, never hashes. With
@@ -223,8 +224,10 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
                 hash_codes, hashes = pd.factorize(unit_hashes(batch[col], col))
                 codes[:, j] = acc.encode(j, pd.Index(hashes, dtype=np.int64))[hash_codes]
                 continue
-            # distinct raw values first, then their strings (equal strings share a code)
-            raw_codes, raw_uniques = pd.factorize(batch[col], use_na_sentinel=False)
+            # distinct raw values first, then their strings (equal strings share a code);
+            # -0.0 is 0.0 (factorize merges them within a batch; so must every batch)
+            values = batch[col] + 0.0 if batch[col].dtype.kind == "f" else batch[col]
+            raw_codes, raw_uniques = pd.factorize(values, use_na_sentinel=False)
             strings = pd.Series(raw_uniques).astype("str").to_numpy(dtype=object)
             str_codes, str_uniques = pd.factorize(strings, use_na_sentinel=False)
             global_codes = acc.encode(j, pd.Index(str_uniques, dtype=object))
