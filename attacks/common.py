@@ -268,7 +268,8 @@ class RawRowsModel:
         side = self._raw_side
         t_ids = side.tuple_ids(records)  # -1: a tuple no raw row has
         targets, local = np.unique(t_ids, return_inverse=True)
-        slot = np.full(side.n_tuples + 1, -1, dtype=np.int64)  # the last: absent tuples
+        # the last slot stands for -1 (a tuple no raw row has): no row counts into it
+        slot = np.full(side.n_tuples + 1, -1, dtype=np.int64)
         slot[targets] = np.arange(targets.shape[0])
         row_slot = slot[side.row_tuple]
         keep = row_slot >= 0
@@ -279,7 +280,6 @@ class RawRowsModel:
             minlength=targets.shape[0] * m,
         ).astype(np.float64)
         table = flat.reshape(targets.shape[0], m)
-        table[targets < 0] = 0.0  # no raw row has their tuple
         return table[np.asarray(local, np.int64).reshape(-1)], side.labels.astype(object)
 
     @functools.cached_property

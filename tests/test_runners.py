@@ -208,15 +208,9 @@ def test_pipeline_options_make_each_view_once_and_share_values() -> None:
     )
 
 
-def test_direct_runner_makes_no_prism_download_folder(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DirectRunner runs on Beam's FnApiRunner directly: Beam's own DirectRunner would first
-    try to download the Prism runner, leaving an empty /tmp/beam-temp* folder per run."""
+def _made_tempdirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The folders ``tempfile.mkdtemp`` makes from now on (Beam's among them)."""
     import tempfile
-
-    import apache_beam as beam
-
-    from privpipe.pipelines.run import pipeline_options
-    from privpipe.pipelines.runner import runner_for
 
     made: list[str] = []
     real = tempfile.mkdtemp
@@ -227,6 +221,18 @@ def test_direct_runner_makes_no_prism_download_folder(monkeypatch: pytest.Monkey
         return folder
 
     monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    return made
+
+
+def test_direct_runner_makes_no_prism_download_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DirectRunner runs on Beam's FnApiRunner directly: Beam's own DirectRunner would first
+    try to download the Prism runner, leaving an empty /tmp/beam-temp* folder per run."""
+    import apache_beam as beam
+
+    from privpipe.pipelines.run import pipeline_options
+    from privpipe.pipelines.runner import runner_for
+
+    made = _made_tempdirs(monkeypatch)
     options = pipeline_options([], None)
     with beam.Pipeline(runner=runner_for(options), options=options) as p:
         _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x + 1)
@@ -241,24 +247,15 @@ def test_a_run_leaves_no_beam_pipeline_folder_in_tmp(
     """Beam makes ``/tmp/beam-pipeline-temp*`` when a pipeline is built and removes it only
     when it runs: a run refused while its graph is built (or before it runs) left one
     behind every time."""
-    import tempfile
-
     from privpipe.errors import ConfigError
     from privpipe.pipelines import run as run_module
     from privpipe.pipelines.cli import main
 
-    made: list[str] = []
-    real = tempfile.mkdtemp
-
-    def spy(*args: Any, **kwargs: Any) -> str:
-        folder = real(*args, **kwargs)
-        made.append(folder)
-        return folder
+    made = _made_tempdirs(monkeypatch)
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise ConfigError("releases[0]: refused for the test")
 
-    monkeypatch.setattr(tempfile, "mkdtemp", spy)
     if fails == "graph":
         monkeypatch.setattr(run_module, "build_graph", refuse)
     elif fails == "run":  # after the graph, before the pipeline runs
