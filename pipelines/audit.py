@@ -618,7 +618,10 @@ def typed(table: pd.DataFrame, plan: Plan) -> pd.DataFrame:
 
 
 def _parsed(column: pd.Series, dtype: str) -> pd.Series:
-    """``pd.to_numeric(column).astype(dtype)``, parsed once per distinct string."""
+    """``pd.to_numeric(column).astype(dtype)``, parsed once per distinct string. Not
+    ``attacks.publication.per_distinct``: its distinct values keep the missing one, and
+    ``to_numeric`` beside a missing value goes through float64 (integers above 2^53
+    change)."""
     codes, uniques = pd.factorize(column, use_na_sentinel=True)
     numbers = pd.to_numeric(pd.Series(uniques)).astype(dtype)
     taken = numbers.array.take(codes, allow_fill=True)  # -1: missing
