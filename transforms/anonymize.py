@@ -60,9 +60,10 @@ from privpipe.transforms.context import (  # noqa: F401 (re-exported: the compos
 )
 from privpipe.transforms.memory import release_free_memory
 from privpipe.transforms.order import after
+from privpipe.transforms.overlap import OverlappedCombineFn
 from privpipe.transforms.planning import Ticket, collect_ahead, plan_releases, plan_with_ahead
 from privpipe.transforms.sink import WriteTable, write_json_step
-from privpipe.transforms.timing import TimedCombineFn, TimedDoFn, stage_ms, timed
+from privpipe.transforms.timing import TimedDoFn, stage_ms, timed
 
 
 class _HashDictionary:
@@ -374,7 +375,7 @@ class Summarise(beam.PTransform):  # type: ignore[misc]
         self.hashed = hashed_columns(spec)
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
-        table = TimedCombineFn("summary", FrequencyTable(self.columns, True, self.hashed))
+        table = OverlappedCombineFn("summary", FrequencyTable(self.columns, True, self.hashed))
         return batches | "FrequencyTable" >> beam.CombineGlobally(table)
 
 
@@ -558,7 +559,7 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
         )
         path = str(Path(self.directory) / "release.json")
         classes = recoded | "CountClasses" >> beam.CombineGlobally(
-            TimedCombineFn(f"verify:{spec.name}", FrequencyTable(counted, True, hashed))
+            OverlappedCombineFn(f"verify:{spec.name}", FrequencyTable(counted, True, hashed))
         )
         if self.counts_dir is not None:  # the audit reads these counts, not the table
             from privpipe.transforms.audit_truth import StagePublishedCounts

@@ -33,8 +33,8 @@ import pandas as pd
 from privpipe.anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
 from privpipe.hashing import string_hashes
 from privpipe.transforms.memory import release_free_memory
+from privpipe.transforms.overlap import OverlappedCombineFn
 from privpipe.transforms.sink import write_json_step
-from privpipe.transforms.timing import TimedCombineFn
 
 
 def _hash(values: pd.Series) -> np.ndarray:
@@ -336,6 +336,6 @@ class ProfileMicrodata(beam.PTransform):  # type: ignore[misc]
         path = self.path
         return (
             batches
-            | "Profile" >> beam.CombineGlobally(TimedCombineFn("profile", self.fn))
+            | "Profile" >> beam.CombineGlobally(OverlappedCombineFn("profile", self.fn))
             | "WriteProfile" >> beam.Map(write_json_step, path)
         )
