@@ -25,7 +25,6 @@ from apache_beam.pvalue import PCollection
 from privpipe.attacks.control import keyed_hashes
 from privpipe.attacks.matching import WEIGHT
 from privpipe.transforms.anonymize import COUNT, FrequencyTable
-from privpipe.transforms.overlap import OverlappedCombineFn
 from privpipe.transforms.sink import WriteTable
 
 RECORDS = "__records__"  # the sample's column: how many rows the whole input had
@@ -111,8 +110,7 @@ class StageAuditTruth(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, batches: PCollection) -> PCollection:
         cols = self.columns
-        counts = OverlappedCombineFn(f"counts:{self.name}", FrequencyTable(cols))
-        table = batches | "Counts" >> beam.CombineGlobally(counts)
+        table = batches | "Counts" >> beam.CombineGlobally(FrequencyTable(cols))
         written = (
             table
             | "Weights" >> beam.Map(lambda t: t.rename(columns={COUNT: WEIGHT}))
@@ -123,9 +121,7 @@ class StageAuditTruth(beam.PTransform):  # type: ignore[misc]
             return written
         unit = self.unit if self.unit else None
         sample = batches | "Targets" >> beam.CombineGlobally(
-            OverlappedCombineFn(
-                f"sample:{self.name}", SmallestHashRows(cols, self.targets, self.key, unit)
-            )
+            SmallestHashRows(cols, self.targets, self.key, unit)
         )
         return sample | "WriteTargets" >> WriteTable(
             self.directory, self.name, [*cols, RECORDS], "parquet"
