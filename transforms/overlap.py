@@ -61,9 +61,10 @@ class _Accumulating:
         self._thread: threading.Thread | None = None
 
     def add(self, add_input: Any, element: Any) -> None:
-        """Queue ``add_input(accumulator, element)`` (waits while ``DEPTH`` are queued)."""
+        """Queue ``add_input(accumulator, element)`` (waits while ``DEPTH`` are queued);
+        once an earlier addition failed, its error instead (the thread stopped first)."""
         if self._error is not None:
-            raise self._error
+            self.settle()  # raises it
         if self._queue is None:
             self._queue = queue.Queue(maxsize=DEPTH)
             # a daemon: a run interrupted before its accumulators settle still exits
