@@ -202,16 +202,26 @@ class BatchRecoder:
             )
         out = frame.copy()
         for name, ids, labels in zip(self.qi_names, self.label_ids, self._labels(), strict=True):
-            out[name] = labels.take(ids[rows])
+            if isinstance(labels, pd.CategoricalDtype):
+                out[name] = pd.Categorical.from_codes(ids[rows].astype(np.int32), dtype=labels)
+            else:
+                out[name] = labels.take(ids[rows])
         return out, self.suppressed[rows]
 
     def _labels(self) -> list[Any]:
-        """The distinct labels per QI as ``str`` arrays (a batch's labels are one Arrow
-        ``take``), built on first use, i.e. on the worker."""
-        cached: list[Any] | None = self.__dict__.get("_str_labels")
+        """Per QI the categorical dtype over its distinct labels (``str``), built on first
+        use, i.e. on the worker. A batch's labels are then its label ids, not strings: the
+        writer's shuffle, the verifier's counts and the CSV writer work on the ids and on
+        each distinct label once (Arrow dictionary columns), not on a string per cell.
+        Labels that are not distinct as strings (or missing) stay a ``str`` array, taken."""
+        cached: list[Any] | None = self.__dict__.get("_label_dtypes")
         if cached is None:
-            cached = [pd.array(names, dtype="str") for names in self.label_names]
-            object.__setattr__(self, "_str_labels", cached)
+            cached = []
+            for names in self.label_names:
+                labels = pd.Index(names, dtype="str")
+                distinct = labels.is_unique and not labels.hasnans
+                cached.append(pd.CategoricalDtype(labels) if distinct else labels.array)
+            object.__setattr__(self, "_label_dtypes", cached)
         return cached
 
 

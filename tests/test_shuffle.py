@@ -235,3 +235,78 @@ def test_scatter_shuffle_gives_every_order_equally_often(
     expected = draws / 6
     chi2 = sum((c - expected) ** 2 / expected for c in seen.values())
     assert chi2 < 25.0, seen
+
+
+def _labelled(values: list[str], categories: list[str]) -> pd.DataFrame:
+    """A batch whose column is a Categorical (a recoding's labels) and a plain id."""
+    label = pd.Categorical(values, categories=pd.Index(categories, dtype="str"))
+    return pd.DataFrame({"i": np.arange(len(values)), "label": label})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_categorical_columns_are_written_as_their_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """Dictionary columns travel through the scatter as ids and are written as values: the
+    same multiset of cells as plain strings, a formula-like label escaped in CSV, a Parquet column
+    of strings (not a dictionary). One batch's dictionary is larger than its pieces (decoded
+    in the scatter), the others' small (kept): pieces of one bucket then differ in type."""
+    monkeypatch.setattr(sink, "BUCKET_ROWS", 50)  # 8 buckets for 400 rows
+    monkeypatch.setattr(sink, "_DICTIONARY_MIN", 1)
+    small = ["a", "=cmd", "b, c"]
+    big = [f"v{j}" for j in range(300)]  # more values than the batch's rows per bucket
+    batches = [
+        _labelled([small[j % 3] for j in range(150)], small),
+        _labelled([big[j] for j in range(100)], big),
+        _labelled([small[(j + 1) % 3] for j in range(150)], small[::-1]),
+    ]
+    expected = sorted(str(v) for b in batches for v in b["label"].astype(str))
+    if fmt == "csv":  # a text cell a spreadsheet would run is escaped in CSV
+        expected = ["'=cmd" if v == "=cmd" else v for v in expected]
+    with local_pipeline() as p:
+        frames = p | beam.Create(batches, reshuffle=False)
+        count = p | "Rows" >> beam.Create([400])
+        _ = frames | sink.WriteTable(
+            str(tmp_path), "data", ["i", "label"], format=fmt, shuffle_rows=count
+        )  # type: ignore[arg-type]
+    if fmt == "csv":
+        text = (tmp_path / "data.csv").read_text()
+        got = pd.read_csv(tmp_path / "data.csv", dtype=str, keep_default_na=False)
+        assert '"b, c"' in text
+    else:
+        import pyarrow.parquet as pq
+
+        schema = pq.read_schema(tmp_path / "data.parquet")
+        assert not pa_is_dictionary(schema.field("label").type)
+        got = pd.read_parquet(tmp_path / "data.parquet")
+        assert not isinstance(got["label"].dtype, pd.CategoricalDtype)
+    assert sorted(got["label"].astype(str)) == expected
+    assert [p.name for p in tmp_path.iterdir()] == [f"data.{fmt}"]
+
+
+def pa_is_dictionary(typ: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_dictionary(typ))
+
+
+def test_scatter_keeps_small_dictionaries_and_decodes_large_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pieces themselves: a dictionary up to the batch's rows per bucket stays encoded
+    (ids in the piece), a larger one is written as values."""
+    import pyarrow as pa
+
+    monkeypatch.setattr(sink, "BUCKET_ROWS", 10)
+    monkeypatch.setattr(sink, "_DICTIONARY_MIN", 1)
+    scatter = sink._ScatterFn(str(tmp_path), "t", ("i", "label"))
+    types = {}
+    for name, categories in {"small": ["x", "y"], "big": [f"v{j}" for j in range(40)]}.items():
+        batch = _labelled([categories[j % 2] for j in range(40)], categories)
+        pieces = list(scatter.process(batch, 40))  # 4 buckets: ~10 rows per piece
+        tables = [pa.ipc.open_stream(Path(path).read_bytes()).read_all() for _, path in pieces]
+        assert sum(t.num_rows for t in tables) == 40
+        types[name] = {str(t.schema.field("label").type) for t in tables}
+    assert all("dictionary" in t for t in types["small"]), types
+    assert not any("dictionary" in t for t in types["big"]), types

@@ -1,7 +1,8 @@
 """A frequency table back into rows: the recoding's input without reading the file again.
 
     frequency table (one DataFrame) ─► ExpandTable ─► batches of its rows, each distinct
-                                                     row ``count`` times, typed as read
+                                                     row ``count`` times, categoricals
+                                                     over values typed as read
 
 The frequency table a release's search starts from (``anonymize.Summarise``) holds the
 distinct (QI, SA, person id) combinations of the accepted member rows and how often each
@@ -12,10 +13,13 @@ published table has the same distribution either way, and the verifier still cou
 rows written. The file is not read (and parsed, held out and hashed) a second and third
 time, and the recoding cannot meet rows the search never saw.
 
-Columns come back in the dtypes the read gives them (``io.read_dtype``): the table holds
-each value's string (``astype("str")``), and the strings of ``Int64`` and ``float64``
-values parse back to the same numbers (floats print the shortest round-tripping repr). The
-person id stays the 64-bit hash the table carries (a ``uint64`` column, which every
+Columns come back as categoricals over values in the dtypes the read gives them
+(``io.read_dtype``): the table holds each value's string (``astype("str")``), and the
+strings of ``Int64`` and ``float64`` values parse back to the same numbers (floats print
+the shortest round-tripping repr). Categoricals, because every step after this one works
+per distinct value (the hierarchies' encoding, the verifier's counts, the writer's
+dictionary columns): a batch is its codes, not a string per cell. The person id stays the
+64-bit hash the table carries (a ``uint64`` column, which every
 ``FrequencyTable(hashed=...)`` takes as is).
 
 Only for runners that run in this process (``pipelines.runner.plans_ahead``): there the
@@ -53,17 +57,14 @@ class _Column:
         if not isinstance(column.dtype, pd.CategoricalDtype):  # as Summarise makes it
             raise TypeError(f"column {column.name!r}: expected a categorical, not {column.dtype}")
         self.codes = column.cat.codes.to_numpy()  # int8/16/32 as kept: no copy
-        self.values = _typed(column.cat.categories.to_numpy(dtype=object), kind)
-        if isinstance(self.values, np.ndarray):  # float64: code -1 (missing) picks NaN
-            self.values = np.append(self.values, np.nan)
+        self.values = pd.CategoricalDtype(
+            pd.Index(_typed(column.cat.categories.to_numpy(dtype=object), kind))
+        )
 
     def take(self, rows: npt.NDArray[np.int64]) -> Any:
         if self.codes is None:
             return self.values[rows]
-        codes = self.codes[rows]
-        if isinstance(self.values, np.ndarray):
-            return self.values[codes]
-        return self.values.take(codes, allow_fill=True)
+        return pd.Categorical.from_codes(self.codes[rows], dtype=self.values)
 
 
 def _typed(strings: npt.NDArray[np.object_], kind: ColumnType) -> Any:
@@ -103,7 +104,8 @@ class _ExpandFn(beam.DoFn):  # type: ignore[misc]
 
 class ExpandTable(beam.PTransform):  # type: ignore[misc]
     """frequency table → batches of about ``batch_rows`` rows of ``columns``: each distinct
-    row as many times as it was counted, in the dtypes the read gives (``types``)."""
+    row as many times as it was counted, as categoricals over values typed as the read
+    types them (``types``)."""
 
     def __init__(
         self,

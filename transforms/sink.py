@@ -25,6 +25,10 @@ one bucket (``BUCKET_ROWS``):
    ``<bucket:06d>-<uuid>``;
 3. the merge concatenates the shards in bucket order (their names sort so).
 
+Categorical columns (a recoding's labels) travel as Arrow dictionary columns, ids and not
+a string per cell, up to the shard's writer, which writes their values; a dictionary larger
+than a piece's rows is decoded in the scatter (every piece carries its dictionaries).
+
 Independent uniform buckets, then a uniform order within each bucket, is a uniform
 permutation of all rows whatever the input order or batching; a fresh one per table.
 """
@@ -62,6 +66,7 @@ __all__ = ["WriteTable", "load_json", "write_json", "write_json_step", "write_ta
 
 _COPY_CHUNK = 8 << 20
 BUCKET_ROWS = 1 << 18  # rows per shuffle bucket on average: the memory one bucket needs
+_DICTIONARY_MIN = 64  # a scatter piece keeps dictionaries of up to its rows' count, or this
 
 
 def _create(path: str) -> Any:
@@ -81,7 +86,7 @@ def _csv_text(frame: pd.DataFrame, delimiter: str, header: bool) -> bytes:
     for columns Arrow cannot type (mixed Python objects). Text cells that a spreadsheet
     would run as a formula are escaped (:mod:`privpipe.formulas`)."""
     try:
-        table = escape_table(pa.Table.from_pandas(frame, preserve_index=False))
+        table = _decoded(escape_table(pa.Table.from_pandas(frame, preserve_index=False)))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         safe = frame.rename(columns=lambda c: escape(str(c)))
         for col in [c for c in safe.columns if safe[c].dtype.kind == "O"]:
@@ -99,6 +104,17 @@ def _csv_text(frame: pd.DataFrame, delimiter: str, header: bool) -> bytes:
         )
         pa_csv.write_csv(table, sink, options)
     return sink.getvalue()
+
+
+def _decoded(table: pa.Table) -> pa.Table:
+    """The table with every dictionary column (a pandas Categorical) as its plain values:
+    what is written is the values, in the type a column of them has (CSV: Arrow's writer
+    is faster on plain columns; Parquet: the schema a reader gets is the values' type)."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            plain = table.column(i).cast(field.type.value_type)
+            table = table.set_column(i, field.name, plain)
+    return table
 
 
 def _header_line(columns: Iterable[Any], delimiter: str) -> bytes:
@@ -163,18 +179,19 @@ def _write_shard(path: str, frame: pd.DataFrame | pa.Table, fmt: str, delimiter:
     with _create(path) as out:
         if isinstance(frame, pa.Table):
             if fmt != "csv":
-                pq.write_table(frame, out)
+                pq.write_table(_decoded(frame), out)
             elif frame.num_rows:
                 sink = io.BytesIO()
                 options = pa_csv.WriteOptions(
                     include_header=False, delimiter=delimiter, quoting_style="needed"
                 )
-                pa_csv.write_csv(escape_table(frame), sink, options)  # as _csv_text does
+                # as _csv_text does: escaped per distinct value, then written as values
+                pa_csv.write_csv(_decoded(escape_table(frame)), sink, options)
                 out.write(sink.getvalue())
         elif fmt == "csv":
             out.write(_csv_text(frame, delimiter, header=False))
         else:
-            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out)
+            pq.write_table(_decoded(pa.Table.from_pandas(frame, preserve_index=False)), out)
 
 
 def _arrow(frame: pd.DataFrame) -> pa.Table | None:
@@ -185,6 +202,19 @@ def _arrow(frame: pd.DataFrame) -> pa.Table | None:
         return None
 
 
+def _small_dictionaries(table: pa.Table, limit: int) -> pa.Table:
+    """The table with dictionary columns of more than ``limit`` values decoded: every
+    piece of the scatter carries its columns' whole dictionaries, so only those small
+    beside a piece stay encoded (the recodings' labels: a few dozen values)."""
+    for i, field in enumerate(table.schema):
+        column = table.column(i)
+        if pa.types.is_dictionary(field.type) and any(
+            len(chunk.dictionary) > limit for chunk in column.chunks
+        ):
+            table = table.set_column(i, field.name, column.cast(field.type.value_type))
+    return table
+
+
 def shuffle_buckets(rows: int) -> int:
     """Buckets of the scatter shuffle for about ``rows`` rows: ``BUCKET_ROWS`` each on average."""
     return max(1, -(-int(rows) // BUCKET_ROWS))
@@ -193,7 +223,8 @@ def shuffle_buckets(rows: int) -> int:
 class _ScatterFn(beam.DoFn):
     """Give each row of a batch a uniform bucket (CSPRNG); write one piece per bucket;
     emit ``(bucket, piece path)``. Pieces are Arrow IPC streams (compact strings, no
-    Python objects), or pickled DataFrames where Arrow cannot type the batch."""
+    Python objects; slices of the batch gathered once in bucket order), or pickled
+    DataFrames where Arrow cannot type the batch."""
 
     def __init__(self, shard_dir: str, name: str, columns: tuple[str, ...]):
         self.shard_dir = shard_dir
@@ -207,20 +238,27 @@ class _ScatterFn(beam.DoFn):
         if frame.empty:
             return
         frame = frame[list(self.columns)]
+        buckets = shuffle_buckets(rows)
         table = _arrow(frame)
-        bucket = SecureRandom().integers(shuffle_buckets(rows), len(frame))
+        bucket = SecureRandom().integers(buckets, len(frame))
         order = np.argsort(bucket, kind="stable")
         ranked = bucket[order]
         edges = np.flatnonzero(np.diff(ranked)) + 1
-        for part in np.split(order, edges):
-            b = int(bucket[part[0]])
+        starts = np.concatenate([[0], edges])
+        ends = np.concatenate([edges, [len(frame)]])
+        if table is not None:  # one gather in bucket order; each piece is a slice of it
+            limit = max(_DICTIONARY_MIN, len(frame) // buckets)
+            table = _small_dictionaries(table, limit).take(pa.array(order))
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            b = int(ranked[start])
             ext = "pickle" if table is None else "arrow"
             path = FileSystems.join(self.shard_dir, f"piece-{b:06d}-{uuid.uuid4().hex}.{ext}")
             with _create(path) as out:
                 if table is None:
-                    out.write(pickle.dumps(frame.iloc[part], protocol=pickle.HIGHEST_PROTOCOL))
+                    part = frame.iloc[order[start:end]]
+                    out.write(pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))
                 else:
-                    piece = table.take(pa.array(part))
+                    piece = table.slice(start, end - start)
                     stream = pa.BufferOutputStream()
                     with pa.ipc.new_stream(stream, piece.schema) as writer:
                         writer.write_table(piece)
@@ -249,6 +287,8 @@ class _PermuteBucketFn(beam.DoFn):
             else:
                 frames.append(pickle.loads(data))  # our own temporary files only
         table: pd.DataFrame | pa.Table
+        if len({t.schema for t in tables}) > 1:  # a column encoded in some pieces only
+            tables = [_decoded(t) for t in tables]
         if frames or len({t.schema for t in tables}) > 1:  # mixed: all through pandas
             frames += [t.to_pandas() for t in tables]
             table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
