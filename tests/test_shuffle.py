@@ -294,8 +294,9 @@ def pa_is_dictionary(typ: Any) -> bool:
 def test_scatter_keeps_small_dictionaries_and_decodes_large_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The pieces themselves: a dictionary up to the batch's rows per bucket stays encoded
-    (ids in the piece), a larger one is written as values."""
+    """The pieces themselves, record batches of one file per batch: a dictionary up to the
+    batch's rows per bucket stays encoded (ids in the piece), a larger one is written as
+    values."""
     import pyarrow as pa
 
     monkeypatch.setattr(sink, "BUCKET_ROWS", 10)
@@ -305,7 +306,9 @@ def test_scatter_keeps_small_dictionaries_and_decodes_large_ones(
     for name, categories in {"small": ["x", "y"], "big": [f"v{j}" for j in range(40)]}.items():
         batch = _labelled([categories[j % 2] for j in range(40)], categories)
         pieces = list(scatter.process(batch, 40))  # 4 buckets: ~10 rows per piece
-        tables = [pa.ipc.open_stream(Path(path).read_bytes()).read_all() for _, path in pieces]
+        assert len({piece.rpartition("#")[0] for _, piece in pieces}) == 1  # one file
+        tables = [sink._read_piece(piece) for _, piece in pieces]
+        assert all(isinstance(t, pa.Table) for t in tables)
         assert sum(t.num_rows for t in tables) == 40
         types[name] = {str(t.schema.field("label").type) for t in tables}
     assert all("dictionary" in t for t in types["small"]), types

@@ -18,8 +18,9 @@ written in a uniformly random order — a scatter shuffle, batches not rows, mem
 one bucket (``BUCKET_ROWS``):
 
 1. every batch gives each of its rows an independent uniform bucket in ``0..B-1`` (OS
-   CSPRNG, ``dp.secure_random.SecureRandom``) and writes its rows of each bucket as one
-   piece under the shards folder, emitting ``(bucket, piece path)``;
+   CSPRNG, ``dp.secure_random.SecureRandom``) and writes its rows, in bucket order, as one
+   file under the shards folder, one record batch per bucket (the piece), emitting
+   ``(bucket, piece)`` for each bucket it has rows of;
 2. the pieces are grouped by bucket (only paths travel); each bucket's rows are read,
    put in a uniformly random order (``SecureRandom.permutation``) and written as the shard
    ``<bucket:06d>-<uuid>``;
@@ -221,10 +222,12 @@ def shuffle_buckets(rows: int) -> int:
 
 
 class _ScatterFn(beam.DoFn):
-    """Give each row of a batch a uniform bucket (CSPRNG); write one piece per bucket;
-    emit ``(bucket, piece path)``. Pieces are Arrow IPC streams (compact strings, no
-    Python objects; slices of the batch gathered once in bucket order), or pickled
-    DataFrames where Arrow cannot type the batch."""
+    """Give each row of a batch a uniform bucket (CSPRNG) and write the batch once, its rows
+    gathered in bucket order: an Arrow IPC file with one record batch per bucket (compact
+    strings, no Python objects); emit ``(bucket, "<file>#<record batch>")`` per bucket
+    present. Where Arrow cannot type the batch, one pickled DataFrame per bucket (its path).
+    One file per batch, not per batch and bucket: the pieces' count grows with the
+    batches times the buckets, both linear in the rows."""
 
     def __init__(self, shard_dir: str, name: str, columns: tuple[str, ...]):
         self.shard_dir = shard_dir
@@ -244,26 +247,43 @@ class _ScatterFn(beam.DoFn):
         order = np.argsort(bucket, kind="stable")
         ranked = bucket[order]
         edges = np.flatnonzero(np.diff(ranked)) + 1
-        starts = np.concatenate([[0], edges])
-        ends = np.concatenate([edges, [len(frame)]])
-        if table is not None:  # one gather in bucket order; each piece is a slice of it
-            limit = max(_DICTIONARY_MIN, len(frame) // buckets)
-            table = _small_dictionaries(table, limit).take(pa.array(order))
-        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            b = int(ranked[start])
-            ext = "pickle" if table is None else "arrow"
-            path = FileSystems.join(self.shard_dir, f"piece-{b:06d}-{uuid.uuid4().hex}.{ext}")
-            with _create(path) as out:
-                if table is None:
+        starts = np.concatenate([[0], edges]).tolist()
+        ends = np.concatenate([edges, [len(frame)]]).tolist()
+        if table is None:
+            for start, end in zip(starts, ends, strict=True):
+                b = int(ranked[start])
+                path = FileSystems.join(self.shard_dir, f"piece-{b:06d}-{uuid.uuid4().hex}.pickle")
+                with _create(path) as out:
                     part = frame.iloc[order[start:end]]
                     out.write(pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))
-                else:
-                    piece = table.slice(start, end - start)
-                    stream = pa.BufferOutputStream()
-                    with pa.ipc.new_stream(stream, piece.schema) as writer:
-                        writer.write_table(piece)
-                    out.write(stream.getvalue().to_pybytes())
-            yield b, path
+                yield b, path
+            return
+        limit = max(_DICTIONARY_MIN, len(frame) // buckets)
+        gathered = _small_dictionaries(table, limit).take(pa.array(order)).combine_chunks()
+        batches = gathered.to_batches()
+        whole = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        buffer = pa.BufferOutputStream()
+        with pa.ipc.new_file(buffer, whole.schema) as writer:
+            for start, end in zip(starts, ends, strict=True):
+                writer.write_batch(whole.slice(start, end - start))
+        path = FileSystems.join(self.shard_dir, f"scatter-{uuid.uuid4().hex}.arrow")
+        with _create(path) as out:
+            out.write(buffer.getvalue())
+        for index, start in enumerate(starts):
+            yield int(ranked[start]), f"{path}#{index}"
+
+
+def _read_piece(piece: str) -> pa.Table | pd.DataFrame:
+    """One bucket's rows of one batch: record batch ``i`` of ``<file>#<i>`` (only that
+    batch and the file's dictionaries are read), or a pickled DataFrame's path."""
+    path, sep, index = piece.rpartition("#")
+    if not sep:
+        with _open(piece) as src:
+            frame: pd.DataFrame = pickle.loads(src.read())  # our own temporary files only
+        return frame
+    with _open(path) as src:
+        batch = pa.ipc.open_file(src).get_batch(int(index))
+    return pa.Table.from_batches([batch])
 
 
 class _PermuteBucketFn(beam.DoFn):
@@ -280,12 +300,11 @@ class _PermuteBucketFn(beam.DoFn):
         tables: list[pa.Table] = []
         frames: list[pd.DataFrame] = []
         for piece in sorted(pieces):
-            with _open(piece) as src:
-                data = src.read()
-            if piece.endswith(".arrow"):
-                tables.append(pa.ipc.open_stream(data).read_all())
+            read = _read_piece(piece)
+            if isinstance(read, pa.Table):
+                tables.append(read)
             else:
-                frames.append(pickle.loads(data))  # our own temporary files only
+                frames.append(read)
         table: pd.DataFrame | pa.Table
         if len({t.schema for t in tables}) > 1:  # a column encoded in some pieces only
             tables = [_decoded(t) for t in tables]
