@@ -24,6 +24,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -278,17 +279,11 @@ def test_categorical_columns_are_written_as_their_values(
         import pyarrow.parquet as pq
 
         schema = pq.read_schema(tmp_path / "data.parquet")
-        assert not pa_is_dictionary(schema.field("label").type)
+        assert not pa.types.is_dictionary(schema.field("label").type)
         got = pd.read_parquet(tmp_path / "data.parquet")
         assert not isinstance(got["label"].dtype, pd.CategoricalDtype)
     assert sorted(got["label"].astype(str)) == expected
     assert [p.name for p in tmp_path.iterdir()] == [f"data.{fmt}"]
-
-
-def pa_is_dictionary(typ: Any) -> bool:
-    import pyarrow as pa
-
-    return bool(pa.types.is_dictionary(typ))
 
 
 def test_scatter_keeps_small_dictionaries_and_decodes_large_ones(
@@ -297,8 +292,6 @@ def test_scatter_keeps_small_dictionaries_and_decodes_large_ones(
     """The pieces themselves, record batches of one file per batch: a dictionary up to the
     batch's rows per bucket stays encoded (ids in the piece), a larger one is written as
     values."""
-    import pyarrow as pa
-
     monkeypatch.setattr(sink, "BUCKET_ROWS", 10)
     monkeypatch.setattr(sink, "_DICTIONARY_MIN", 1)
     scatter = sink._ScatterFn(str(tmp_path), "t", ("i", "label"))
@@ -313,3 +306,20 @@ def test_scatter_keeps_small_dictionaries_and_decodes_large_ones(
         types[name] = {str(t.schema.field("label").type) for t in tables}
     assert all("dictionary" in t for t in types["small"]), types
     assert not any("dictionary" in t for t in types["big"]), types
+
+
+def test_pieces_are_read_back_whatever_their_folder_is_called(tmp_path: Path) -> None:
+    """A piece is ``<file>#<record batch>`` or a pickle's path; a "#" in the output folder
+    (``run#2``) is neither misread nor lost, for Arrow and for pickled (mixed) batches."""
+    folder = tmp_path / "run#2"
+    folder.mkdir()
+    scatter = sink._ScatterFn(str(folder), "t", ("i",))
+    arrow = pd.DataFrame({"i": np.arange(40)})
+    mixed = pd.DataFrame({"i": pd.Series([1, "a", 2.5, None] * 10, dtype=object)})
+    for batch, kind in ((arrow, pa.Table), (mixed, pd.DataFrame)):
+        pieces = list(scatter.process(batch, 40 * sink.BUCKET_ROWS))  # many buckets
+        assert len(pieces) > 1
+        read = [sink._read_piece(piece) for _, piece in pieces]
+        assert all(isinstance(r, kind) for r in read)
+        got = pd.concat([r.to_pandas() if kind is pa.Table else r for r in read])["i"]
+        assert sorted(map(str, got)) == sorted(map(str, batch["i"]))

@@ -28,7 +28,7 @@ one bucket (``BUCKET_ROWS``):
 
 Categorical columns (a recoding's labels) travel as Arrow dictionary columns, ids and not
 a string per cell, up to the shard's writer, which writes their values; a dictionary larger
-than a piece's rows is decoded in the scatter (every piece carries its dictionaries).
+than a piece's rows is decoded in the scatter (reading a piece reads its file's dictionaries).
 
 Independent uniform buckets, then a uniform order within each bucket, is a uniform
 permutation of all rows whatever the input order or batching; a fresh one per table.
@@ -67,7 +67,7 @@ __all__ = ["WriteTable", "load_json", "write_json", "write_json_step", "write_ta
 
 _COPY_CHUNK = 8 << 20
 BUCKET_ROWS = 1 << 18  # rows per shuffle bucket on average: the memory one bucket needs
-_DICTIONARY_MIN = 64  # a scatter piece keeps dictionaries of up to its rows' count, or this
+_DICTIONARY_MIN = 64  # the scatter keeps dictionaries of up to a piece's rows, or this many
 
 
 def _create(path: str) -> Any:
@@ -204,9 +204,9 @@ def _arrow(frame: pd.DataFrame) -> pa.Table | None:
 
 
 def _small_dictionaries(table: pa.Table, limit: int) -> pa.Table:
-    """The table with dictionary columns of more than ``limit`` values decoded: every
-    piece of the scatter carries its columns' whole dictionaries, so only those small
-    beside a piece stay encoded (the recodings' labels: a few dozen values)."""
+    """The table with dictionary columns of more than ``limit`` values decoded: reading a
+    piece reads its file's whole dictionaries, so only those small beside a piece stay
+    encoded (the recodings' labels: a few dozen values)."""
     for i, field in enumerate(table.schema):
         column = table.column(i)
         if pa.types.is_dictionary(field.type) and any(
@@ -276,11 +276,11 @@ class _ScatterFn(beam.DoFn):
 def _read_piece(piece: str) -> pa.Table | pd.DataFrame:
     """One bucket's rows of one batch: record batch ``i`` of ``<file>#<i>`` (only that
     batch and the file's dictionaries are read), or a pickled DataFrame's path."""
-    path, sep, index = piece.rpartition("#")
-    if not sep:
+    if piece.endswith(".pickle"):  # a path; its folder may hold a "#"
         with _open(piece) as src:
             frame: pd.DataFrame = pickle.loads(src.read())  # our own temporary files only
         return frame
+    path, _, index = piece.rpartition("#")
     with _open(path) as src:
         batch = pa.ipc.open_file(src).get_batch(int(index))
     return pa.Table.from_batches([batch])
