@@ -62,13 +62,20 @@ class _TupleIndex:
         if self.multi is not None:
             target = pd.MultiIndex.from_arrays([array[:, j] for j in range(array.shape[1])])
             return np.asarray(self.multi.get_indexer(target), dtype=np.int64)
-        if self.keys.shape[0] == 0:
+        if self.keys.shape[0] == 0 or array.shape[0] == 0:
             return np.full(array.shape[0], -1, dtype=np.int64)
-        inside: BoolArray = np.asarray(((array >= 0) & (array < self.radices)).all(axis=1))
-        keys = _pack(np.where(inside[:, None], array, 0), self.radices)
-        at = np.minimum(np.searchsorted(self.keys, keys), self.keys.shape[0] - 1)
-        found = inside & (self.keys[at] == keys)
-        return np.where(found, self.rows[at], -1).astype(np.int64)
+        inside: BoolArray | None = None  # None: every tuple within the radices
+        if (array.min(axis=0) < 0).any() or (array.max(axis=0) >= self.radices).any():
+            inside = np.asarray(((array >= 0) & (array < self.radices)).all(axis=1))
+            array = np.where(inside[:, None], array, 0)
+        # each distinct key once, in sorted order: the searches in the (large) sorted keys
+        # then stay local instead of one cache miss per level and row
+        distinct, inverse = np.unique(_pack(array, self.radices), return_inverse=True)
+        at = np.minimum(np.searchsorted(self.keys, distinct), self.keys.shape[0] - 1)
+        rows = np.where(self.keys[at] == distinct, self.rows[at], -1)[inverse]
+        if inside is not None:
+            rows[~inside] = -1
+        return rows.astype(np.int64)
 
 
 def _pack(codes: IntArray, radices: IntArray) -> IntArray:

@@ -56,6 +56,10 @@ Kind = Literal["exact", "lower", "noisy"]
 # constraints in well under a second, the integer program within its time limit
 MAX_CELLS = 4096
 INTEGER_CELLS = 512  # the tie-break's last program in integers up to this many cells
+# ... within this many branch-and-bound nodes: a budget of work, not of seconds, so that the
+# same counts give the same table on a busy machine too (a 2 s limit gave two processes
+# of one run two tables); the demo's programs need 0-1 nodes
+INTEGER_NODES = 200
 
 
 @dataclass(frozen=True)
@@ -218,7 +222,8 @@ def _tie_break(
     """The optimal table nearest a uniform spread, then nearest the product of that one's
     margins (linear programs, rounded to records by largest remainder; the last one in
     integers for domains of at most INTEGER_CELLS cells when the solver finds them
-    within 2 s); each within what is left before ``deadline`` (time.monotonic)."""
+    within INTEGER_NODES nodes); each within what is left before ``deadline``
+    (time.monotonic)."""
     first = np.asarray(x, dtype=np.float64)
     best = round_to(first, round(float(first.sum())))
     prior = np.full(first.shape[0], first.sum() / max(first.shape[0], 1))
@@ -235,7 +240,7 @@ def _tie_break(
     left = deadline - time.monotonic()
     if len(prior) > INTEGER_CELLS or left <= 0:
         return best
-    exact = _closest(a_all, lo_all, hi_all, c, fun, prior, min(left, 2.0), True)
+    exact = _closest(a_all, lo_all, hi_all, c, fun, prior, left, True, INTEGER_NODES)
     return best if exact is None else np.asarray(exact, dtype=np.int64)
 
 
@@ -248,6 +253,7 @@ def _closest(
     prior: FloatArray,
     time_limit: float,
     integer: bool,
+    node_limit: int | None = None,
 ) -> npt.NDArray[Any] | None:
     """Among the tables as close to the noisy counts as the optimum (``fun``), the one
     nearest (L1) to ``prior``: the LP's vertex piles records into few cells, while any
@@ -278,7 +284,11 @@ def _closest(
         constraints=LinearConstraint(a, lo, hi),
         integrality=integrality,
         bounds=Bounds(0, np.inf),
-        options={"time_limit": time_limit, "disp": False},
+        options={
+            "time_limit": time_limit,
+            "disp": False,
+            **({} if node_limit is None else {"node_limit": node_limit}),
+        },
     )
     if result.x is None:
         return None

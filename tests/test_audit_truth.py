@@ -422,3 +422,37 @@ def test_staged_numbers_parse_back_once_per_distinct_string_to_the_same_values(
     want = np.asarray([np.nan if v is None else v for v in floats], dtype=np.float64)
     assert parsed.tobytes() == want.tobytes() or np.array_equal(parsed, want, equal_nan=True)
     assert np.array_equal(np.signbit(parsed), np.signbit(want))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.sampled_from(["a", "b", "", "1"])),
+            st.one_of(st.none(), st.integers(-3, 3)),
+            st.one_of(st.none(), st.sampled_from([0.5, 39.0, 1e-7])),
+        ),
+        max_size=30,
+    )
+)
+def test_categorical_class_counts_give_the_same_published_rows(
+    values: list[tuple[Any, Any, Any]],
+) -> None:
+    """The verifier's class counts come as categoricals (strings, or numbers typed as read):
+    the published rows' strings are those of the plain columns, missing kept missing."""
+    plain = pd.DataFrame(
+        {
+            "s": pd.array([v[0] for v in values], dtype="str"),
+            "i": pd.array([v[1] for v in values], dtype="Int64"),
+            "f": np.array([np.nan if v[2] is None else v[2] for v in values], dtype=float),
+            COUNT: np.arange(1, len(values) + 1, dtype=np.int64),
+        }
+    )
+    coded = plain.astype({"s": "category", "i": "category", "f": "category"})
+    got = published_table(coded, ["s", "i", "f"])
+    want = published_table(plain, ["s", "i", "f"])
+    for c in ["s", "i", "f"]:
+        assert got[c].dtype == want[c].dtype, c
+        assert got[c].isna().tolist() == want[c].isna().tolist(), c
+        assert got[c].fillna("<NA>").tolist() == want[c].fillna("<NA>").tolist(), c
+    assert got[WEIGHT].tolist() == want[WEIGHT].tolist()

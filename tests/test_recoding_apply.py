@@ -1,5 +1,6 @@
 """Recoding a batch (``Recoding.apply``): each QI becomes a Categorical over the release's
-labels (ids per row, each label once), with the same cells as the labels looked up."""
+labels (ids per row, each label once), with the same cells as the labels looked up; and
+the index that finds each row's raw QI tuple (``_TupleIndex``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy
-from privpipe.anonymity.recoding import Recoding
+from privpipe.anonymity.recoding import Recoding, _TupleIndex
 
 VALUES = ["a", "b", "c", "d"]
 
@@ -58,3 +59,20 @@ def test_labels_not_distinct_as_strings_stay_strings() -> None:
     out, _ = recoding.apply(pd.DataFrame({"x": pd.array(VALUES, dtype="str")}), {"x": hierarchy})
     assert not isinstance(out["x"].dtype, pd.CategoricalDtype)
     assert out["x"].tolist() == ["1", "1", "cd", "cd"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    tuples=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=25),
+    queries=st.lists(st.tuples(st.integers(-2, 7), st.integers(-1, 5)), max_size=40),
+)
+def test_tuple_index_locates_like_a_dictionary(
+    tuples: list[tuple[int, int]], queries: list[tuple[int, int]]
+) -> None:
+    """The row of each queried tuple, -1 for an absent one, whatever the order, repeats
+    and codes outside the indexed ranges (negative, or above a column's largest code)."""
+    distinct = list(dict.fromkeys(tuples))
+    index = _TupleIndex.build(np.array(distinct, dtype=np.int64))
+    expected = [distinct.index(q) if q in distinct else -1 for q in queries]
+    array = np.array(queries, dtype=np.int64).reshape(-1, 2)
+    assert index.locate(array).tolist() == expected
