@@ -107,14 +107,18 @@ def _csv_text(frame: pd.DataFrame, delimiter: str, header: bool) -> bytes:
     return sink.getvalue()
 
 
-def _decoded(table: pa.Table) -> pa.Table:
-    """The table with every dictionary column (a pandas Categorical) as its plain values:
-    what is written is the values, in the type a column of them has (CSV: Arrow's writer
-    is faster on plain columns; Parquet: the schema a reader gets is the values' type)."""
+def _decoded(table: pa.Table, keep_up_to: int = -1) -> pa.Table:
+    """The table with its dictionary columns (pandas Categoricals) as their plain values,
+    but those whose dictionaries have at most ``keep_up_to`` values. What is written is
+    the values, in the type a column of them has (CSV: Arrow's writer is faster on plain
+    columns; Parquet: the schema a reader gets is the values' type); the scatter keeps the
+    dictionaries small beside a piece (reading a piece reads its file's dictionaries)."""
     for i, field in enumerate(table.schema):
-        if pa.types.is_dictionary(field.type):
-            plain = table.column(i).cast(field.type.value_type)
-            table = table.set_column(i, field.name, plain)
+        column = table.column(i)
+        if pa.types.is_dictionary(field.type) and (
+            keep_up_to < 0 or any(len(chunk.dictionary) > keep_up_to for chunk in column.chunks)
+        ):
+            table = table.set_column(i, field.name, column.cast(field.type.value_type))
     return table
 
 
@@ -203,19 +207,6 @@ def _arrow(frame: pd.DataFrame) -> pa.Table | None:
         return None
 
 
-def _small_dictionaries(table: pa.Table, limit: int) -> pa.Table:
-    """The table with dictionary columns of more than ``limit`` values decoded: reading a
-    piece reads its file's whole dictionaries, so only those small beside a piece stay
-    encoded (the recodings' labels: a few dozen values)."""
-    for i, field in enumerate(table.schema):
-        column = table.column(i)
-        if pa.types.is_dictionary(field.type) and any(
-            len(chunk.dictionary) > limit for chunk in column.chunks
-        ):
-            table = table.set_column(i, field.name, column.cast(field.type.value_type))
-    return table
-
-
 def shuffle_buckets(rows: int) -> int:
     """Buckets of the scatter shuffle for about ``rows`` rows: ``BUCKET_ROWS`` each on average."""
     return max(1, -(-int(rows) // BUCKET_ROWS))
@@ -259,7 +250,7 @@ class _ScatterFn(beam.DoFn):
                 yield b, path
             return
         limit = max(_DICTIONARY_MIN, len(frame) // buckets)
-        gathered = _small_dictionaries(table, limit).take(pa.array(order)).combine_chunks()
+        gathered = _decoded(table, keep_up_to=limit).take(pa.array(order)).combine_chunks()
         batches = gathered.to_batches()
         whole = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
         buffer = pa.BufferOutputStream()
