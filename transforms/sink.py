@@ -250,9 +250,8 @@ class _ScatterFn(beam.DoFn):
                 yield b, path
             return
         limit = max(_DICTIONARY_MIN, len(frame) // buckets)
-        gathered = _decoded(table, keep_up_to=limit).take(pa.array(order)).combine_chunks()
-        batches = gathered.to_batches()
-        whole = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        gathered = _decoded(table, keep_up_to=limit).take(pa.array(order))
+        whole = pa.concat_batches(gathered.to_batches())  # one record batch, sliced per bucket
         buffer = pa.BufferOutputStream()
         with pa.ipc.new_file(buffer, whole.schema) as writer:
             for start, end in zip(starts, ends, strict=True):
@@ -297,9 +296,9 @@ class _PermuteBucketFn(beam.DoFn):
             else:
                 frames.append(read)
         table: pd.DataFrame | pa.Table
-        if len({t.schema for t in tables}) > 1:  # a column encoded in some pieces only
-            tables = [_decoded(t) for t in tables]
-        if frames or len({t.schema for t in tables}) > 1:  # mixed: all through pandas
+        if len({t.schema for t in tables}) > 1:  # a column encoded in some pieces only:
+            tables = [_decoded(t) for t in tables]  # all as values (still mixed: pandas)
+        if frames or len({t.schema for t in tables}) > 1:
             frames += [t.to_pandas() for t in tables]
             table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             del frames, tables
