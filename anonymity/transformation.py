@@ -470,6 +470,7 @@ class Evaluator:
         if (summary.n_distinct + 1) << self._pack_shift >= 1 << 53:
             self._pack_shift = 0
         self._lift: dict[tuple[int, int, int, int], IntArray] = {}
+        self._sizes_view: Evaluator | None = None  # ``class_sizes`` with SA cells
         self.sa_distribution: FloatArray | None = None
         if self.use_sa:
             self.sa_distribution = summary.sa_counts().astype(np.float64) / summary.n_records
@@ -821,20 +822,24 @@ class Evaluator:
 
     def class_sizes(self, levels: Sequence[int]) -> tuple[IntArray, IntArray] | None:
         """Per class of ``levels``, in no particular order: its records and its persons
-        (its records without a privacy unit), counted from the same base as ``classes``
-        but without the SA digit, cells or person view: what k-anonymity needs, several
-        times cheaper. None where ``classes_by_block`` is: persons are summed from the
-        rows' first-row weights, exact only when no person has several QI tuples."""
+        (its records without a privacy unit), without cells or person view: what
+        k-anonymity needs, several times cheaper. With SA cells they are counted by this
+        evaluator's view without them (``without_sa``, kept): its bases merge the rows
+        that differ only in the SA (at the 1M demo's t=0.3 search 4 times fewer rows, 3
+        times faster). None when some person has several QI tuples (``base.multi``):
+        persons are summed from the rows' first-row weights."""
         node = self._check(levels)
         if not self.packed or not node:
             return None
+        if self.use_sa:
+            if self._sizes_view is None:
+                self._sizes_view = self.without_sa()
+            return self._sizes_view.class_sizes(node)
         base = self._base_for(node)
-        if self._block_cuts(base, node[0]) is None:
+        if base.multi.shape[0]:
             return None
         codes, _, stride = self._codes(base, node)
-        codes //= self.sa_radix  # the class: every digit but the SA's
-        space = max(stride // self.sa_radix, 1)
-        _, inverse = group_codes(codes, space, _dense_limit(base.n_rows))
+        _, inverse = group_codes(codes, max(stride, 1), _dense_limit(base.n_rows))
         del codes
         n_classes = int(inverse.max()) + 1 if inverse.shape[0] else 0
         records = np.rint(weight_sums(inverse, base.counts, n_classes)).astype(np.int64)
