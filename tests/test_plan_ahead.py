@@ -60,12 +60,9 @@ def full(ctx: Any) -> ReleaseContext:
 
 
 def test_the_longest_searches_are_planned_ahead() -> None:
-    """Longest first, dealt in turn to the workers and the step: the step keeps every
-    (workers + 1)-th release, so it is never left without one."""
     t = spec("t", kind="t_closeness", t=0.3, distance="hierarchical")
-    assert ahead_releases([*SPECS, t], cores=2) == ["t", "mondrian5"]
-    assert ahead_releases([*SPECS, t], cores=3) == ["t", "l3", "k5"]
-    assert ahead_releases([t, SPECS[0]], cores=2) == ["t"]
+    assert ahead_releases([*SPECS, t], cores=2) == ["t"]
+    assert ahead_releases([*SPECS, t], cores=3) == ["t", "l3"]
     assert ahead_releases(SPECS, cores=8) == ["l3", "mondrian5"]  # one stays in the step
     assert ahead_releases(SPECS, cores=1) == []
     assert ahead_releases(SPECS[:1], cores=4) == []
@@ -122,39 +119,6 @@ def test_an_earlier_release_planned_ahead_raises_first(freq: pd.DataFrame) -> No
     with pytest.raises(PrivacyRefusal, match=r"^release 'k_huge'"):
         plan_with_ahead(freq, refused[::-1], Loaded(), ["l30"])
     assert planning._AHEAD == {} and workers() == []
-
-
-@pytest.mark.slow
-def test_the_step_plans_the_releases_still_queued_rather_than_wait(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """One worker (two cores), busy with the longest search (t=0.1 on 8 QIs, ~10 s): a
-    release queued behind it is planned by the step collecting it, at once; collecting the
-    long one, the step plans the other queued release meanwhile (its ticket then returns
-    that plan). The same plans; the worker ran the long search only."""
-    monkeypatch.setattr(planning, "available_cores", lambda: 2)
-    wide, slow = slow_search()
-    quick = [
-        spec("k5", qis=ADULT_QIS, suppression_limit=0.05),
-        spec("mondrian5", qis=ADULT_QIS, algorithm="mondrian"),
-    ]
-    resolver = Loaded(ADULT_QIS)
-    want = plan_releases(wide, quick, resolver, cores=1)
-    tickets = start_ahead(wide, [*quick, slow], planning.Resolved(resolver({})))
-    by_name = {str(t.spec.name): t for t in tickets}
-    ahead = planning._AHEAD[tickets[0].token]
-    assert not ahead.futures["k5"].running()  # queued: the worker took the longest first
-    t0 = time.perf_counter()
-    got = {"k5": collect_ahead(by_name["k5"])}
-    assert time.perf_counter() - t0 < 8  # planned here, not after the long search
-    assert not ahead.futures["t"].done()
-    collect_ahead(by_name["t"])
-    assert ahead.futures["mondrian5"].done()  # planned here while the long one ran
-    got["mondrian5"] = collect_ahead(by_name["mondrian5"])
-    assert len(ahead.workers.started) == 1 and planning._AHEAD == {}
-    for name, p in got.items():
-        assert figures(full(p.context)) == figures(want[name].context.without_tuples())
-    assert workers() == []
 
 
 @pytest.mark.slow

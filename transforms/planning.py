@@ -28,19 +28,13 @@ plans after it in config order are abandoned, plans before it are still awaited.
 Planning ahead (``start_ahead`` / ``collect_ahead``). A runner that runs one stage at a
 time in this process (Beam's FnApiRunner, privpipe's DirectRunner) would otherwise wait
 in the search step for the longest search while one core idles and every later stage
-waits. Releases are instead started in worker processes and left running
-(``ahead_releases``: longest expected search first, dealt in turn to the workers and the
-search step, whose thread also runs every other step of the pipeline): the search step
-returns with its own releases' plans and a ticket per release planned ahead, their
-recode, verify and write steps run meanwhile, and a later step collects the plan
-(``collect_ahead``). The workers take the releases planned ahead one at a time each,
-longest first; a release still queued when a collecting step would wait (for it, or for
-another release still searching) is planned by that step itself, so neither the
-pipeline nor a worker idles while a search is left to do. On the 1M demo on two cores:
-t=0.3 and Mondrian go ahead, recursive l and k stay in the step. The ticket carries the
-summary, so a step that runs where the ticket's workers are unknown (another process)
-plans the release itself: the same plan, later. ``abandon_ahead`` kills every worker
-still running (a failed or interrupted pipeline).
+waits. The releases that would go to worker processes (``ahead_releases``) are instead
+started there and left running: the search step returns with the other releases' plans
+and a ticket per release planned ahead, the other releases' recode, verify and write
+steps run meanwhile, and a later step collects the plan (``collect_ahead``). The ticket
+carries the summary, so a step that runs where the ticket's workers are unknown (another
+process) plans the release itself: the same plan, later. ``abandon_ahead`` kills every
+worker still running (a failed or interrupted pipeline).
 """
 
 from __future__ import annotations
@@ -200,16 +194,10 @@ def _schedule(
 
 
 def ahead_releases(specs: Sequence[AnonymizationSpec], cores: int | None = None) -> list[str]:
-    """The releases to plan ahead, longest expected search first: dealt in that order to
-    the ``min(cores, releases) - 1`` worker processes and the search step in turn, the
-    step's share left out (on two cores the 1st and 3rd longest go ahead, the 2nd and 4th
-    stay: the step's thread also runs every other Beam step, so it searches less)."""
+    """The releases ``plan_releases`` would give its worker processes first (the longest
+    expected searches, ``min(cores, releases) - 1`` of them): the ones to plan ahead."""
     processes, order = _longest_first(specs, cores)
-    if processes <= 0:
-        return []
-    return [
-        str(specs[i].name) for turn, i in enumerate(order) if turn % (processes + 1) < processes
-    ]
+    return [str(specs[i].name) for i in order[: max(processes, 0)]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,43 +212,16 @@ class Ticket:
 
 
 class _Ahead:
-    """The releases of one search step being planned in worker processes: at most
-    ``processes`` at a time, longest expected search first; the others queue. A queued
-    release is planned by the collecting thread instead (``steal``) when it would
-    otherwise wait: for that release's plan, or for another one's still running."""
+    """The releases of one search step being planned in worker processes."""
 
     def __init__(
-        self,
-        freq: pd.DataFrame,
-        specs: Sequence[AnonymizationSpec],
-        resolver: Resolver,
-        processes: int,
+        self, freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
     ) -> None:
         # the summary is dropped once every worker has read it: this process keeps
         # running the pipeline while the searches go on (the tickets carry their own copy)
         self.workers = _Workers((freq, resolver), slim=True, feeds=len(specs))
-        queue = sorted(specs, key=expected_effort, reverse=True)  # stable: config order
-        self.pool = ThreadPoolExecutor(
-            max(1, min(processes, len(specs))), thread_name_prefix="privpipe-plan-ahead"
-        )
-        self.futures: dict[str, Future[Planned]] = {
-            str(s.name): self.pool.submit(self.workers.plan, s) for s in queue
-        }
-        self.specs = {str(s.name): s for s in queue}
-        self.lock = threading.Lock()
-
-    def steal(self, name: str | None = None) -> tuple[AnonymizationSpec, Future[Planned]] | None:
-        """A release still queued (``name``, else the first queued) taken off the queue for
-        the calling thread to plan; None when there is none (each one started or done)."""
-        with self.lock:
-            for queued, future in self.futures.items():
-                if (name is None or queued == name) and future.cancel():
-                    self.workers.skipped()
-                    mine: Future[Planned] = Future()
-                    mine.set_running_or_notify_cancel()
-                    self.futures[queued] = mine
-                    return self.specs[queued], mine
-        return None
+        self.pool = ThreadPoolExecutor(len(specs), thread_name_prefix="privpipe-plan-ahead")
+        self.futures = {str(s.name): self.pool.submit(self.workers.plan, s) for s in specs}
 
     def close(self) -> None:
         self.workers.kill()
@@ -278,7 +239,7 @@ def start_ahead(
     if not specs:
         return []
     token = uuid.uuid4().hex
-    ahead = _Ahead(freq, specs, resolver, available_cores() - 1)
+    ahead = _Ahead(freq, specs, resolver)
     with _AHEAD_LOCK:
         _AHEAD[token] = ahead
     return [Ticket(token, s, freq, resolver) for s in specs]
@@ -319,36 +280,16 @@ def plan_with_ahead(
 def collect_ahead(ticket: Ticket) -> Planned:
     """The plan of a release planned ahead: its worker's answer (waited for), or, when the
     ticket's workers are not in this process, planned here. Its error, as in-process."""
-    name = str(ticket.spec.name)
     with _AHEAD_LOCK:
         ahead = _AHEAD.get(ticket.token)
-    if ahead is None or name not in ahead.futures:
+        future = None if ahead is None else ahead.futures.pop(str(ticket.spec.name), None)
+    if future is None:
         return plan_one(ticket.freq, ticket.spec, ticket.resolver, slim=True)
     try:
-        # still queued: planned here at once; running: the queued ones planned here meanwhile
-        _plan_stolen(ticket, ahead, name)
-        while not ahead.futures[name].done() and _plan_stolen(ticket, ahead):
-            pass
-        with ahead.lock:
-            future = ahead.futures.pop(name)
         return future.result()
     finally:
-        if not ahead.futures:
+        if ahead is not None and not ahead.futures:
             _drop(ticket.token)
-
-
-def _plan_stolen(ticket: Ticket, ahead: _Ahead, name: str | None = None) -> bool:
-    """Plan here a release of ``ahead`` still queued (``_Ahead.steal``), its plan or error
-    kept for its own ticket; whether there was one."""
-    stolen = ahead.steal(name)
-    if stolen is None:
-        return False
-    spec, future = stolen
-    try:
-        future.set_result(plan_one(ticket.freq, spec, ticket.resolver, slim=True))
-    except Exception as e:  # its own ticket raises it, in config order
-        future.set_exception(e)
-    return True
 
 
 def abandon_ahead(tickets: Sequence[Ticket] | None = None) -> None:
@@ -398,10 +339,6 @@ class _Workers:
             self._fed()
         planned: Planned = worker.result()
         return planned
-
-    def skipped(self) -> None:
-        """A release will not be planned here (``_Ahead.steal``): one input fewer to feed."""
-        self._fed()
 
     def _fed(self) -> None:
         """One more worker has its input: after the last of ``feeds``, drop the summary."""
