@@ -118,6 +118,45 @@ def fixed_point_values(batch: pd.DataFrame, spec: DPReleaseSpec, plan: QueryPlan
     return out
 
 
+def _combinations(
+    batch: pd.DataFrame, cols: Sequence[str]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+    """Each row's distinct combination of ``cols`` (ids in order of first row; missing is
+    a value of its own) and each combination's first row. Without columns, one
+    combination (every row the same)."""
+    combination = np.zeros(len(batch), dtype=np.int64)
+    width = 1  # combinations so far are below it
+    for col in cols:
+        codes, uniques = pd.factorize(batch[col], use_na_sentinel=True)
+        if width * (len(uniques) + 1) >= 1 << 62:  # made dense again before it overflows
+            combination = pd.factorize(combination)[0].astype(np.int64)
+            width = int(combination.max()) + 1
+        combination = combination * np.int64(len(uniques) + 1) + (codes.astype(np.int64) + 1)
+        width *= len(uniques) + 1
+    ids = pd.factorize(combination)[0].astype(np.int64)
+    first = np.flatnonzero(~pd.Series(ids).duplicated().to_numpy())
+    return ids, first
+
+
+def _cells(
+    batch: pd.DataFrame, spec: DPReleaseSpec, query: Query, labeler: Labeler
+) -> tuple[U64, pd.DataFrame]:
+    """Each row's cell hash (``hash_keys`` of its ``key_frame`` labels) and the batch's
+    cell dictionary (each cell's labels and ``_cell`` hash, in order of first row),
+    labelled and hashed once per distinct combination of the key columns' values: a
+    labeler maps each value on its own (``Labeler``), so the rows of one combination
+    share their labels. A 64k-row batch's cells over a few columns have a few thousand
+    combinations: one string per combination and column, not per row."""
+    cols = list(spec.key_columns(query))
+    combination, first = _combinations(batch, cols)
+    keys = key_frame(batch[cols].iloc[first].reset_index(drop=True), spec, query, labeler)
+    hashes = hash_keys(keys)
+    new = ~pd.Series(hashes).duplicated().to_numpy()  # combinations in first-row order
+    dictionary = keys.loc[new].assign(_cell=hashes[new]).reset_index(drop=True)
+    cell: U64 = hashes[combination]
+    return cell, dictionary
+
+
 def contributions(
     batch: pd.DataFrame,
     spec: DPReleaseSpec,
@@ -134,14 +173,13 @@ def contributions(
             known[spec.unit] = hash_units(batch[spec.unit])
         unit = known[spec.unit]
     group = None
-    if spec.unit is not None and spec.partition_by:
-        group = hash_keys(batch[list(spec.partition_by)].astype(object))
+    if spec.unit is not None and spec.partition_by:  # hashed once per distinct group
+        groups, first = _combinations(batch, spec.partition_by)
+        distinct = batch[list(spec.partition_by)].iloc[first].astype(object)
+        group = hash_keys(distinct.reset_index(drop=True))[groups]
     out: list[Contributions] = []
     for i, plan in enumerate(plans):
-        keys = key_frame(batch, spec, plan.query, labeler)
-        cell = hash_keys(keys)
-        first = ~pd.Series(cell).duplicated().to_numpy()
-        dictionary = keys.loc[first].assign(_cell=cell[first]).reset_index(drop=True)
+        cell, dictionary = _cells(batch, spec, plan.query, labeler)
         value = fixed_point_values(batch, spec, plan) if plan.sum_units is not None else None
         out.append(Contributions(i, cell, unit, group, value, dictionary))
     return out
