@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.anonymity.arrays import sorted_unique
+from privpipe.anonymity.arrays import sorted_unique, unique_counts
 from privpipe.anonymity.hierarchy import canonical_column
 from privpipe.anonymity.summary import unit_hashes
 from privpipe.dp import exact
@@ -252,38 +252,67 @@ def _merge_bins(parts: Sequence[pd.Series | None]) -> pd.Series | None:
     return pd.concat(frames).groupby(level=[0, 1], sort=False).sum().astype(np.int64)
 
 
-def _aggregate(c: Contributions, moments: bool = False) -> pd.DataFrame:
+@dataclass(frozen=True)
+class _Recount:
+    """What a release counts and re-checks on its kept rows, from one factorisation of
+    their cells and persons and one sort of their (person, cell) pairs: rows and distinct
+    persons per cell (``cells`` holds the cells' hashes by id, ``cell`` each row's id),
+    and the bounds as kept: the most rows of one person in one cell, the most cells and
+    partition groups of one person. Counted apart from ``bounding.bound_units``, which
+    chose the rows, so the verification can say no."""
+
+    cell: I64
+    cells: U64
+    rows: I64
+    units: I64
+    max_rows_per_cell: int
+    max_cells_per_unit: int
+    max_groups_per_unit: int
+
+    @classmethod
+    def of(cls, c: Contributions) -> _Recount:
+        codes, cells = pd.factorize(c.cell)
+        cell = codes.astype(np.int64)
+        rows = np.bincount(cell, minlength=len(cells)).astype(np.int64)
+        if c.unit is None:  # one row, one person
+            one = 1 if len(c) else 0
+            return cls(cell, cells, rows, rows, one, one, one)
+        unit = pd.factorize(c.unit)[0].astype(np.int64)
+        width = np.int64(max(len(cells), 1))
+        pairs, per_pair = unique_counts(unit * width + cell)  # (person, cell), person first
+        units = np.bincount(pairs % width, minlength=len(cells)).astype(np.int64)
+        group = np.zeros(len(c), dtype=np.int64) if c.group is None else c.group
+        group_codes, groups = pd.factorize(group)
+        span = np.int64(max(len(groups), 1))
+        unit_groups = sorted_unique(unit * span + group_codes.astype(np.int64))
+        return cls(
+            cell,
+            cells,
+            rows,
+            units,
+            int(per_pair.max()) if per_pair.size else 0,
+            int(np.bincount(pairs // width).max()) if pairs.size else 0,
+            int(np.bincount(unit_groups // span).max()) if unit_groups.size else 0,
+        )
+
+
+def _aggregate(c: Contributions, recount: _Recount, moments: bool = False) -> pd.DataFrame:
     """count, distinct units and value sum per cell of (already bounded) contributions;
     with ``moments`` also the exact sum of squared values (``sumsq_units``)."""
-    codes, uniques = pd.factorize(c.cell)
     cells = pd.DataFrame(
-        {"count": np.bincount(codes, minlength=len(uniques)).astype(np.int64)},
-        index=pd.Index(uniques, name="cell"),
+        {"count": recount.rows, "units": recount.units},
+        index=pd.Index(recount.cells, name="cell"),
     )
     if c.value is None:
         cells["sum_units"] = np.int64(0)
     else:  # exact: int64 only when rows × max |value| provably fits, else Python ints
         cells["sum_units"] = exact.group_sum(c.cell, c.value).reindex(cells.index)
-    if c.unit is None:
-        cells["units"] = cells["count"]
-    else:  # distinct (cell, person) pairs per cell
-        pairs = _pair_codes(codes, c.unit)
-        cells["units"] = np.bincount(pairs[0], minlength=len(uniques)).astype(np.int64)
     cols = ["count", "units", "sum_units"]
     if moments:  # |value| ≤ 2^26.5 (the planner's check), so each square is exact in int64
         assert c.value is not None
         cells["sumsq_units"] = exact.group_sum(c.cell, c.value * c.value).reindex(cells.index)
         cols.append("sumsq_units")
     return _typed(cells[cols])
-
-
-def _pair_codes(first: npt.NDArray[np.intp], second: npt.NDArray[np.generic]) -> tuple[I64, I64]:
-    """The distinct (first, second) pairs as (first code, second code) arrays: codes
-    ``first`` (non-negative) and any ids ``second`` (one sort, no pandas groupby)."""
-    codes2, uniques2 = pd.factorize(second)
-    width = np.int64(max(len(uniques2), 1))
-    pairs = sorted_unique(first.astype(np.int64) * width + codes2.astype(np.int64))
-    return pairs // width, pairs % width
 
 
 def _typed(cells: pd.DataFrame) -> pd.DataFrame:
@@ -293,26 +322,6 @@ def _typed(cells: pd.DataFrame) -> pd.DataFrame:
         if col in out:
             out[col] = exact.as_exact(out[col].to_numpy())
     return out
-
-
-def _max_per(keys: Sequence[npt.NDArray[np.generic]]) -> int:
-    """The largest number of rows sharing the same key tuple (0 when empty)."""
-    if keys[0].size == 0:
-        return 0
-    combined = np.zeros(keys[0].size, dtype=np.int64)
-    for key in keys:  # dense codes of the tuples so far times the next key's width
-        codes, uniques = pd.factorize(key)
-        combined = combined * np.int64(len(uniques)) + codes.astype(np.int64)
-        combined = pd.factorize(combined)[0].astype(np.int64)
-    return int(np.bincount(combined).max())
-
-
-def _max_distinct(owner: U64, item: npt.NDArray[np.generic]) -> int:
-    """The largest number of distinct items of one owner."""
-    if owner.size == 0:
-        return 0
-    owners, _ = _pair_codes(pd.factorize(owner)[0], item)
-    return int(np.bincount(owners).max())
 
 
 def bound_and_aggregate(c: Contributions, spec: DPReleaseSpec, rng: RngLike = None) -> CellPartial:
@@ -342,23 +351,18 @@ def bound_and_aggregate(c: Contributions, spec: DPReleaseSpec, rng: RngLike = No
                 c = c.take(one_group_per_unit(c.unit, c.group, gen))
         assert c.unit is not None
         kept = c.take(bound_units(c.unit, c.cell, spec.l0, spec.linf, gen))
+    recount = _Recount.of(kept)
     partial = CellPartial(
         query=c.query,
-        cells=_aggregate(kept, moments=spec.kind in MOMENT_KINDS),
+        cells=_aggregate(kept, recount, moments=spec.kind in MOMENT_KINDS),
         bins=_histogram(kept) if spec.kind in QUANTILE_KINDS else None,
         rows_in=n_in,
         rows_kept=len(kept),
         persons_in_several_groups=several,
     )
-    if kept.unit is None:
-        partial.max_rows_per_cell = 1 if len(kept) else 0
-        partial.max_cells_per_unit = 1 if len(kept) else 0
-        partial.max_groups_per_unit = 1 if len(kept) else 0
-    else:
-        partial.max_rows_per_cell = _max_per([kept.unit, kept.cell])
-        partial.max_cells_per_unit = _max_distinct(kept.unit, kept.cell)
-        grp = kept.group if kept.group is not None else np.zeros(len(kept), dtype=np.uint64)
-        partial.max_groups_per_unit = _max_distinct(kept.unit, grp)
+    partial.max_rows_per_cell = recount.max_rows_per_cell
+    partial.max_cells_per_unit = recount.max_cells_per_unit
+    partial.max_groups_per_unit = recount.max_groups_per_unit
     return partial
 
 

@@ -455,22 +455,31 @@ def test_the_bound_recounts_equal_a_brute_force_count(rows: list[tuple[int, int,
     and the persons per cell count what a dictionary counts: the verification can say no."""
     from collections import Counter
 
-    from privpipe.dp.cells import Contributions, _aggregate, _max_distinct, _max_per
+    from privpipe.dp.cells import Contributions, _aggregate, _Recount
 
     unit = np.array([r[0] for r in rows], dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     cell = np.array([r[1] for r in rows], dtype=np.uint64) + np.uint64(2**63)
     group = np.array([r[2] for r in rows], dtype=np.uint64)
+    recount = _Recount.of(Contributions(0, cell, unit, group, None))
     pairs = Counter(zip(unit.tolist(), cell.tolist(), strict=True))
-    assert _max_per([unit, cell]) == max(pairs.values(), default=0)
-    for item in (cell, group):
+    assert recount.max_rows_per_cell == max(pairs.values(), default=0)
+    for item, got in ((cell, recount.max_cells_per_unit), (group, recount.max_groups_per_unit)):
         distinct: dict[int, set[int]] = {}
         for u, i in zip(unit.tolist(), item.tolist(), strict=True):
             distinct.setdefault(u, set()).add(i)
-        assert _max_distinct(unit, item) == max(map(len, distinct.values()), default=0)
+        assert got == max(map(len, distinct.values()), default=0)
+    # without a privacy unit: each row its own person
+    rowwise = _Recount.of(Contributions(0, cell, None, None, None))
+    assert rowwise.max_rows_per_cell == rowwise.max_cells_per_unit == (1 if rows else 0)
+    assert rowwise.units.tolist() == rowwise.rows.tolist()
+    # without partition groups: one group, so at most one per person
+    alone = _Recount.of(Contributions(0, cell, unit, None, None))
+    assert alone.max_groups_per_unit == (1 if rows else 0)
     if rows:
-        cells = _aggregate(Contributions(0, cell, unit, None, None))
+        c = Contributions(0, cell, unit, None, None)
+        cells = _aggregate(c, _Recount.of(c))
         persons: dict[int, set[int]] = {}
-        for u, c in zip(unit.tolist(), cell.tolist(), strict=True):
-            persons.setdefault(c, set()).add(u)
-        assert cells["units"].to_dict() == {c: len(p) for c, p in persons.items()}
+        for u, c_ in zip(unit.tolist(), cell.tolist(), strict=True):
+            persons.setdefault(c_, set()).add(u)
+        assert cells["units"].to_dict() == {k: len(p) for k, p in persons.items()}
         assert cells["count"].to_dict() == dict(Counter(cell.tolist()))
