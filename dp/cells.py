@@ -256,12 +256,11 @@ def _merge_bins(parts: Sequence[pd.Series | None]) -> pd.Series | None:
 class _Recount:
     """What a release counts and re-checks on its kept rows, from one factorisation of
     their cells and persons and one sort of their (person, cell) pairs: rows and distinct
-    persons per cell (``cells`` holds the cells' hashes by id, ``cell`` each row's id),
+    persons per cell (``cells``: the cells' hashes, in the order of ``rows`` and ``units``),
     and the bounds as kept: the most rows of one person in one cell, the most cells and
     partition groups of one person. Counted apart from ``bounding.bound_units``, which
     chose the rows, so the verification can say no."""
 
-    cell: I64
     cells: U64
     rows: I64
     units: I64
@@ -276,7 +275,7 @@ class _Recount:
         rows = np.bincount(cell, minlength=len(cells)).astype(np.int64)
         if c.unit is None:  # one row, one person
             one = 1 if len(c) else 0
-            return cls(cell, cells, rows, rows, one, one, one)
+            return cls(cells, rows, rows, one, one, one)
         unit = pd.factorize(c.unit)[0].astype(np.int64)
         width = np.int64(max(len(cells), 1))
         pairs, per_pair = unique_counts(unit * width + cell)  # (person, cell), person first
@@ -286,7 +285,6 @@ class _Recount:
         span = np.int64(max(len(groups), 1))
         unit_groups = sorted_unique(unit * span + group_codes.astype(np.int64))
         return cls(
-            cell,
             cells,
             rows,
             units,
