@@ -26,7 +26,7 @@ import pandas as pd
 
 from privpipe.anonymity.arrays import sorted_unique, unique_counts
 from privpipe.anonymity.hierarchy import canonical_column
-from privpipe.anonymity.summary import unit_hashes
+from privpipe.anonymity.summary import group_rows, unit_hashes
 from privpipe.dp import exact
 from privpipe.dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
 from privpipe.dp.spec import MOMENT_KINDS, QUANTILE_KINDS, DPReleaseSpec, Query, QueryPlan
@@ -120,22 +120,23 @@ def fixed_point_values(batch: pd.DataFrame, spec: DPReleaseSpec, plan: QueryPlan
 
 def _combinations(
     batch: pd.DataFrame, cols: Sequence[str]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Each row's distinct combination of ``cols`` (ids in order of first row; missing is
     a value of its own) and each combination's first row. Without columns, one
     combination (every row the same)."""
-    combination = np.zeros(len(batch), dtype=np.int64)
-    width = 1  # combinations so far are below it
+    if not cols:
+        n = len(batch)
+        return np.zeros(n, dtype=np.int64), np.zeros(min(n, 1), dtype=np.int64)
+    codes, radices = [], []
     for col in cols:
-        codes, uniques = pd.factorize(batch[col], use_na_sentinel=True)
-        if width * (len(uniques) + 1) >= 1 << 62:  # made dense again before it overflows
-            combination = pd.factorize(combination)[0].astype(np.int64)
-            width = int(combination.max()) + 1
-        combination = combination * np.int64(len(uniques) + 1) + (codes.astype(np.int64) + 1)
-        width *= len(uniques) + 1
-    ids = pd.factorize(combination)[0].astype(np.int64)
-    first = np.flatnonzero(~pd.Series(ids).duplicated().to_numpy())
-    return ids, first
+        column, uniques = pd.factorize(batch[col], use_na_sentinel=True)
+        codes.append(column.astype(np.int64) + 1)  # missing (-1) becomes 0
+        radices.append(len(uniques) + 1)
+    ids, first = group_rows(codes, radices)  # ids in the columns' order: renumbered by row
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.shape[0], dtype=order.dtype)
+    return rank[ids].astype(np.int64, copy=False), first[order]
 
 
 def _cells(
