@@ -322,15 +322,37 @@ class Hierarchy:
 
         Accepts a Series, Index, array or sequence of strings or numbers (see the module
         docstring for how numbers and missing cells are matched). Work is done per
-        distinct value, then broadcast with the factorize codes.
+        distinct value, then broadcast with the factorize codes; a categorical column
+        (the rows ``ExpandTable`` makes) is its codes into its categories, so nothing is
+        factorised and the categories are looked up once per dtype, not once per batch.
         """
+        if isinstance(values, pd.Series | pd.CategoricalIndex) and isinstance(
+            values.dtype, pd.CategoricalDtype
+        ):
+            codes = np.asarray(values.array.codes)
+            return self._per_category(values.dtype)[codes]
+        if isinstance(values, pd.Categorical):
+            return self._per_category(values.dtype)[np.asarray(values.codes)]
         codes, uniques = _factorize(values)
+        return self._per_value(uniques)[codes]
+
+    def _per_value(self, uniques: ObjArray) -> IntArray:
+        """Raw code per canonical string of ``uniques``, then the missing cell's code
+        (codes of -1, missing cells, pick that last element)."""
         cache = self._cache
         positions = cache.lookup.get_indexer(uniques)
         mapped = np.where(positions >= 0, cache.lookup_codes[positions], -1)
-        missing = cache.missing_code
-        # codes == -1 (missing cells) pick the appended last element
-        return np.append(mapped, missing).astype(np.int64)[codes]
+        return np.append(mapped, cache.missing_code).astype(np.int64)
+
+    def _per_category(self, dtype: pd.CategoricalDtype) -> IntArray:
+        """``_per_value`` of a categorical dtype's categories, kept for the last dtype seen
+        (every batch one expansion makes shares its column's dtype object)."""
+        last: tuple[pd.CategoricalDtype, IntArray] | None = self.__dict__.get("_last_categories")
+        if last is not None and last[0] is dtype:
+            return last[1]
+        table = self._per_value(_factorize(dtype.categories)[1])
+        object.__setattr__(self, "_last_categories", (dtype, table))
+        return table
 
     def labels(self, level: int) -> ObjArray:
         """Label per raw code at ``level`` (read-only object array, length domain_size)."""

@@ -221,6 +221,36 @@ def test_encode_is_vectorised_on_a_large_batch() -> None:
     assert (h.values[codes] == batch.to_numpy(dtype=object)).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.integers(-3, 12), st.sampled_from(["7", "x", ""])), max_size=40),
+    st.sampled_from(["str", "Int64", "float"]),
+)
+def test_encode_of_a_categorical_is_the_encode_of_its_values(values: list, kind: str) -> None:
+    """Codes into categories (unused and missing ones too) give the raw codes the values
+    give, for every batch sharing the dtype and after a switch to another dtype."""
+    h = Hierarchy(
+        "n",
+        np.array([[str(i), "low" if i < 5 else "high", "*"] for i in range(10)], dtype=object),
+        aliases={"": "0", "x": "9"},
+    )
+    if kind == "str":
+        plain = pd.Series([None if v is None else str(v) for v in values], dtype="str")
+    elif kind == "Int64":
+        plain = pd.Series([v if isinstance(v, int) else None for v in values], dtype="Int64")
+    else:
+        plain = pd.Series([float(v) if isinstance(v, int) else np.nan for v in values])
+    present = plain.dropna().unique().tolist()
+    dtype = pd.CategoricalDtype(pd.Index([*present, *([] if kind == "str" else [11])]).unique())
+    categorical = plain.astype(dtype)
+    expected = h.encode(plain.astype(object)).tolist()
+    assert h.encode(categorical).tolist() == expected
+    assert h.encode(categorical.array).tolist() == expected  # a Categorical
+    assert h.encode(categorical[::-1]).tolist() == expected[::-1]  # same dtype, cached
+    other = plain.astype("category")  # another dtype object: looked up afresh
+    assert h.encode(other).tolist() == expected
+
+
 # --------------------------------------------------------------------------- aliases
 
 
