@@ -53,6 +53,9 @@ def test_frequency_table_matches_pandas(
     expected = df.astype("str").value_counts(dropna=False).rename("count").reset_index()
     assert key(out) == key(expected)
     assert int(out["count"].sum()) == n
+    if not categorical:  # str columns, missing values missing (not the string "nan")
+        assert all(out[c].dtype == "str" for c in ("a", "b", "c"))
+        assert int(out["a"].isna().sum()) == int(expected.loc[expected["a"].isna(), "a"].size)
     for c in ("a", "b", "c"):  # per-value counts as the search step reads them
         want = expected.groupby(c, dropna=False)[COUNT].sum()
         pd.testing.assert_series_equal(_value_counts(out[c], out[COUNT]), want)

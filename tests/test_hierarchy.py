@@ -223,7 +223,9 @@ def test_encode_is_vectorised_on_a_large_batch() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.one_of(st.none(), st.integers(-3, 12), st.sampled_from(["7", "x", ""])), max_size=40),
+    st.lists(
+        st.one_of(st.none(), st.integers(-3, 12), st.sampled_from(["7", "x", ""])), max_size=40
+    ),
     st.sampled_from(["str", "Int64", "float"]),
 )
 def test_encode_of_a_categorical_is_the_encode_of_its_values(values: list, kind: str) -> None:

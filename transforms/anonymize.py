@@ -40,6 +40,7 @@ import apache_beam as beam
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsSingleton
 
@@ -287,9 +288,20 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
                 categories = pd.Index(values[present], dtype="str")
                 out[col] = pd.Categorical.from_codes(recode[rows[:, j]], categories=categories)
             else:
-                out[col] = pd.array(values.to_numpy()[rows[:, j]], dtype="str")
+                out[col] = _taken_strings(values, rows[:, j])
         assert len(counts) == n
         return pd.DataFrame({**out, COUNT: counts})
+
+
+def _taken_strings(values: pd.Index, codes: npt.NDArray[np.int32]) -> Any:
+    """``str`` column of ``values[codes]`` (a dictionary of strings and missing values),
+    gathered by Arrow from the dictionary instead of made from one Python string per row."""
+    strings = np.asarray(values, dtype=object)
+    try:
+        dictionary = pa.array(strings, type=pa.large_string(), from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # not all strings: as pandas makes them
+        return pd.array(strings[codes], dtype="str")
+    return pd.array(dictionary.take(pa.array(codes)), dtype="str")
 
 
 class RecodeFn(beam.DoFn):  # type: ignore[misc]
