@@ -196,7 +196,9 @@ def split_by_shard(unit: U64, shards: int) -> list[tuple[int, npt.NDArray[np.int
     """(shard, row positions in input order) of every non-empty shard: one sort, not one
     mask per shard."""
     shard = shard_of(unit, shards)
-    order = np.argsort(shard, kind="stable")
+    # the same stable order; numpy sorts 16-bit keys by radix (~10x faster than int64)
+    keys = shard.astype(np.uint16) if shards <= 1 << 16 else shard
+    order = np.argsort(keys, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(shards + 1))
     return [
         (s, order[bounds[s] : bounds[s + 1]]) for s in range(shards) if bounds[s + 1] > bounds[s]

@@ -166,7 +166,9 @@ class _ByteSource:
         n = _count(n)
         while True:
             keys = self.words(n)
-            order = np.argsort(keys, kind="stable")
+            # distinct keys have one sorted order, so any sort gives it: the unstable
+            # one, ~5x faster on 64-bit keys than numpy's stable (timsort) one
+            order = np.argsort(keys)
             ranked = keys[order]
             # distinct keys: every order equally likely; a tie (p < n^2/2^65) is redrawn
             if not bool(np.any(ranked[1:] == ranked[:-1])):

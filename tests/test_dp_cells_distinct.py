@@ -115,3 +115,21 @@ def test_partition_groups_hashed_per_distinct_group_equal_per_row(
     (c,) = contributions(batch, spec, plan_queries(spec))
     assert c.group is not None
     np.testing.assert_array_equal(c.group, hash_keys(batch[list(by)].astype(object)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.integers(0, 2**64 - 1), max_size=300),
+    st.sampled_from([1, 2, 3, 16, 255, 70_000]),
+)
+def test_split_by_shard_keeps_each_shard_in_input_order(units: list[int], shards: int) -> None:
+    """Every row once, in the shard of its person, each shard's rows in input order."""
+    from privpipe.dp.cells import shard_of, split_by_shard
+
+    unit = np.array(units, dtype=np.uint64)
+    parts = split_by_shard(unit, shards)
+    want = shard_of(unit, shards)
+    assert [s for s, _ in parts] == sorted(set(want.tolist()))
+    for s, rows in parts:
+        assert rows.tolist() == np.flatnonzero(want == s).tolist()
+    assert sum(len(rows) for _, rows in parts) == len(units)

@@ -91,7 +91,9 @@ class _HashDictionary:
     def encode(self, values: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
         """Codes of distinct ``values``; new ones get the next codes, in their order."""
         values = np.asarray(values, dtype=np.int64)
-        order = np.argsort(values, kind="stable")  # sorted queries: searches stay local
+        # sorted queries: searches stay local (values are distinct: any sort gives one
+        # order, and numpy's unstable one is ~5x faster on 64-bit keys)
+        order = np.argsort(values)
         ranked = values[order]
         found = np.full(values.shape[0], -1, dtype=np.int64)
         for keys, run_codes in self._runs:
@@ -101,7 +103,7 @@ class _HashDictionary:
         fresh = np.flatnonzero(found < 0)  # ascending ranks: the new values, sorted
         if fresh.size:
             at = order[fresh]  # the new values' positions in ``values``
-            by_position = np.argsort(at, kind="stable")  # codes follow the order of ``values``
+            by_position = np.argsort(at)  # codes follow the order of ``values`` (distinct)
             new_codes = np.empty(fresh.size, dtype=np.int64)
             new_codes[by_position] = np.arange(self._n, self._n + fresh.size, dtype=np.int64)
             found[fresh] = new_codes
@@ -110,7 +112,7 @@ class _HashDictionary:
             while len(self._runs) > 1 and 2 * self._runs[-1][0].size >= self._runs[-2][0].size:
                 (k1, c1), (k2, c2) = self._runs[-2], self._runs.pop()
                 keys, merged = np.concatenate([k1, k2]), np.concatenate([c1, c2])
-                by_key = np.argsort(keys, kind="stable")
+                by_key = np.argsort(keys)  # distinct: each value is in one run
                 self._runs[-1] = (keys[by_key], merged[by_key])
         codes = np.empty(values.shape[0], dtype=np.int32)
         codes[order] = found
