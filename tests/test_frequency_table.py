@@ -87,6 +87,55 @@ def test_a_float_column_is_counted_the_same_whatever_the_batches(
     assert "-0.0" not in set(parts["x"].dropna())
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.sampled_from(["a", "b", "[1-5]", "*"])),
+            st.sampled_from([0.0, -0.0, 1.5, np.nan]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    step=st.integers(1, 40),
+    extra=st.booleans(),
+)
+def test_categorical_columns_are_counted_as_their_values(
+    rows: list[tuple[str | None, float]], step: int, extra: bool
+) -> None:
+    """A categorical column (a recoding's labels: counted by its codes) gives the table
+    its values give, missing and unused categories, -0.0 and batches included; only the
+    values present enter the table's categories."""
+    text = pd.Series([r[0] for r in rows], dtype="str")
+    number = pd.Series([r[1] for r in rows], dtype=np.float64)
+    plain = pd.DataFrame({"t": text, "x": number})
+    unused = ["never"] if extra else []
+    cats = pd.DataFrame(
+        {
+            "t": text.astype(pd.CategoricalDtype([*text.dropna().unique(), *unused])),
+            "x": number.astype(pd.CategoricalDtype([*number.dropna().unique(), 9.0][:4])),
+        }
+    )
+
+    def table(frame: pd.DataFrame) -> pd.DataFrame:
+        fn = FrequencyTable(["t", "x"], categorical=True)
+        acc = fn.create_accumulator()
+        for i in range(0, len(frame), step):
+            acc = fn.add_input(acc, frame.iloc[i : i + step])
+        return fn.extract_output(acc)
+
+    def counts(t: pd.DataFrame) -> list[tuple[str, str, int]]:
+        def col(c: str) -> pd.Series:
+            return t[c].astype(object).where(t[c].notna(), "<NA>").astype(str)
+
+        return sorted(zip(col("t"), col("x"), t[COUNT].astype(int), strict=True))
+
+    got = table(cats)
+    assert counts(got) == counts(table(plain))
+    assert set(got["t"].cat.categories) == set(text.dropna())
+    assert "-0.0" not in set(got["x"].cat.categories)
+
+
 def test_empty_input_gives_empty_table() -> None:
     fn = FrequencyTable(["a"])
     out = fn.extract_output(fn.create_accumulator())

@@ -228,11 +228,24 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
                 hash_codes, hashes = pd.factorize(unit_hashes(batch[col], col))
                 codes[:, j] = acc.encode(j, pd.Index(hashes, dtype=np.int64))[hash_codes]
                 continue
-            # distinct raw values first, then their strings (equal strings share a code);
-            # -0.0 is 0.0 (factorize merges them within a batch; so must every batch)
-            values = batch[col] + 0.0 if batch[col].dtype.kind == "f" else batch[col]
-            raw_codes, raw_uniques = pd.factorize(values, use_na_sentinel=False)
-            strings = pd.Series(raw_uniques).astype("str").to_numpy(dtype=object)
+            column = batch[col]
+            if isinstance(column.dtype, pd.CategoricalDtype):
+                # a recoding's labels: codes into the categories (a missing value last),
+                # nothing hashed per row; only the values present enter the dictionary
+                raw_codes = np.asarray(column.array.codes, dtype=np.intp).copy()
+                n_categories = len(column.dtype.categories)
+                raw_codes[raw_codes < 0] = n_categories
+                present = np.bincount(raw_codes, minlength=n_categories + 1) > 0
+                renumber = np.cumsum(present) - 1
+                raw_codes = renumber[raw_codes]
+                strings = _category_strings(column.dtype)[present]
+            else:
+                # distinct raw values first, then their strings (equal strings share a
+                # code); -0.0 is 0.0 (factorize merges them within a batch; so must every
+                # batch)
+                values = column + 0.0 if column.dtype.kind == "f" else column
+                raw_codes, raw_uniques = pd.factorize(values, use_na_sentinel=False)
+                strings = pd.Series(raw_uniques).astype("str").to_numpy(dtype=object)
             str_codes, str_uniques = pd.factorize(strings, use_na_sentinel=False)
             global_codes = acc.encode(j, pd.Index(str_uniques, dtype=object))
             codes[:, j] = global_codes[str_codes][raw_codes]
@@ -293,6 +306,16 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
                 out[col] = _taken_strings(values, rows[:, j])
         assert len(counts) == n
         return pd.DataFrame({**out, COUNT: counts})
+
+
+def _category_strings(dtype: pd.CategoricalDtype) -> npt.NDArray[np.object_]:
+    """The strings of a categorical dtype's categories, as ``astype("str")`` makes a
+    column's values, then a missing value (the code of a missing cell)."""
+    values = pd.Series(dtype.categories, dtype=dtype.categories.dtype)
+    if values.dtype.kind == "f":
+        values = values + 0.0  # -0.0 is 0.0, as for a column of floats
+    strings = values.astype("str").to_numpy(dtype=object)
+    return np.append(strings, np.array([np.nan], dtype=object))
 
 
 def _taken_strings(values: pd.Index, codes: npt.NDArray[np.int32]) -> Any:
