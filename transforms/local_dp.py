@@ -38,7 +38,7 @@ from privpipe.dp.cells import canonical_labels, hash_units, split_by_shard
 from privpipe.dp.local import FrequencyOracle, reports_to_frame, support_counts
 from privpipe.dp.local_release import encode_values, one_per_person
 from privpipe.dp.secure_random import RandomSource, random_source_for
-from privpipe.transforms.dp_aggregate import spill, unspill, write_pickle
+from privpipe.transforms.dp_aggregate import spill_together, unspill, write_pickle
 from privpipe.transforms.order import after
 from privpipe.transforms.sink import WriteTable
 from privpipe.transforms.timing import TimedCombineFn, TimedDoFn
@@ -153,9 +153,16 @@ class PerturbFn(beam.DoFn):  # type: ignore[misc]
         frame = pd.DataFrame({"unit": unit, "code": codes})
         if parties is not None:
             frame["party"] = parties
-        for sh, rows in split_by_shard(unit, self.shards):
-            part = frame.iloc[rows].reset_index(drop=True)
-            yield sh, part if self.spill is None else spill(self.spill, part)
+        parts = [
+            (sh, frame.iloc[rows].reset_index(drop=True))
+            for sh, rows in split_by_shard(unit, self.shards)
+        ]
+        if self.spill is None:
+            yield from parts
+            return
+        places = spill_together(self.spill, [part for _, part in parts])  # one file
+        for (sh, _), place in zip(parts, places, strict=True):
+            yield sh, place
 
 
 class PerturbShardFn(beam.DoFn):  # type: ignore[misc]
@@ -166,7 +173,7 @@ class PerturbShardFn(beam.DoFn):  # type: ignore[misc]
 
     def process(self, element: tuple[int, Iterable[pd.DataFrame | str]]) -> Iterator[Any]:
         shard, parts = element
-        frames = [unspill(p) if isinstance(p, str) else p for p in parts]
+        frames = [unspill(p) for p in parts]
         frame = pd.concat(frames, ignore_index=True)
         # a canonical order, so a seeded run does not depend on the shuffle's order
         frame = frame.sort_values(list(frame.columns), kind="stable", ignore_index=True)
