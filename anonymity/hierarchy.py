@@ -329,10 +329,11 @@ class Hierarchy:
         if isinstance(values, pd.Series | pd.CategoricalIndex) and isinstance(
             values.dtype, pd.CategoricalDtype
         ):
-            codes = np.asarray(values.array.codes)
-            return self._per_category(values.dtype)[codes]
+            out: IntArray = self._per_category(values.dtype)[np.asarray(values.array.codes)]
+            return out
         if isinstance(values, pd.Categorical):
-            return self._per_category(values.dtype)[np.asarray(values.codes)]
+            taken: IntArray = self._per_category(values.dtype)[np.asarray(values.codes)]
+            return taken
         codes, uniques = _factorize(values)
         return self._per_value(uniques)[codes]
 
