@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.dp.cells import canonical_labels
+from privpipe.anonymity.hierarchy import canonical_factorize
 from privpipe.dp.multiparty import calibration_problems
 from privpipe.dp.secure_random import RandomSource
 from privpipe.errors import InputDataError
@@ -50,11 +50,13 @@ def full_domain(domain: Sequence[str], other: str | None) -> tuple[str, ...]:
 def encode_values(
     values: pd.Series, domain: Sequence[str], other: str | None, where: str
 ) -> IntArray:
-    """Codes in [0, len(full_domain)) of every value (canonical strings, as central DP)."""
-    labels = canonical_labels(str(values.name), 0, values)
+    """Codes in [0, len(full_domain)) of every value (canonical strings, as central DP;
+    a missing value is ``""``), looked up once per distinct value."""
+    raw, uniques = canonical_factorize(values)  # a missing value: -1, the "" appended last
     full = full_domain(domain, other)
     index = pd.Index(full[: len(full) - (1 if other is not None else 0)], dtype=object)
-    codes: IntArray = np.asarray(index.get_indexer(labels), dtype=np.int64)
+    per_value = np.asarray(index.get_indexer(np.append(uniques, "").astype(object)), np.int64)
+    codes: IntArray = per_value[raw]
     outside = codes < 0
     if outside.any():
         if other is not None:

@@ -426,3 +426,47 @@ def test_multiparty_labels_and_helpers() -> None:
     assert errors == sorted(errors)  # central < multiparty (growing m) < local
     with pytest.raises(ConfigError):
         multiparty_histogram(codes, 3, 1.0, SeededTestSampler(1))
+
+
+def test_encode_values_is_the_lookup_of_each_rows_canonical_string() -> None:
+    """Codes of a batch (looked up once per distinct value) are those of each row's
+    canonical string (missing: "") in the domain; outside it: ``other`` or a refusal."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from privpipe.anonymity.hierarchy import canonical_column
+    from privpipe.dp.local_release import encode_values, full_domain
+    from privpipe.errors import InputDataError
+
+    domain = ["a", "1", "0", "2.5", ""]
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(st.none(), st.sampled_from(["a", "b", 1, 0.0, -0.0, 2.5, 7])), max_size=30
+        ),
+        st.sampled_from(["str", "object", "float"]),
+        st.booleans(),
+    )
+    def check(values: list, kind: str, with_other: bool) -> None:
+        if kind == "float":
+            column = pd.Series(
+                [v if isinstance(v, int | float) else np.nan for v in values], dtype=float
+            )
+        elif kind == "str":
+            column = pd.Series([None if v is None else str(v) for v in values], dtype="str")
+        else:
+            column = pd.Series(values, dtype=object)
+        column.name = "x"
+        other = "__other__" if with_other else None
+        full = full_domain(domain, other)
+        index = pd.Index(full[: len(full) - (1 if other else 0)], dtype=object)
+        want = np.asarray(index.get_indexer(canonical_column(column)), dtype=np.int64)
+        if (want < 0).any() and other is None:
+            with pytest.raises(InputDataError, match="outside the public domain"):
+                encode_values(column, domain, other, "w")
+            return
+        want[want < 0] = len(full) - 1
+        assert encode_values(column, domain, other, "w").tolist() == want.tolist()
+
+    check()
