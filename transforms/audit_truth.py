@@ -6,9 +6,11 @@ Two combines over the batches, each bounded by something other than the number o
   distinct row's multiplicity (``transforms.anonymize.FrequencyTable``; column
   ``attacks.matching.WEIGHT``): the truth the audit scores and counts against;
 - the attacker's targets: a fixed number of rows, those of the persons with the smallest
-  keyed hash (``attacks.control.keyed_hashes`` of the privacy unit, then of the row), so
-  the sample is reproducible within a run (both reads, every batch split) and, the key
-  being fresh per run from the OS CSPRNG, unpredictable across runs.
+  keyed hash (``attacks.control.keyed_hashes`` of the privacy unit as the batches carry
+  it, then of the row), so the sample is reproducible within a run (both reads, every
+  batch split) and, the key being fresh per run from the OS CSPRNG, unpredictable across
+  runs. The members' batches carry the unit as its 64-bit hash (``pipelines.run`` hashes
+  it once after the profile), which the keyed hash takes as a number: no string per row.
 """
 
 from __future__ import annotations
