@@ -445,3 +445,36 @@ def test_the_pipeline_counts_persons_and_states_the_unit(project: object, tmp_pa
     assert kr["transformation"]["levels"]["zip"] < kp["transformation"]["levels"]["zip"]
     data = pd.read_csv(release_dir(out, "kp") / "data.csv", dtype=str)
     assert "id" not in data.columns  # the person id is never published
+
+
+@pytest.mark.slow
+def test_a_row_without_a_person_id_stops_the_run(project: object, tmp_path: Path) -> None:
+    """The person id is hashed once for every step (after the profile): a row without one
+    is a data error naming the column (exit 3), and nothing is published."""
+    import subprocess
+    import sys
+
+    rows = [
+        "1;47677;29;Female;Flu",
+        ";47678;27;Female;Flu",
+        "3;47905;43;Male;Flu",
+        "4;47906;47;Male;Cold",
+    ]
+    project.write_rows(rows)  # type: ignore[attr-defined]
+    cfg = project.cfg  # type: ignore[attr-defined]
+    cfg["schema"]["quasi_identifiers"] = ["zip"]
+    cfg["hierarchies"] = {"zip": {"mask": {"digits": 5}}}
+    cfg["schema"].pop("types")
+    cfg["releases"] = [{"name": "kp", "kind": "k_anonymity", "k": 2}]
+    config = project.save()  # type: ignore[attr-defined]
+    privpipe = Path(sys.executable).parent / "privpipe"
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [str(privpipe), "run", str(config), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "schema.privacy_unit" in done.stderr and "without a person id" in done.stderr
+    assert not (out / "public").exists() or not any((out / "public").iterdir())
