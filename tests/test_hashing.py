@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privpipe.hashing import MISSING_HASH, string_hashes
+from privpipe.hashing import MISSING_HASH, string_hashes, string_hashes_by_value
 
 MASK = (1 << 64) - 1
 
@@ -100,3 +100,34 @@ def test_columns_of_nothing_but_missing_values_or_no_rows() -> None:
     ):
         with pytest.raises(InputDataError, match=r"'pid' \(schema.privacy_unit\): [12] rows"):
             unit_hashes(column, "pid")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.none(), st.text(max_size=12), st.sampled_from(["", "a", "é"])), max_size=60
+    ),
+    st.sampled_from(["str", "object", "large"]),
+    st.integers(0, 5),
+)
+def test_hashes_by_value_are_the_hashes_of_every_string(
+    values: list[str | None], storage: str, offset: int
+) -> None:
+    """Each distinct string hashed once (dictionary-encoded) gives every row the hash of
+    its own bytes, missing values included, whatever the column's storage or offset."""
+    if storage == "large":
+        column: object = pa.array(values, type=pa.large_string()).slice(min(offset, len(values)))
+    else:
+        series = pd.Series(values, dtype="str" if storage == "str" else object)
+        column = series.iloc[min(offset, len(values)) :]
+    assert string_hashes_by_value(column).tolist() == string_hashes(column).tolist()
+
+
+def test_the_profile_hashes_few_distinct_values_once_each() -> None:
+    """The profile's column hash is the same whichever way it is computed."""
+    from privpipe.transforms.profile import _hash
+
+    few = pd.Series(["a", "b", None] * 3000, dtype="str")  # repeats: by value
+    ids = pd.Series([f"P{i}" for i in range(9000)], dtype="str")  # distinct: byte by byte
+    for column in (few, ids, few.astype(object)):
+        assert _hash(column).tolist() == string_hashes(column).tolist()

@@ -31,18 +31,25 @@ import numpy as np
 import pandas as pd
 
 from privpipe.anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
-from privpipe.hashing import string_hashes
+from privpipe.hashing import string_hashes, string_hashes_by_value
 from privpipe.transforms.memory import release_free_memory
 from privpipe.transforms.overlap import OverlappedCombineFn
 from privpipe.transforms.sink import write_json_step
 
+_SAMPLE = 4096  # rows whose distinct count picks how a string column is hashed
+
 
 def _hash(values: pd.Series) -> np.ndarray:
     """64-bit hashes of a column: strings by their bytes (``string_hashes``, no Python
-    object per value), other types by pandas' ``hash_pandas_object``."""
+    object per value; once per distinct value when the batch's first rows repeat values,
+    ``string_hashes_by_value``: the same hashes), other types by pandas'
+    ``hash_pandas_object``."""
     if isinstance(values.dtype, pd.StringDtype) or (
         values.dtype == object and pd.api.types.infer_dtype(values, skipna=True) == "string"
     ):
+        head = values.iloc[:_SAMPLE]
+        if 4 * head.nunique(dropna=False) <= len(head):
+            return string_hashes_by_value(values)
         return string_hashes(values)
     return pd.util.hash_pandas_object(values, index=False).to_numpy(dtype=np.uint64)
 
