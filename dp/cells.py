@@ -139,8 +139,29 @@ def _combinations(
     return rank[ids].astype(np.int64, copy=False), first[order]
 
 
+Combinations = dict[tuple[str, ...], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]
+
+
+def _combinations_of(
+    batch: pd.DataFrame, cols: Sequence[str], known: Combinations | None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``_combinations``, kept in ``known`` for the batch's other queries and releases
+    over the same columns."""
+    if known is None:
+        return _combinations(batch, cols)
+    key = tuple(cols)
+    found = known.get(key)
+    if found is None:
+        found = known[key] = _combinations(batch, cols)
+    return found
+
+
 def _cells(
-    batch: pd.DataFrame, spec: DPReleaseSpec, query: Query, labeler: Labeler
+    batch: pd.DataFrame,
+    spec: DPReleaseSpec,
+    query: Query,
+    labeler: Labeler,
+    known: Combinations | None = None,
 ) -> tuple[U64, pd.DataFrame]:
     """Each row's cell hash (``hash_keys`` of its ``key_frame`` labels) and the batch's
     cell dictionary (each cell's labels and ``_cell`` hash, in order of first row),
@@ -149,7 +170,7 @@ def _cells(
     share their labels. A 64k-row batch's cells over a few columns have a few thousand
     combinations: one string per combination and column, not per row."""
     cols = list(spec.key_columns(query))
-    combination, first = _combinations(batch, cols)
+    combination, first = _combinations_of(batch, cols, known)
     keys = key_frame(batch[cols].iloc[first].reset_index(drop=True), spec, query, labeler)
     hashes = hash_keys(keys)
     new = ~pd.Series(hashes).duplicated().to_numpy()  # combinations in first-row order
@@ -164,9 +185,11 @@ def contributions(
     plans: Sequence[QueryPlan],
     labeler: Labeler = canonical_labels,
     units: dict[str, U64] | None = None,
+    combinations: Combinations | None = None,
 ) -> list[Contributions]:
     """Every query's contributions of one batch (vectorised; no loop over rows).
-    ``units`` keeps the batch's person hashes per column for the next release."""
+    ``units`` keeps the batch's person hashes per column for the next release,
+    ``combinations`` the distinct combinations of its key columns per column tuple."""
     unit = None
     if spec.unit is not None:
         known = {} if units is None else units
@@ -175,12 +198,12 @@ def contributions(
         unit = known[spec.unit]
     group = None
     if spec.unit is not None and spec.partition_by:  # hashed once per distinct group
-        groups, first = _combinations(batch, spec.partition_by)
+        groups, first = _combinations_of(batch, spec.partition_by, combinations)
         distinct = batch[list(spec.partition_by)].iloc[first].astype(object)
         group = hash_keys(distinct.reset_index(drop=True))[groups]
     out: list[Contributions] = []
     for i, plan in enumerate(plans):
-        cell, dictionary = _cells(batch, spec, plan.query, labeler)
+        cell, dictionary = _cells(batch, spec, plan.query, labeler, combinations)
         value = fixed_point_values(batch, spec, plan) if plan.sum_units is not None else None
         out.append(Contributions(i, cell, unit, group, value, dictionary))
     return out

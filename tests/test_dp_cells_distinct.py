@@ -133,3 +133,21 @@ def test_split_by_shard_keeps_each_shard_in_input_order(units: list[int], shards
     for s, rows in parts:
         assert rows.tolist() == np.flatnonzero(want == s).tolist()
     assert sum(len(rows) for _, rows in parts) == len(units)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), level=st.integers(0, 1))
+def test_combinations_shared_by_a_batchs_releases_give_their_own_cells(
+    batch: pd.DataFrame, level: int
+) -> None:
+    """The key columns' combinations kept for the batch's other queries and releases
+    (``contributions(..., combinations=)``) give each release the cells it gets alone."""
+    specs = [spec_over(("t",), (("t", level),)), spec_over(("t", "n")), spec_over(("t",))]
+    shared: dict = {}
+    for spec in specs:
+        together = contributions(batch, spec, plan_queries(spec), banded, None, shared)
+        alone = contributions(batch, spec, plan_queries(spec), banded)
+        for a, b in zip(together, alone, strict=True):
+            np.testing.assert_array_equal(a.cell, b.cell)
+            pd.testing.assert_frame_equal(a.dictionary, b.dictionary)
+    assert set(shared) == {("t",), ("t", "n")}

@@ -122,9 +122,12 @@ class ContributionsFn(beam.DoFn):  # type: ignore[misc]
 
     def process(self, batch: pd.DataFrame) -> Iterator[Any]:
         units: dict[str, Any] = {}  # person hashes of this batch, shared by the releases
+        combinations: dict[Any, Any] = {}  # its key columns' combinations, shared likewise
         spilling: list[tuple[tuple[int, int, int], Contributions]] = []
         for j, job in enumerate(self.jobs):
-            for c in contributions(batch, job.spec, list(job.plans), self.labeler, units):
+            for c in contributions(
+                batch, job.spec, list(job.plans), self.labeler, units, combinations
+            ):
                 yield beam.pvalue.TaggedOutput(self.DICT, ((j, c.query), c.dictionary))
                 c.dictionary = pd.DataFrame()
                 if c.unit is None:  # one row, one person: already bounded
