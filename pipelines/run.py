@@ -198,7 +198,7 @@ def build_graph(
         # every step after the profile (the summaries, DP contributions, local DP shards,
         # the audit's sample) counts persons by the 64-bit hash of the id: computed once
         # here instead of once per step (the profile describes the ids as read)
-        batches = batches | "HashUnits" >> beam.Map(hash_units, s.privacy_unit)
+        batches = batches | "HashMemberUnits" >> beam.Map(hash_units, s.privacy_unit)
     resolver = HierarchyResolver(plan.config.hierarchies, plan.hierarchies)
     # recoding needs the search's result first: the rows come again from the frequency
     # table the search started from (in this process), or are read a second time, once for
