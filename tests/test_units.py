@@ -8,6 +8,8 @@ with the search, Mondrian, the verifier and the attacks.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -402,11 +404,31 @@ def test_unit_rows_on_one_row_per_person_reproduces_the_arx_optimum() -> None:
 # --------------------------------------------------------------------------- Beam path
 
 
+def _run_zips(
+    project: object, tmp_path: Path, rows: list[str], releases: list[dict[str, object]]
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``privpipe run`` of ``rows`` (id;zip;age;sex;disease) with ``zip`` the only QI."""
+    project.write_rows(rows)  # type: ignore[attr-defined]
+    cfg = project.cfg  # type: ignore[attr-defined]
+    cfg["schema"]["quasi_identifiers"] = ["zip"]
+    cfg["hierarchies"] = {"zip": {"mask": {"digits": 5}}}
+    cfg["schema"].pop("types")
+    cfg["releases"] = releases
+    config = project.save()  # type: ignore[attr-defined]
+    privpipe = Path(sys.executable).parent / "privpipe"
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [str(privpipe), "run", str(config), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done, out
+
+
 @pytest.mark.slow
 def test_the_pipeline_counts_persons_and_states_the_unit(project: object, tmp_path: Path) -> None:
     import json
-    import subprocess
-    import sys
 
     from tests.layout import release_dir
 
@@ -418,23 +440,14 @@ def test_the_pipeline_counts_persons_and_states_the_unit(project: object, tmp_pa
         "4;47906;47;Male;Cold",
         "5;47909;52;Male;Flu",
     ]
-    project.write_rows(rows)  # type: ignore[attr-defined]
-    cfg = project.cfg  # type: ignore[attr-defined]
-    cfg["schema"]["quasi_identifiers"] = ["zip"]
-    cfg["hierarchies"] = {"zip": {"mask": {"digits": 5}}}
-    cfg["schema"].pop("types")
-    cfg["releases"] = [
-        {"name": "kp", "kind": "k_anonymity", "k": 3},
-        {"name": "kr", "kind": "k_anonymity", "k": 3, "unit": "rows"},
-    ]
-    config = project.save()  # type: ignore[attr-defined]
-    privpipe = Path(sys.executable).parent / "privpipe"
-    out = tmp_path / "run"
-    done = subprocess.run(
-        [str(privpipe), "run", str(config), "--output", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
+    done, out = _run_zips(
+        project,
+        tmp_path,
+        rows,
+        [
+            {"name": "kp", "kind": "k_anonymity", "k": 3},
+            {"name": "kr", "kind": "k_anonymity", "k": 3, "unit": "rows"},
+        ],
     )
     assert done.returncode == 0, done.stderr
     kp = json.loads((release_dir(out, "kp") / "release.json").read_text())
@@ -451,30 +464,13 @@ def test_the_pipeline_counts_persons_and_states_the_unit(project: object, tmp_pa
 def test_a_row_without_a_person_id_stops_the_run(project: object, tmp_path: Path) -> None:
     """The person id is hashed once for every step (after the profile): a row without one
     is a data error naming the column (exit 3), and nothing is published."""
-    import subprocess
-    import sys
-
     rows = [
         "1;47677;29;Female;Flu",
         ";47678;27;Female;Flu",
         "3;47905;43;Male;Flu",
         "4;47906;47;Male;Cold",
     ]
-    project.write_rows(rows)  # type: ignore[attr-defined]
-    cfg = project.cfg  # type: ignore[attr-defined]
-    cfg["schema"]["quasi_identifiers"] = ["zip"]
-    cfg["hierarchies"] = {"zip": {"mask": {"digits": 5}}}
-    cfg["schema"].pop("types")
-    cfg["releases"] = [{"name": "kp", "kind": "k_anonymity", "k": 2}]
-    config = project.save()  # type: ignore[attr-defined]
-    privpipe = Path(sys.executable).parent / "privpipe"
-    out = tmp_path / "run"
-    done = subprocess.run(
-        [str(privpipe), "run", str(config), "--output", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done, out = _run_zips(project, tmp_path, rows, [{"name": "kp", "kind": "k_anonymity", "k": 2}])
     assert done.returncode == 3, done.stderr
     assert "schema.privacy_unit" in done.stderr and "without a person id" in done.stderr
     assert not (out / "public").exists() or not any((out / "public").iterdir())
