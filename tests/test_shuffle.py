@@ -196,7 +196,6 @@ def test_write_table_scatter_shuffle_many_buckets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
 ) -> None:
     monkeypatch.setattr(sink, "BUCKET_ROWS", 100)  # 30 buckets for 3000 rows
-    monkeypatch.setattr(sink, "available_cores", lambda: 4)  # permuted 4 buckets at a time
     batches = [pd.DataFrame({"i": np.arange(s, s + 500)}) for s in range(0, N, 500)]
     table = _write_shuffled(tmp_path, batches, N, fmt)
     order = table["i"].to_numpy()
@@ -216,21 +215,19 @@ def test_write_table_scatter_shuffle_many_buckets(
 def test_scatter_shuffle_gives_every_order_equally_often(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The DoFns of the scatter shuffle, run by hand: 3 rows in two batches, 3 buckets,
-    permuted two buckets to a group (threads) as ``WriteTable`` does on two cores."""
+    """The DoFns of the scatter shuffle, run by hand: 3 rows in two batches, 3 buckets."""
     monkeypatch.setattr(sink, "BUCKET_ROWS", 1)
     scatter = sink._ScatterFn(str(tmp_path), "t", ("i",))
-    permute = sink._PermuteGroupFn(str(tmp_path), "csv", ",")
+    permute = sink._PermuteBucketFn(str(tmp_path), "csv", ",")
     batches = [pd.DataFrame({"i": [0, 1]}), pd.DataFrame({"i": [2]})]
     draws = 400  # without the per-bucket permutation chi2 ~ 44
     seen: Counter[tuple[int, ...]] = Counter()
     for _ in range(draws):
-        groups: dict[int, list[tuple[int, str]]] = {}
+        buckets: dict[int, list[str]] = {}
         for batch in batches:
             for b, path in scatter.process(batch, 3):
-                group, pair = sink._to_group((b, path), 2)
-                groups.setdefault(group, []).append(pair)
-        shards = sorted(path for item in groups.items() for path in permute.process(item))
+                buckets.setdefault(b, []).append(path)
+        shards = sorted(path for item in buckets.items() for path in permute.process(item))
         rows = [int(line) for s in shards for line in Path(s).read_text().split()]
         seen[tuple(rows)] += 1
         for f in tmp_path.iterdir():

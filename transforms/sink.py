@@ -21,12 +21,9 @@ one bucket (``BUCKET_ROWS``):
    CSPRNG, ``dp.secure_random.SecureRandom``) and writes its rows, in bucket order, as one
    file under the shards folder, one record batch per bucket (the piece), emitting
    ``(bucket, piece)`` for each bucket it has rows of;
-2. the pieces are grouped by bucket (only paths travel), the buckets ``per_key`` to a key
-   (the worker's cores); each bucket's rows are read, put in a uniformly random order
-   (``SecureRandom.permutation``) and written as the shard ``<bucket:06d>-<uuid>``, the
-   buckets of one key side by side on threads (reading, sorting, taking and writing run
-   in Arrow and numpy outside the GIL: 2.6M rows in 10 buckets took 1.4–1.6 s on one
-   thread and 0.8 s on two of the 2-vCPU VM);
+2. the pieces are grouped by bucket (only paths travel); each bucket's rows are read,
+   put in a uniformly random order (``SecureRandom.permutation``) and written as the shard
+   ``<bucket:06d>-<uuid>``;
 3. the merge concatenates the shards in bucket order (their names sort so).
 
 Categorical columns (a recoding's labels) travel as Arrow dictionary columns, ids and not
@@ -48,7 +45,6 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
@@ -66,7 +62,6 @@ from privpipe.dp.secure_random import SecureRandom
 from privpipe.errors import ConfigError
 from privpipe.formulas import escape, escape_table
 from privpipe.transforms.timing import TimedDoFn
-from privpipe.workers import available_cores
 
 __all__ = ["WriteTable", "load_json", "write_json", "write_json_step", "write_table"]
 
@@ -294,10 +289,6 @@ class _PermuteBucketFn(beam.DoFn):
 
     def process(self, element: tuple[int, Iterable[str]]) -> Iterator[str]:
         bucket, pieces = element
-        yield self.permute(bucket, pieces)
-
-    def permute(self, bucket: int, pieces: Iterable[str]) -> str:
-        """The shard of one bucket: its pieces' rows in a uniformly random order; its path."""
         tables: list[pa.Table] = []
         frames: list[pd.DataFrame] = []
         for piece in sorted(pieces):
@@ -320,34 +311,7 @@ class _PermuteBucketFn(beam.DoFn):
             table = table.take(pa.array(SecureRandom().permutation(table.num_rows)))
         path = FileSystems.join(self.shard_dir, f"{int(bucket):06d}-{uuid.uuid4().hex}.{self.fmt}")
         _write_shard(path, table, self.fmt, self.delimiter)
-        return path
-
-
-def _to_group(element: tuple[int, str], per_key: int) -> tuple[int, tuple[int, str]]:
-    """``(bucket, piece)`` keyed by its group of ``per_key`` buckets."""
-    bucket, piece = element
-    return bucket // per_key, (bucket, piece)
-
-
-class _PermuteGroupFn(_PermuteBucketFn):
-    """The buckets of one group (``(bucket, piece)`` pairs), each permuted and written as
-    ``_PermuteBucketFn`` does, side by side on a thread per bucket; their shards' paths."""
-
-    def process(  # type: ignore[override]
-        self, element: tuple[int, Iterable[tuple[int, str]]]
-    ) -> Iterator[str]:
-        _, pairs = element
-        buckets: dict[int, list[str]] = {}
-        for bucket, piece in pairs:
-            buckets.setdefault(int(bucket), []).append(piece)
-        if len(buckets) == 1:
-            ((bucket, pieces),) = buckets.items()
-            yield self.permute(bucket, pieces)
-            return
-        with ThreadPoolExecutor(len(buckets), thread_name_prefix="privpipe-permute") as pool:
-            futures = [pool.submit(self.permute, b, p) for b, p in sorted(buckets.items())]
-            for future in futures:
-                yield future.result()
+        yield path
 
 
 class _MergeShardsFn(beam.DoFn):
@@ -451,7 +415,6 @@ class WriteTable(beam.PTransform[PCollection[pd.DataFrame], PCollection[str]]):
         self.format = format
         self.delimiter = delimiter
         self.shuffle_rows = shuffle_rows
-        self.per_key = max(1, available_cores())  # buckets permuted side by side
 
     def expand(self, batches: PCollection[pd.DataFrame]) -> PCollection[str]:
         shard_dir = FileSystems.join(self.directory, f".shards-{self.name}")
@@ -465,12 +428,11 @@ class WriteTable(beam.PTransform[PCollection[pd.DataFrame], PCollection[str]]):
         else:
             scatter: beam.DoFn = TimedDoFn(stage, _ScatterFn(shard_dir, self.name, self.columns))
             permute: beam.DoFn = TimedDoFn(
-                stage, _PermuteGroupFn(shard_dir, self.format, self.delimiter)
+                stage, _PermuteBucketFn(shard_dir, self.format, self.delimiter)
             )
             shards = (
                 batches
                 | "Scatter" >> beam.ParDo(scatter, AsSingleton(self.shuffle_rows))  # type: ignore[no-untyped-call]
-                | "ByGroup" >> beam.Map(_to_group, self.per_key)
                 | "GroupBuckets" >> beam.GroupByKey()  # type: ignore[no-untyped-call]
                 | "PermuteBuckets" >> beam.ParDo(permute)  # type: ignore[no-untyped-call]
             )
