@@ -15,7 +15,14 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["sorted_unique", "sum_by_key", "unique_counts", "unique_first", "unique_first_inverse"]
+__all__ = [
+    "small_key_order",
+    "sorted_unique",
+    "sum_by_key",
+    "unique_counts",
+    "unique_first",
+    "unique_first_inverse",
+]
 
 IntArray = npt.NDArray[np.int64]
 ArrayT = TypeVar("ArrayT", bound=npt.NDArray[Any])
@@ -80,3 +87,12 @@ def sum_by_key(keys: ArrayT, weights: IntArray) -> tuple[ArrayT, IntArray]:
         return cast(ArrayT, ordered), weights[:0].astype(np.int64)
     sums = np.add.reduceat(weights[order].astype(np.int64, copy=False), at)
     return cast(ArrayT, ordered[at]), sums
+
+
+def small_key_order(keys: npt.NDArray[np.integer[Any]], bound: int) -> npt.NDArray[np.intp]:
+    """``np.argsort(keys, kind="stable")`` of integer keys in ``0..bound-1``: as 16-bit keys
+    when they fit, which numpy sorts by radix (~10x faster than 64-bit keys; the same
+    order)."""
+    if bound <= 1 << 16:
+        keys = keys.astype(np.uint16)
+    return np.argsort(keys, kind="stable")

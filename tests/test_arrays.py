@@ -36,3 +36,14 @@ def test_matches_numpy_unique(values: list[int], small: bool) -> None:
     inverse = np.unique(array, return_inverse=True)[1]
     assert np.array_equal(keys, expected_uniq)
     assert np.array_equal(sums, np.bincount(inverse, weights=weights).astype(np.int64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 70_000), max_size=200), st.sampled_from([16, 1 << 16, 70_001]))
+def test_small_key_order_is_the_stable_argsort(values: list[int], bound: int) -> None:
+    """Keys below ``bound`` sorted as 16-bit keys when they fit: numpy's stable order."""
+    from privpipe.anonymity.arrays import small_key_order
+
+    keys = np.array([v % bound for v in values], dtype=np.int64)
+    want = np.argsort(keys, kind="stable")
+    assert small_key_order(keys, bound).tolist() == want.tolist()

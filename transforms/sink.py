@@ -58,6 +58,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import AsList, AsSingleton, PCollection
 
+from privpipe.anonymity.arrays import small_key_order
 from privpipe.dp.secure_random import SecureRandom
 from privpipe.errors import ConfigError
 from privpipe.formulas import escape, escape_table
@@ -235,9 +236,7 @@ class _ScatterFn(beam.DoFn):
         buckets = shuffle_buckets(rows)
         table = _arrow(frame)
         bucket = SecureRandom().integers(buckets, len(frame))
-        if buckets <= 1 << 16:  # numpy sorts 16-bit keys stably by radix: ~10x faster
-            bucket = bucket.astype(np.uint16)
-        order = np.argsort(bucket, kind="stable")
+        order = small_key_order(bucket, buckets)
         ranked = bucket[order]
         edges = np.flatnonzero(np.diff(ranked)) + 1
         starts = np.concatenate([[0], edges]).tolist()
