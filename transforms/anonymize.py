@@ -238,7 +238,7 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
                 present = np.bincount(raw_codes, minlength=n_categories + 1) > 0
                 renumber = np.cumsum(present) - 1
                 raw_codes = renumber[raw_codes]
-                strings = self._category_strings(j, column.dtype)[present]
+                strings = self._kept_category_strings(j, column.dtype)[present]
             else:
                 # distinct raw values first, then their strings (equal strings share a
                 # code); -0.0 is 0.0 (factorize merges them within a batch; so must every
@@ -256,7 +256,7 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
         acc.maybe_compact()
         return acc
 
-    def _category_strings(self, j: int, dtype: pd.CategoricalDtype) -> npt.NDArray[np.object_]:
+    def _kept_category_strings(self, j: int, dtype: pd.CategoricalDtype) -> npt.NDArray[np.object_]:
         """``_category_strings`` of column ``j``'s dtype, kept for the last dtype object seen
         (a recoder's batches share one per column: a Mondrian table's thousands of labels
         are made strings once, not once per batch)."""

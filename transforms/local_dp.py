@@ -38,7 +38,7 @@ from privpipe.dp.cells import canonical_labels, hash_units, split_by_shard
 from privpipe.dp.local import FrequencyOracle, reports_to_frame, support_counts
 from privpipe.dp.local_release import encode_values, one_per_person
 from privpipe.dp.secure_random import RandomSource, random_source_for
-from privpipe.transforms.dp_aggregate import spill_together, unspill, write_pickle
+from privpipe.transforms.dp_aggregate import Spilled, spill_together, unspill, write_pickle
 from privpipe.transforms.order import after
 from privpipe.transforms.sink import WriteTable
 from privpipe.transforms.timing import TimedCombineFn, TimedDoFn
@@ -171,7 +171,7 @@ class PerturbShardFn(beam.DoFn):  # type: ignore[misc]
     def __init__(self, spec: LocalDPSpec, seed: int | None) -> None:
         self.spec, self.seed = spec, seed
 
-    def process(self, element: tuple[int, Iterable[pd.DataFrame | str]]) -> Iterator[Any]:
+    def process(self, element: tuple[int, Iterable[pd.DataFrame | Spilled]]) -> Iterator[Any]:
         shard, parts = element
         frames = [unspill(p) for p in parts]
         frame = pd.concat(frames, ignore_index=True)
