@@ -7,6 +7,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -208,8 +209,14 @@ def test_utility_truths_and_the_common_workload_on_the_demo(demo_run: tuple[Path
     salary = releases["dp_salary"]
     assert "means" in salary["utility"]["own"]["estimand"]
     assert salary["summary"]["own_error"] == salary["utility"]["own"]["mean_relative_error"]
+    # scored on the published means themselves, one query per published category
+    published = pd.read_csv(release_dir(out, "dp_salary") / "data.csv")
+    assert salary["utility"]["own"]["queries"] == len(published) >= 5
     own, counts = salary["summary"]["own_error"], salary["utility"]["mean_relative_error"]
-    assert own < counts / 2  # 3,000 rows: few persons per category, noisier means
+    # noise-dependent, so a wide margin: over 11 runs the means' error was 0.09-0.39 and the
+    # counts' 0.74-0.80 (an earlier `own < counts / 2` failed once in CI at 0.387 > 0.386);
+    # exceeding the counts' error takes noise six times its typical size on most categories
+    assert own < counts
     hist = releases["dp_diagnosis"]["utility"]
     assert hist["bias"]["mean_relative_error"] > hist["noise"]["mean_relative_error"] > 0
     assert "bounding, not noise" in hist["split"]
