@@ -209,9 +209,12 @@ def test_utility_truths_and_the_common_workload_on_the_demo(demo_run: tuple[Path
     salary = releases["dp_salary"]
     assert "means" in salary["utility"]["own"]["estimand"]
     assert salary["summary"]["own_error"] == salary["utility"]["own"]["mean_relative_error"]
-    # scored on the published means themselves, one query per published category
+    # scored on the published means themselves, one query per published category with a
+    # bounded truth (not the planted person's category when the bounding kept another of
+    # their visits: its true mean is then undefined)
     published = pd.read_csv(release_dir(out, "dp_salary") / "data.csv")
-    assert salary["utility"]["own"]["queries"] == len(published) >= 5
+    assert len(published) - 1 <= salary["utility"]["own"]["queries"] <= len(published)
+    assert len(published) >= 5
     own, counts = salary["summary"]["own_error"], salary["utility"]["mean_relative_error"]
     # noise-dependent, so a wide margin: over 11 runs the means' error was 0.09-0.39 and the
     # counts' 0.74-0.80 (an earlier `own < counts / 2` failed once in CI at 0.387 > 0.386);
