@@ -216,10 +216,10 @@ def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     row = recoding.locate(summary.qi_codes)  # the recoding's own index of its tuples
     if (row < 0).any():
         raise RuntimeError("a QI tuple of the summary is not in the recoding")
-    n_tuples, n_qi = recoding.labels.shape
+    n_tuples = recoding.n_tuples
     if n_tuples == 0 or summary.n_distinct == 0:
         return np.zeros(0, dtype=np.int64)
-    columns = [_label_ids(recoding.labels[:, j]) for j in range(n_qi)]
+    columns = [_label_ids(ids, names) for ids, names in recoding.label_factors()]
     group, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
     rank = np.empty(first.shape[0], dtype=np.int64)  # classes in order of first tuple
     rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
@@ -241,11 +241,11 @@ def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     return np.asarray(sizes[sizes > 0], dtype=np.int64)
 
 
-def _label_ids(labels: npt.NDArray[Any]) -> IntArray:
-    """One id per distinct label *as a string* (``1`` and ``"1"`` are one class): the
-    distinct values first, then their strings (a string copy of every tuple's label took
+def _label_ids(raw: npt.NDArray[Any], uniques: npt.NDArray[Any]) -> IntArray:
+    """One id per distinct label *as a string* (``1`` and ``"1"`` are one class), from a
+    column's factorised labels (``Recoding.label_factors``): the distinct values' strings
+    factorised, then gathered per tuple (a string copy of every tuple's label took
     seconds at 10M rows)."""
-    raw, uniques = pd.factorize(labels, use_na_sentinel=False)
     ids = np.asarray(pd.factorize(np.asarray(uniques).astype(str))[0], dtype=np.int64)
     return ids[np.asarray(raw, dtype=np.int64)]
 

@@ -118,7 +118,10 @@ def _publish(recoding: Recoding, summary: Summary) -> _Published:
     tuple_class = np.full(codes.shape[0], -1, dtype=np.int64)
     sizes = np.zeros(0, dtype=np.int64)
     if kept.shape[0]:
-        ids = [pd.factorize(labels[kept, j])[0].astype(np.int32) for j in range(q)]
+        # the recoding's label ids (``label_factors``), numbered again in order of first
+        # appearance among the kept tuples: the ids factorising their labels gives
+        rows_kept = rows[kept]
+        ids = [pd.factorize(f[rows_kept])[0].astype(np.int32) for f, _ in recoding.label_factors()]
         class_of_kept, _ = group_rows(ids, [int(i.max()) + 1 for i in ids])
         tuple_class[kept] = class_of_kept
         sizes = np.rint(np.bincount(class_of_kept, weights=weights[kept])).astype(np.int64)

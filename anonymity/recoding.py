@@ -150,16 +150,35 @@ class Recoding:
             object.__setattr__(self, "_recoder", recoder)
         return recoder.apply(frame, hierarchies)
 
+    def label_factors(self) -> tuple[tuple[npt.NDArray[np.unsignedinteger[Any]], ObjArray], ...]:
+        """Per QI: each tuple's label id (smallest unsigned dtype) and the distinct labels
+        in order of first appearance, factorised once per recoding (cached): the recode
+        step's side input, the output's metrics and its person counts all group tuples by
+        their labels, and factorising the object labels again for each took ~0.3 s of a
+        1M-row release's planning."""
+        factors: tuple[tuple[npt.NDArray[np.unsignedinteger[Any]], ObjArray], ...] | None
+        factors = self.__dict__.get("_factors")
+        if factors is None:
+            made = []
+            for j in range(len(self.qi_names)):
+                codes, uniques = pd.factorize(self.labels[:, j], use_na_sentinel=False)
+                dtype = np.min_scalar_type(max(len(uniques) - 1, 0))
+                made.append((codes.astype(dtype), np.asarray(uniques, dtype=object)))
+            factors = tuple(made)
+            object.__setattr__(self, "_factors", factors)
+        return factors
+
     def recoder(self) -> BatchRecoder:
         """What recoding batches needs, compactly (the recode step's side input)."""
-        ids, names = [], []
-        for j in range(len(self.qi_names)):
-            codes, uniques = pd.factorize(self.labels[:, j], use_na_sentinel=False)
-            ids.append(codes.astype(np.min_scalar_type(max(len(uniques) - 1, 0))))
-            names.append(np.asarray(uniques, dtype=object))
+        factors = self.label_factors()
         index: _TupleIndex | None = object.__getattribute__(self, "_index")
         return BatchRecoder(
-            self.qi_names, index, tuple(ids), tuple(names), self.suppressed, self.n_tuples
+            self.qi_names,
+            index,
+            tuple(ids for ids, _ in factors),
+            tuple(names for _, names in factors),
+            self.suppressed,
+            self.n_tuples,
         )
 
 

@@ -76,3 +76,34 @@ def test_tuple_index_locates_like_a_dictionary(
     expected = [distinct.index(q) if q in distinct else -1 for q in queries]
     array = np.array(queries, dtype=np.int64).reshape(-1, 2)
     assert index.locate(array).tolist() == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    labels=st.lists(
+        st.tuples(st.sampled_from(["ab", "cd", "1", ""]), st.sampled_from(["p", "q", "*"])),
+        min_size=4,
+        max_size=4,
+    ),
+    suppressed=st.lists(st.booleans(), min_size=4, max_size=4),
+)
+def test_label_factors_give_back_every_tuples_labels(
+    labels: list[tuple[str, str]], suppressed: list[bool]
+) -> None:
+    """``label_factors``: per QI, ids and distinct labels (first appearance, suppressed
+    tuples' ``*`` included) that give back each tuple's published label; factorised once
+    (the same object every call), and the recode step's side input uses the same ids."""
+    hierarchy = _hierarchy()
+    codes = np.stack([hierarchy.encode(VALUES), hierarchy.encode(VALUES[::-1])], axis=1)
+    recoding = Recoding(("x", "y"), codes, np.array(labels, dtype=object), suppressed, {})
+    factors = recoding.label_factors()
+    assert recoding.label_factors() is factors
+    for j, (ids, names) in enumerate(factors):
+        assert names[ids].tolist() == recoding.labels[:, j].tolist()
+        assert len(set(names.tolist())) == len(names)
+        assert names.tolist() == list(dict.fromkeys(recoding.labels[:, j].tolist()))
+    recoder = recoding.recoder()
+    for (ids, names), rec_ids, rec_names in zip(
+        factors, recoder.label_ids, recoder.label_names, strict=True
+    ):
+        assert np.array_equal(ids, rec_ids) and names.tolist() == rec_names.tolist()
