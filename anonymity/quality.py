@@ -81,6 +81,7 @@ class _Published:
     codes: IntArray  # (T, q) raw codes
     weights: IntArray  # (T,) records per tuple
     labels: ObjArray  # (T, q) published labels
+    rows: IntArray  # (T,) the recoding's row of each tuple
     suppressed: BoolArray  # (T,)
     tuple_class: IntArray  # (T,) published class, -1 if suppressed
     sizes: IntArray  # records per published class
@@ -125,7 +126,7 @@ def _publish(recoding: Recoding, summary: Summary) -> _Published:
         class_of_kept, _ = group_rows(ids, [int(i.max()) + 1 for i in ids])
         tuple_class[kept] = class_of_kept
         sizes = np.rint(np.bincount(class_of_kept, weights=weights[kept])).astype(np.int64)
-    return _Published(codes, weights, labels, suppressed, tuple_class, sizes)
+    return _Published(codes, weights, labels, rows, suppressed, tuple_class, sizes)
 
 
 def class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
@@ -138,11 +139,12 @@ def class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
 
 @dataclass(frozen=True, eq=False)
 class _Reading:
-    """Per tuple, for one QI: raw values covered, precision level, label before suppression."""
+    """Per tuple, for one QI: raw values covered, precision level, and an id of its label
+    before suppression (equal labels, equal ids; for the entropy)."""
 
     cover: IntArray
     level: IntArray
-    before: ObjArray
+    node: IntArray
 
 
 def _lca_levels(
@@ -163,6 +165,30 @@ def _lca_levels(
     return cover, np.argmax(low == high, axis=0).astype(np.int64)
 
 
+def _at_hint(
+    hierarchy: Hierarchy,
+    codes: IntArray,
+    factor: tuple[npt.NDArray[np.integer[Any]], ObjArray],
+    suppressed: BoolArray,
+    hint: int,
+) -> tuple[BoolArray, IntArray]:
+    """Which kept tuples' labels are their raw value's label at ``hint``, and an id per
+    tuple of its label before suppression (a suppressed tuple's: its label at ``hint``),
+    from the recoding's label ids and distinct labels (``factor``, ``label_factors``):
+    integer comparisons instead of one object comparison per tuple. A label is looked up
+    among the hierarchy's labels at ``hint`` once (a dict: the same equality)."""
+    ids, names = factor
+    position = {label: i for i, label in enumerate(hierarchy.label_names(hint).tolist())}
+    found = np.array([position.get(label, -1) for label in names.tolist()], dtype=np.int64)
+    raw_label = hierarchy.label_ids(hint)[codes]
+    label = found[ids]
+    hit = (label == raw_label) & ~suppressed
+    # one id space: the hierarchy's labels at hint, then the labels it does not have
+    key = np.where(label >= 0, label, len(position) + np.asarray(ids, dtype=np.int64))
+    key = np.where(suppressed, raw_label, key)
+    return hit, np.asarray(pd.factorize(key)[0], dtype=np.int64)
+
+
 def _read(
     name: str,
     hierarchy: Hierarchy,
@@ -171,28 +197,40 @@ def _read(
     suppressed: BoolArray,
     numeric: bool,
     hint: int | None,
+    label_factor: tuple[npt.NDArray[np.integer[Any]], ObjArray] | None = None,
 ) -> _Reading:
+    """How each tuple's label reads (module docstring). ``label_factor``: the tuples'
+    label ids and the distinct labels, for reading at ``hint`` on integers
+    (``_at_hint``)."""
     n = codes.shape[0]
     cover = np.full(n, hierarchy.domain_size, dtype=np.int64)
     level = np.full(n, hierarchy.height, dtype=np.int64)
-    before = labels.copy()
-    if hint is not None:
-        before[suppressed] = hierarchy.generalize(codes[suppressed], hint)
-    else:
-        before[suppressed] = hierarchy.values[codes[suppressed]]
     unread = ~suppressed
-    levels = range(hierarchy.levels) if hint is None else [hint]
-    for lv in levels:
-        at = np.flatnonzero(unread)
-        if at.shape[0] == 0:
-            break
-        hit = at[np.asarray(hierarchy.generalize(codes[at], lv) == labels[at], dtype=bool)]
-        cover[hit] = hierarchy.leaves_under(lv)[codes[hit]]
-        level[hit] = lv
-        unread[hit] = False
+    if hint is not None and label_factor is not None:
+        hit_mask, node = _at_hint(hierarchy, codes, label_factor, suppressed, hint)
+        hit = np.flatnonzero(hit_mask)
+        cover[hit] = hierarchy.leaves_under(hint)[codes[hit]]
+        level[hit] = hint
+        unread &= ~hit_mask
+    else:
+        before = labels.copy()
+        if hint is not None:
+            before[suppressed] = hierarchy.generalize(codes[suppressed], hint)
+        else:
+            before[suppressed] = hierarchy.values[codes[suppressed]]
+        node = np.asarray(pd.factorize(before)[0], dtype=np.int64)
+        levels = range(hierarchy.levels) if hint is None else [hint]
+        for lv in levels:
+            at = np.flatnonzero(unread)
+            if at.shape[0] == 0:
+                break
+            hit = at[np.asarray(hierarchy.generalize(codes[at], lv) == labels[at], dtype=bool)]
+            cover[hit] = hierarchy.leaves_under(lv)[codes[hit]]
+            level[hit] = lv
+            unread[hit] = False
     at = np.flatnonzero(unread)
     if at.shape[0] == 0:
-        return _Reading(cover, level, before)
+        return _Reading(cover, level, node)
     where = f"at level {hint}" if hint is not None else "in its hierarchy"
     first = int(at[0])
     problem = (
@@ -222,7 +260,7 @@ def _read(
     covers, lcas = _lca_levels(hierarchy, numbers, lo, hi)
     cover[at] = covers[factor]
     level[at] = lcas[factor]
-    return _Reading(cover, level, before)
+    return _Reading(cover, level, node)
 
 
 def _hints(
@@ -255,7 +293,7 @@ def _il(numerator: int, n: int, domain: int) -> float:
 def _entropy(reading: _Reading, published: _Published, codes: IntArray) -> float:
     """Non-uniform entropy of one QI (module docstring), in bits."""
     w = published.weights.astype(np.float64)
-    node = pd.factorize(reading.before)[0].astype(np.int64)
+    node = reading.node
     count = np.bincount(node, weights=w)
     nodes = int(node.max()) + 1
     span = (int(codes.max()) + 1) * nodes
@@ -315,8 +353,10 @@ def measure_recoding(
     entropy = 0.0
     log_area = np.zeros(w.shape[0], dtype=np.float64)
     log_all = 0.0
+    factors = recoding.label_factors()
     for j, (name, hierarchy) in enumerate(zip(names, resolved, strict=True)):
         codes = published.codes[:, j]
+        ids, distinct = factors[j]
         reading = _read(
             name,
             hierarchy,
@@ -325,6 +365,7 @@ def measure_recoding(
             published.suppressed,
             name in numbers,
             hints[j],
+            (ids[published.rows], distinct),
         )
         domain = hierarchy.domain_size
         per[name] = _il(int(np.dot(w, reading.cover)), n, domain)

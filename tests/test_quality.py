@@ -234,6 +234,10 @@ def test_errors(ages: tuple[Summary, Hierarchy]) -> None:
     labels["9"] = "[5, 10)"
     with pytest.raises(ValueError, match="at level 1"):
         recoding_metrics(_recoding(h, labels), summary, [h], levels={"age": 1})
+    # a label of the hinted level, but another raw value's: read on ids, refused the same
+    wrong = {**labels, "7": "[5, 10)", "9": "[0, 5)"}
+    with pytest.raises(ValueError, match="not a generalisation of the raw value '9' at level 1"):
+        recoding_metrics(_recoding(h, wrong), summary, [h], levels={"age": 1})
     assert recoding_metrics(_recoding(h, labels), summary, [h], levels=None)["classes"] == 3
     other = Summary.from_frame(pd.DataFrame({"x": ["0"]}), ["x"], None, {"x": h})
     with pytest.raises(ValueError, match="the recoding is of"):
