@@ -165,28 +165,34 @@ def _lca_levels(
     return cover, np.argmax(low == high, axis=0).astype(np.int64)
 
 
-def _at_hint(
+def _positions(labels: Sequence[object], among: Sequence[object]) -> IntArray:
+    """Index of each of ``labels`` among the distinct ``among``, -1 where absent (a dict:
+    the equality an object comparison uses)."""
+    position = {label: i for i, label in enumerate(among)}
+    return np.array([position.get(label, -1) for label in labels], dtype=np.int64)
+
+
+def _before_ids(
     hierarchy: Hierarchy,
     codes: IntArray,
     factor: tuple[npt.NDArray[np.integer[Any]], ObjArray],
     suppressed: BoolArray,
-    hint: int,
-) -> tuple[BoolArray, IntArray]:
-    """Which kept tuples' labels are their raw value's label at ``hint``, and an id per
-    tuple of its label before suppression (a suppressed tuple's: its label at ``hint``),
-    from the recoding's label ids and distinct labels (``factor``, ``label_factors``):
-    integer comparisons instead of one object comparison per tuple. A label is looked up
-    among the hierarchy's labels at ``hint`` once (a dict: the same equality)."""
+    hint: int | None,
+) -> IntArray:
+    """An id per tuple of its label before suppression (equal labels, equal ids): a kept
+    tuple's published label; a suppressed tuple's label at ``hint``, or its raw value
+    without a hint. The recoding's label ids, the hierarchy's labels mapped into them."""
     ids, names = factor
-    position = {label: i for i, label in enumerate(hierarchy.label_names(hint).tolist())}
-    found = np.array([position.get(label, -1) for label in names.tolist()], dtype=np.int64)
-    raw_label = hierarchy.label_ids(hint)[codes]
-    label = found[ids]
-    hit = (label == raw_label) & ~suppressed
-    # one id space: the hierarchy's labels at hint, then the labels it does not have
-    key = np.where(label >= 0, label, len(position) + np.asarray(ids, dtype=np.int64))
-    key = np.where(suppressed, raw_label, key)
-    return hit, np.asarray(pd.factorize(key)[0], dtype=np.int64)
+    key = np.asarray(ids, dtype=np.int64).copy()
+    if suppressed.any():
+        if hint is None:
+            among, of_code = hierarchy.values, np.arange(hierarchy.domain_size)
+        else:
+            among, of_code = hierarchy.label_names(hint), hierarchy.label_ids(hint)
+        index = _positions(among.tolist(), names.tolist())
+        index = np.where(index >= 0, index, names.shape[0] + np.arange(index.shape[0]))
+        key[suppressed] = index[of_code[codes[suppressed]]]
+    return np.asarray(pd.factorize(key)[0], dtype=np.int64)
 
 
 def _read(
@@ -197,37 +203,26 @@ def _read(
     suppressed: BoolArray,
     numeric: bool,
     hint: int | None,
-    label_factor: tuple[npt.NDArray[np.integer[Any]], ObjArray] | None = None,
+    factor: tuple[npt.NDArray[np.integer[Any]], ObjArray],
 ) -> _Reading:
-    """How each tuple's label reads (module docstring). ``label_factor``: the tuples'
-    label ids and the distinct labels, for reading at ``hint`` on integers
-    (``_at_hint``)."""
+    """How each tuple's label reads (module docstring). ``factor``: the tuples' label ids
+    and the distinct labels (``Recoding.label_factors``): each distinct label is looked up
+    once per level among the hierarchy's labels there, and the tuples are read by
+    comparing ids, not one label object per tuple and level."""
     n = codes.shape[0]
     cover = np.full(n, hierarchy.domain_size, dtype=np.int64)
     level = np.full(n, hierarchy.height, dtype=np.int64)
+    ids, names = factor
     unread = ~suppressed
-    if hint is not None and label_factor is not None:
-        hit_mask, node = _at_hint(hierarchy, codes, label_factor, suppressed, hint)
-        hit = np.flatnonzero(hit_mask)
-        cover[hit] = hierarchy.leaves_under(hint)[codes[hit]]
-        level[hit] = hint
-        unread &= ~hit_mask
-    else:
-        before = labels.copy()
-        if hint is not None:
-            before[suppressed] = hierarchy.generalize(codes[suppressed], hint)
-        else:
-            before[suppressed] = hierarchy.values[codes[suppressed]]
-        node = np.asarray(pd.factorize(before)[0], dtype=np.int64)
-        levels = range(hierarchy.levels) if hint is None else [hint]
-        for lv in levels:
-            at = np.flatnonzero(unread)
-            if at.shape[0] == 0:
-                break
-            hit = at[np.asarray(hierarchy.generalize(codes[at], lv) == labels[at], dtype=bool)]
-            cover[hit] = hierarchy.leaves_under(lv)[codes[hit]]
-            level[hit] = lv
-            unread[hit] = False
+    for lv in range(hierarchy.levels) if hint is None else [hint]:
+        if not unread.any():
+            break
+        found = _positions(names.tolist(), hierarchy.label_names(lv).tolist())
+        hit = np.flatnonzero(unread & (found[ids] == hierarchy.label_ids(lv)[codes]))
+        cover[hit] = hierarchy.leaves_under(lv)[codes[hit]]
+        level[hit] = lv
+        unread[hit] = False
+    node = _before_ids(hierarchy, codes, factor, suppressed, hint)
     at = np.flatnonzero(unread)
     if at.shape[0] == 0:
         return _Reading(cover, level, node)
