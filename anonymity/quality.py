@@ -236,7 +236,7 @@ def _read(
         if parse_range(labels[first]) is not None:
             problem += "; list it in numeric to read [lo, hi] ranges"
         raise ValueError(problem)
-    factor, distinct = pd.factorize(labels[at])
+    range_of, distinct = pd.factorize(labels[at])
     parsed = [parse_range(label) for label in distinct.tolist()]
     bad = [str(label) for label, p in zip(distinct.tolist(), parsed, strict=True) if p is None]
     if bad:
@@ -245,7 +245,7 @@ def _read(
     hi = np.array([p[1] for p in parsed if p is not None], dtype=np.float64)
     numbers = numeric_values(hierarchy)
     value = numbers[codes[at]]
-    outside = ~((lo[factor] <= value) & (value <= hi[factor]))
+    outside = ~((lo[range_of] <= value) & (value <= hi[range_of]))
     if outside.any():
         i = int(np.argmax(outside))
         raise ValueError(
@@ -253,8 +253,8 @@ def _read(
             f"value {hierarchy.values[codes[at[i]]]!r}"
         )
     covers, lcas = _lca_levels(hierarchy, numbers, lo, hi)
-    cover[at] = covers[factor]
-    level[at] = lcas[factor]
+    cover[at] = covers[range_of]
+    level[at] = lcas[range_of]
     return _Reading(cover, level, node)
 
 
