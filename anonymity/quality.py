@@ -80,8 +80,7 @@ class _Published:
 
     codes: IntArray  # (T, q) raw codes
     weights: IntArray  # (T,) records per tuple
-    labels: ObjArray  # (T, q) published labels
-    rows: IntArray  # (T,) the recoding's row of each tuple
+    rows: IntArray  # (T,) the recoding's row of each tuple (its labels: ``label_factors``)
     suppressed: BoolArray  # (T,)
     tuple_class: IntArray  # (T,) published class, -1 if suppressed
     sizes: IntArray  # records per published class
@@ -113,7 +112,6 @@ def _publish(recoding: Recoding, summary: Summary) -> _Published:
             f"{int((rows < 0).sum())} distinct QI tuple(s) of the summary are not in the "
             "recoding; it was made from another summary"
         )
-    labels = recoding.labels[rows]
     suppressed = recoding.suppressed[rows]
     kept = np.flatnonzero(~suppressed)
     tuple_class = np.full(codes.shape[0], -1, dtype=np.int64)
@@ -126,7 +124,7 @@ def _publish(recoding: Recoding, summary: Summary) -> _Published:
         class_of_kept, _ = group_rows(ids, [int(i.max()) + 1 for i in ids])
         tuple_class[kept] = class_of_kept
         sizes = np.rint(np.bincount(class_of_kept, weights=weights[kept])).astype(np.int64)
-    return _Published(codes, weights, labels, rows, suppressed, tuple_class, sizes)
+    return _Published(codes, weights, rows, suppressed, tuple_class, sizes)
 
 
 def class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
@@ -199,7 +197,6 @@ def _read(
     name: str,
     hierarchy: Hierarchy,
     codes: IntArray,
-    labels: ObjArray,
     suppressed: BoolArray,
     numeric: bool,
     hint: int | None,
@@ -226,17 +223,17 @@ def _read(
     at = np.flatnonzero(unread)
     if at.shape[0] == 0:
         return _Reading(cover, level, node)
+    labels = names[ids[at]]  # the unread tuples' labels
     where = f"at level {hint}" if hint is not None else "in its hierarchy"
-    first = int(at[0])
     problem = (
-        f"quasi-identifier {name!r}: label {labels[first]!r} is not a generalisation of the raw "
-        f"value {hierarchy.values[codes[first]]!r} {where}"
+        f"quasi-identifier {name!r}: label {labels[0]!r} is not a generalisation of the raw "
+        f"value {hierarchy.values[codes[at[0]]]!r} {where}"
     )
     if not numeric:
-        if parse_range(labels[first]) is not None:
+        if parse_range(labels[0]) is not None:
             problem += "; list it in numeric to read [lo, hi] ranges"
         raise ValueError(problem)
-    range_of, distinct = pd.factorize(labels[at])
+    range_of, distinct = pd.factorize(labels)
     parsed = [parse_range(label) for label in distinct.tolist()]
     bad = [str(label) for label, p in zip(distinct.tolist(), parsed, strict=True) if p is None]
     if bad:
@@ -249,7 +246,7 @@ def _read(
     if outside.any():
         i = int(np.argmax(outside))
         raise ValueError(
-            f"quasi-identifier {name!r}: range {labels[at[i]]!r} does not contain the raw "
+            f"quasi-identifier {name!r}: range {labels[i]!r} does not contain the raw "
             f"value {hierarchy.values[codes[at[i]]]!r}"
         )
     covers, lcas = _lca_levels(hierarchy, numbers, lo, hi)
@@ -356,7 +353,6 @@ def measure_recoding(
             name,
             hierarchy,
             codes,
-            published.labels[:, j],
             published.suppressed,
             name in numbers,
             hints[j],
