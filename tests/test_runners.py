@@ -103,10 +103,10 @@ def _run(out: Path, demo_input: Path, *extra: str) -> Path:
     return out
 
 
-def demo_plan(out: Path, demo_input: Path) -> Any:
+def demo_plan(out: Path, demo_input: Path, only: tuple[str, ...] | None = None) -> Any:
     """The demo config's plan on ``demo_input``, output in ``out``, with a ledger (and
     continual state) of its own, as `privpipe demo` makes: the demo's shared one would
-    refuse re-runs."""
+    refuse re-runs. ``only``: just those releases (`run --only`)."""
     from privpipe.pipelines.cli import DEMO_CONFIG, demo_ledger
     from privpipe.pipelines.plan import load_plan
 
@@ -117,6 +117,7 @@ def demo_plan(out: Path, demo_input: Path) -> Any:
         input_override=demo_input,
         ledger_override=ledger,
         key_file_override=key,
+        only=only,
     )
 
 
