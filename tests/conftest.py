@@ -95,3 +95,12 @@ def _heads_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
     return Project(tmp_path)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with slow (whole-run) tests first, each file's tests in their order:
+    ``make test`` hands whole files to its workers in collection order (``--dist
+    loadfile``), so the long files start early and the short ones fill the end instead of
+    one worker finishing a long file alone."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
