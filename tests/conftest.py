@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,8 @@ from tests.ledgers import TEST_KEY
 # and default heads files never in the real home (each test gets its own, see below)
 os.environ["PRIVPIPE_LEDGER_KEY"] = TEST_KEY
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="privpipe-test-state-")
+# removed when this test process ends (each xdist worker imports this module: one each)
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 ARX = ROOT.parent / "shared" / "data" / "arx"
