@@ -46,8 +46,8 @@ import pandas as pd
 from privpipe.anonymity.arrays import sorted_unique
 from privpipe.anonymity.hierarchy import Hierarchy
 from privpipe.anonymity.mondrian import mondrian
-from privpipe.anonymity.quality import measure_recoding
-from privpipe.anonymity.recoding import Recoding, full_domain_labels
+from privpipe.anonymity.quality import measure_recoding, summary_rows
+from privpipe.anonymity.recoding import Recoding
 from privpipe.anonymity.risk import journalist, marketer, prosecutor
 from privpipe.anonymity.search import SearchResult, search
 from privpipe.anonymity.spec import AnonymizationSpec
@@ -119,12 +119,10 @@ class AnonymizedRelease:
 def _distinct_tuples(summary: Summary) -> IntArray:
     """The distinct raw QI tuples of the summary, sorted (as ``np.unique(axis=0)``, but
     with one packed int64 key per tuple instead of a sort of rows)."""
-    codes = summary.qi_codes
     if summary.n_distinct == 0:
         return np.zeros((0, summary.n_qi), dtype=np.int64)
-    columns = [codes[:, j] for j in range(summary.n_qi)]
-    _, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
-    return np.asarray(codes[first], dtype=np.int64)
+    _, first = summary.qi_groups()
+    return np.asarray(summary.qi_codes[first], dtype=np.int64)
 
 
 def recoding_from_search(
@@ -133,14 +131,13 @@ def recoding_from_search(
     """The recoding of a full-domain search result: every distinct raw QI tuple of the
     summary gets its labels at the chosen levels; tuples in suppressed classes are ``*``."""
     codes = _distinct_tuples(summary)
-    labels = full_domain_labels(summary.qi_names, hierarchies, codes, result.transformation)
     index = result.classes.classify(codes)
     if (index < 0).any():
         raise RuntimeError("a QI tuple of the summary is in no class of the search result")
     suppressed = result.assessment.suppressed[index]
     # "levels" is also the level hint quality.recoding_metrics reads labels with
     description = {"type": "full_domain", "algorithm": result.algorithm, "levels": result.levels}
-    return Recoding(summary.qi_names, codes, labels, suppressed, description)
+    return _full_domain(summary, hierarchies, codes, result.transformation, suppressed, description)
 
 
 def identity_recoding(
@@ -149,9 +146,33 @@ def identity_recoding(
     """The input as a recoding: every QI at level 0, nothing suppressed (input metrics).
     ``tuples`` are the summary's distinct raw QI tuples when already at hand (shared)."""
     codes = _distinct_tuples(summary) if tuples is None else tuples
-    labels = full_domain_labels(summary.qi_names, hierarchies, codes, [0] * summary.n_qi)
     nothing = np.zeros(codes.shape[0], dtype=bool)
-    return Recoding(summary.qi_names, codes, labels, nothing, {"type": "identity"})
+    levels = [0] * summary.n_qi
+    return _full_domain(summary, hierarchies, codes, levels, nothing, {"type": "identity"})
+
+
+def _full_domain(
+    summary: Summary,
+    hierarchies: Mapping[str, Hierarchy],
+    codes: IntArray,
+    levels: Sequence[int],
+    suppressed: npt.NDArray[np.bool_],
+    description: Mapping[str, Any],
+) -> Recoding:
+    """The recoding of ``codes`` at one level per QI, from the hierarchies' label ids at
+    those levels (as ``full_domain_labels`` would label them, without a label per tuple)."""
+    chosen = [hierarchies[name] for name in summary.qi_names]
+    return Recoding.from_label_ids(
+        summary.qi_names,
+        codes,
+        [
+            h.label_ids(int(lv))[codes[:, j]]
+            for j, (h, lv) in enumerate(zip(chosen, levels, strict=True))
+        ],
+        [h.label_names(int(lv)) for h, lv in zip(chosen, levels, strict=True)],
+        suppressed,
+        description,
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,12 +234,12 @@ def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
     each person's rows share one tuple, the sum of the class's tuples' persons, else the
     distinct (class, person) pairs of the kept summary rows, packed in one int64."""
     assert summary.unit_codes is not None
-    row = recoding.locate(summary.qi_codes)  # the recoding's own index of its tuples
-    if (row < 0).any():
-        raise RuntimeError("a QI tuple of the summary is not in the recoding")
     n_tuples = recoding.n_tuples
     if n_tuples == 0 or summary.n_distinct == 0:
         return np.zeros(0, dtype=np.int64)
+    row = summary_rows(recoding, summary)  # the recoding's row of each summary row
+    if (row < 0).any():
+        raise RuntimeError("a QI tuple of the summary is not in the recoding")
     columns = [_label_ids(ids, names) for ids, names in recoding.label_factors()]
     group, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
     rank = np.empty(first.shape[0], dtype=np.int64)  # classes in order of first tuple

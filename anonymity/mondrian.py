@@ -503,9 +503,10 @@ def mondrian(
     low = np.minimum.reduceat(keys[order], starts, axis=0)
     high = np.maximum.reduceat(keys[order], starts, axis=0)
     n_parts = int(starts.shape[0])
-    labels = np.empty(codes.shape, dtype=object)
-    for j, dim in enumerate(dims):
-        labels[:, j] = dim.publish(low[:, j], high[:, j])[part]
+    # per QI each partition's label, and the tuple's partition as its label id
+    per_part = [dim.publish(low[:, j], high[:, j]) for j, dim in enumerate(dims)]
     description.update(partitions=n_parts, suppressed_records=0)
-    recoding = Recoding(names, codes, labels, np.zeros(codes.shape[0], dtype=bool), description)
+    nothing = np.zeros(codes.shape[0], dtype=bool)
+    ids = [part] * len(dims)
+    recoding = Recoding.from_label_ids(names, codes, ids, per_part, nothing, description)
     return MondrianResult(recoding, n_parts, time.perf_counter() - started, 0)

@@ -102,11 +102,10 @@ def _publish(recoding: Recoding, summary: Summary) -> _Published:
     q = summary.n_qi
     if q == 0 or summary.n_distinct == 0:
         raise ValueError("nothing to measure: the summary has no quasi-identifier or no rows")
-    columns = [summary.qi_codes[:, j] for j in range(q)]
-    tuple_of_row, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
+    tuple_of_row, first = summary.qi_groups()
     weights = np.rint(np.bincount(tuple_of_row, weights=summary.counts)).astype(np.int64)
     codes = np.ascontiguousarray(summary.qi_codes[first])
-    rows = recoding.locate(codes)
+    rows = _rows_of_tuples(recoding, codes)
     if (rows < 0).any():
         raise ValueError(
             f"{int((rows < 0).sum())} distinct QI tuple(s) of the summary are not in the "
@@ -125,6 +124,22 @@ def _publish(recoding: Recoding, summary: Summary) -> _Published:
         tuple_class[kept] = class_of_kept
         sizes = np.rint(np.bincount(class_of_kept, weights=weights[kept])).astype(np.int64)
     return _Published(codes, weights, rows, suppressed, tuple_class, sizes)
+
+
+def _rows_of_tuples(recoding: Recoding, codes: IntArray) -> IntArray:
+    """The recoding's row of each of the summary's distinct tuples ``codes``: themselves
+    in order when the recoding was made of them (``api``'s recodings are), else looked up."""
+    if recoding.codes.shape == codes.shape and np.array_equal(recoding.codes, codes):
+        return np.arange(codes.shape[0], dtype=np.int64)
+    return recoding.locate(codes)
+
+
+def summary_rows(recoding: Recoding, summary: Summary) -> IntArray:
+    """The recoding's row of each row of ``summary`` (-1 where its QI tuple is absent)."""
+    if summary.n_distinct == 0:
+        return np.zeros(0, dtype=np.int64)
+    tuple_of_row, first = summary.qi_groups()
+    return _rows_of_tuples(recoding, np.ascontiguousarray(summary.qi_codes[first]))[tuple_of_row]
 
 
 def class_sizes(recoding: Recoding, summary: Summary) -> IntArray:

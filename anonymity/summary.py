@@ -167,6 +167,9 @@ class Summary:
     n_records: int = field(init=False)
     _dense_units: DenseUnits | None = field(init=False, default=None, repr=False, compare=False)
     _sa_units: IntArray | None = field(init=False, default=None, repr=False, compare=False)
+    _qi_groups: tuple[IntArray, IntArray] | None = field(
+        init=False, default=None, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         names = tuple(self.qi_names)
@@ -249,6 +252,23 @@ class Summary:
         if self.unit_codes is None:
             return self.n_records
         return self.dense_units().n_units
+
+    def qi_groups(self) -> tuple[IntArray, IntArray]:
+        """The distinct QI tuples, computed once (``group_rows`` of the QI codes): each
+        row's tuple id (tuples in lexicographic order) and each tuple's first row. The
+        recoding, the input's and the output's metrics and the person counts of a release
+        all start from it."""
+        if self._qi_groups is None:
+            if self.n_distinct == 0 or self.n_qi == 0:
+                empty = np.zeros(0, dtype=np.int64)
+                groups = (_readonly(np.zeros(self.n_distinct, dtype=np.int64)), _readonly(empty))
+            else:
+                columns = [self.qi_codes[:, j] for j in range(self.n_qi)]
+                row_tuple, first = group_rows(columns, [int(c.max()) + 1 for c in columns])
+                groups = (_readonly(row_tuple), _readonly(first))
+            object.__setattr__(self, "_qi_groups", groups)
+        assert self._qi_groups is not None
+        return self._qi_groups
 
     def dense_units(self) -> DenseUnits:
         """The units as dense ids, computed once (one sort of the unit hashes): every

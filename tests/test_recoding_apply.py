@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,3 +108,65 @@ def test_label_factors_give_back_every_tuples_labels(
         factors, recoder.label_ids, recoder.label_names, strict=True
     ):
         assert np.array_equal(ids, rec_ids) and names.tolist() == rec_names.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n_tuples=st.integers(0, 12),
+    distinct=st.lists(
+        st.sampled_from(["ab", "cd", "*", "1", 1, 1.0, "", "x"]), min_size=1, max_size=5
+    ),
+    data=st.data(),
+)
+def test_from_label_ids_is_the_recoding_of_those_labels(
+    n_tuples: int, distinct: list[object], data: st.DataObject
+) -> None:
+    """``Recoding.from_label_ids`` (a full-domain transformation's label ids at its
+    levels) equals the recoding made from the labels it names: the same labels, ``*``
+    where suppressed, and the same ``label_factors`` (ids and distinct labels in order of
+    first appearance, equal labels one id: what factorising the labels gives), also with
+    repeated or equal-comparing labels among the distinct ones and unused ones."""
+    names = np.array(distinct, dtype=object)
+    ids = np.array(
+        data.draw(
+            st.lists(st.integers(0, len(distinct) - 1), min_size=n_tuples, max_size=n_tuples)
+        ),
+        dtype=np.int64,
+    )
+    suppressed = data.draw(st.lists(st.booleans(), min_size=n_tuples, max_size=n_tuples))
+    codes = np.stack([np.arange(n_tuples), np.zeros(n_tuples, dtype=np.int64)], axis=1)
+    other = np.zeros(n_tuples, dtype=np.int64)
+    y_names = np.array(["*"], dtype=object)
+    made = Recoding.from_label_ids(
+        ("x", "y"), codes, [ids, other], [names, y_names], suppressed, {}
+    )
+    labels = (
+        np.stack([names[ids], y_names[other]], axis=1) if n_tuples else np.empty((0, 2), object)
+    )
+    plain = Recoding(("x", "y"), codes, labels, suppressed, {})
+    assert made.labels.tolist() == plain.labels.tolist()
+    for (ids_a, names_a), (ids_b, names_b) in zip(
+        made.label_factors(), plain.label_factors(), strict=True
+    ):
+        assert ids_a.dtype == ids_b.dtype and np.array_equal(ids_a, ids_b)
+        # equal labels of different types (1 and 1.0) merge into whichever comes first
+        assert [str(v) for v in names_a] == [str(v) for v in names_b] or (
+            pd.Index(names_a).equals(pd.Index(names_b))
+        )
+    assert np.array_equal(made.suppressed, plain.suppressed)
+    assert made.locate(codes).tolist() == list(range(n_tuples))
+
+
+def test_from_label_ids_refuses_bad_ids_and_is_immutable() -> None:
+    codes = np.array([[0], [1]])
+    names = np.array(["a", "b"], dtype=object)
+    with pytest.raises(ValueError, match="index the distinct labels"):
+        Recoding.from_label_ids(("x",), codes, [np.array([0, 2])], [names], [False, False], {})
+    with pytest.raises(ValueError, match="one entry per tuple"):
+        Recoding.from_label_ids(("x",), codes, [np.array([0])], [names], [False, False], {})
+    recoding = Recoding.from_label_ids(
+        ("x",), codes, [np.array([1, 0])], [names], [False, True], {}
+    )
+    assert recoding.labels.tolist() == [["b"], ["*"]]
+    with pytest.raises(AttributeError, match="immutable"):
+        recoding.codes = codes  # type: ignore[misc]
