@@ -348,6 +348,7 @@ def plan_recoding(
             metric=spec.metric,
             lattice=lattice,
             time_limit=spec.time_limit_s,
+            sa_cells=False,  # the recoding needs the classes, not their SA cells
         )
         recoding = recoding_from_search(result, summary, hierarchies)
         info = {

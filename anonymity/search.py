@@ -328,8 +328,9 @@ def _result(
     lattice: Lattice,
     started: float,
     algorithm: str,
+    sa_cells: bool = True,
 ) -> SearchResult:
-    if work is not evaluator:  # hand back classes with SA cells (for attacks, reports)
+    if work is not evaluator and sa_cells:  # classes with SA cells (for attacks, reports)
         best = assess(evaluator.classes(best.levels), models, limit)
     value = chosen.value(best.classes, best.suppressed)
     return SearchResult(
@@ -355,13 +356,14 @@ def optimal(
     lattice: Lattice | None = None,
     probe: bool = True,
     blocks: bool = True,
+    sa_cells: bool = True,
 ) -> SearchResult:
     """The node satisfying all models with the least ``metric`` (module docstring).
 
     Raises ConfigError for lattices above ``MAX_OPTIMAL_NODES`` (use ``heuristic``) and
     PrivacyRefusal, with the suppression needed, when no node satisfies the models.
     ``probe=False`` disables the chain probes, ``blocks=False`` the refusals from part of
-    a node's rows (same answer, for tests and benchmarks).
+    a node's rows (same answer, for tests and benchmarks); ``sa_cells`` as in ``search``.
     """
     started = time.perf_counter()
     items, chosen, lattice, work = _prepare(evaluator, models, metric, lattice)
@@ -402,6 +404,7 @@ def optimal(
         lattice,
         started,
         "optimal",
+        sa_cells,
     )
 
 
@@ -672,6 +675,7 @@ def heuristic(
     metric: str | Metric = "loss",
     lattice: Lattice | None = None,
     time_limit: float = 10.0,
+    sa_cells: bool = True,
 ) -> SearchResult:
     """A good satisfying node within ``time_limit`` seconds; works on any lattice size.
 
@@ -796,7 +800,17 @@ def heuristic(
             raise _refusal(items, work, lattice, limit, watch, complete=exhausted)
         best = top
     result = _result(
-        evaluator, work, best[0], items, chosen, limit, len(seen), lattice, started, "heuristic"
+        evaluator,
+        work,
+        best[0],
+        items,
+        chosen,
+        limit,
+        len(seen),
+        lattice,
+        started,
+        "heuristic",
+        sa_cells,
     )
     return replace(result, proven_optimal=exhausted)
 
@@ -836,11 +850,20 @@ def search(
     metric: str | Metric = "loss",
     lattice: Lattice | None = None,
     time_limit: float = 10.0,
+    sa_cells: bool = True,
 ) -> SearchResult:
-    """Run ``optimal`` or ``heuristic`` (ConfigError for other algorithm names)."""
+    """Run ``optimal`` or ``heuristic`` (ConfigError for other algorithm names).
+    ``sa_cells=False``: the result's classes may lack SA cells when no model needed them
+    (what recoding needs; recounting them with cells took ~1 s of a k-anonymity search
+    at 3M rows)."""
     if algorithm == "optimal":
         return optimal(
-            evaluator, models, suppression_limit=suppression_limit, metric=metric, lattice=lattice
+            evaluator,
+            models,
+            suppression_limit=suppression_limit,
+            metric=metric,
+            lattice=lattice,
+            sa_cells=sa_cells,
         )
     if algorithm == "heuristic":
         return heuristic(
@@ -850,5 +873,6 @@ def search(
             metric=metric,
             lattice=lattice,
             time_limit=time_limit,
+            sa_cells=sa_cells,
         )
     raise ConfigError(f"unknown algorithm {algorithm!r}; use optimal or heuristic")

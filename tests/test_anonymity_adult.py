@@ -197,6 +197,29 @@ def test_adult_metrics_and_risk_of_the_k5_optimum(adult: Adult) -> None:
     assert 0 < metrics["loss"] < 1 and metrics["precision"] > 0
 
 
+def test_k5_optimum_without_sa_cells_is_the_same_node_and_classes(adult: Adult) -> None:
+    """``sa_cells=False`` (what planning asks for): a search needing no SA hands back the
+    classes it counted without SA cells, and they are the same classes, suppressed the
+    same way, with the same value as those recounted with cells."""
+    for search in (optimal, heuristic):
+        with_cells = search(adult.evaluator, KAnonymity(5), suppression_limit=0.05)
+        without = search(adult.evaluator, KAnonymity(5), suppression_limit=0.05, sa_cells=False)
+        assert with_cells.classes.cell_sa is not None and without.classes.cell_sa is None
+        assert without.transformation == with_cells.transformation
+        assert without.value == with_cells.value
+        assert np.array_equal(without.classes.sizes, with_cells.classes.sizes)
+        assert np.array_equal(without.classes.labels, with_cells.classes.labels)
+        assert np.array_equal(without.assessment.suppressed, with_cells.assessment.suppressed)
+    # a model that needs the SA counts with cells whatever is asked
+    l3 = optimal(
+        adult.evaluator,
+        [KAnonymity(5), DistinctLDiversity(3)],
+        suppression_limit=0.05,
+        sa_cells=False,
+    )
+    assert l3.classes.cell_sa is not None
+
+
 def test_heuristic_given_time_proves_the_optimum(adult: Adult, brute: Brute) -> None:
     """The greedy phases miss the k=5, 0% optimum; the anytime phase finds and proves it."""
     scenario = (5, 1, 0.0)
