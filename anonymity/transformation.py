@@ -143,8 +143,13 @@ class QIArrays:
 
 
 def _build_qi(hierarchy: Hierarchy, codes: IntArray, counts: IntArray) -> QIArrays:
-    present = np.unique(codes)
-    row_index = np.searchsorted(present, codes).astype(code_dtype(present.shape[0]))
+    # raw codes are small (0 <= code < domain, checked by the caller): the present ones
+    # and each row's index among them by counting, not by sorting the rows
+    seen = np.bincount(codes, minlength=hierarchy.domain_size)
+    present = np.flatnonzero(seen).astype(np.int64)
+    position = np.zeros(seen.shape[0], dtype=code_dtype(present.shape[0]))
+    position[present] = np.arange(present.shape[0])
+    row_index = position[codes]
     ids = [hierarchy.label_ids(level)[present] for level in range(hierarchy.levels)]
     order = np.lexsort(tuple(ids))  # last key (the top level) is the primary one
     value_counts = np.bincount(row_index, weights=counts, minlength=present.shape[0])
