@@ -85,6 +85,7 @@ from privpipe.transforms.anonymize import (
     hash_units,
 )
 from privpipe.transforms.audit_truth import StageAuditTruth
+from privpipe.transforms.coders import drop_handed_over, handing_over
 from privpipe.transforms.dp_aggregate import AggregateDPCells, DPCellsJob, shards_for
 from privpipe.transforms.expand import ExpandTable
 from privpipe.transforms.holdout import CONTROLS, MEMBERS, HoldOut
@@ -488,7 +489,7 @@ def _run(
             with new_pipeline(options) as p:
                 # the whole graph first: every check made while building it (specs, hierarchies,
                 # levels) runs before the local DP charge below
-                with stage("graph"):
+                with stage("graph"), handing_over(plans_ahead(options)):
                     build_graph(
                         p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs,
                         cjobs, holdout_key, input_size(stamps, plan.input_paths),
@@ -506,6 +507,7 @@ def _run(
                         result.wait_until_finish()
                     finally:  # a failed step leaves searches planned ahead running
                         abandon_ahead()
+                        drop_handed_over()  # and accumulators between two stages
                 clock.pipeline_ms = stage_counters(result)  # the pipeline's stages (Beam counters)
         except PrivpipeError as e:
             raise strip_step(e) from None

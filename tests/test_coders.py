@@ -3,6 +3,7 @@ estimate its size for Beam's byte counters."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import apache_beam as beam
@@ -16,8 +17,20 @@ from apache_beam.runners.worker import opcounters
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.counters import CounterFactory
 
+import privpipe.transforms.coders as coders_module
 from privpipe.pipelines.runner import runner_for
-from privpipe.transforms.coders import BatchCoder, use_batch_coder
+from privpipe.transforms.anonymize import FrequencyTable
+from privpipe.transforms.coders import (
+    BatchCoder,
+    HandOverCoder,
+    drop_handed_over,
+    handing_over,
+    hands_over,
+    use_batch_coder,
+)
+from privpipe.transforms.overlap import OverlappedCombineFn
+from privpipe.transforms.timing import TimedCombineFn
+from tests.beamtest import local_pipeline
 
 
 def _batch(n: int = 50_000) -> pd.DataFrame:
@@ -82,3 +95,88 @@ def test_untyped_pcollections_get_it_once_a_runner_is_chosen() -> None:
     proto = p.to_runner_api()
     payloads = [c.spec.payload for c in proto.components.coders.values()]
     assert any(b"BatchCoder" in payload for payload in payloads)
+
+
+# --------------------------------------------------------------------------- hand-over
+
+
+def test_hand_over_gives_the_object_itself_once() -> None:
+    """``HandOverCoder``: the decoded object is the encoded one (no copy); a key decodes
+    once (a second decode, or one in another process, is an error that says so); sizes
+    are estimated without handing anything over."""
+    coder = HandOverCoder()
+    impl = coder.get_impl()
+    value = {"big": np.arange(10)}
+    before = len(coders_module._handed)
+    assert impl.estimate_size(value) == 16 and len(coders_module._handed) == before
+    encoded = impl.encode(value)
+    assert len(encoded) == 16
+    assert impl.decode(encoded) is value
+    with pytest.raises(RuntimeError, match="decoded twice, or by a runner in another process"):
+        impl.decode(encoded)
+    assert len(coders_module._handed) == before
+    # the coder travels in the pipeline proto: a copy hands over through the same registry
+    copy = pickle.loads(pickle.dumps(coder))
+    assert copy == coder and copy.decode(coder.encode(value)) is value
+
+
+def test_frequency_tables_hand_over_only_when_built_to_hand_over() -> None:
+    """A frequency table built while ``handing_over(True)`` (a graph for a runner in this
+    process) has the hand-over accumulator coder, also through the timing and overlap
+    wrappers; built otherwise (or after), Beam's default."""
+    plain = FrequencyTable(["a"])
+    with handing_over(True):
+        handing = FrequencyTable(["a"])
+        assert hands_over()
+    assert not hands_over()
+    assert not isinstance(plain.get_accumulator_coder(), HandOverCoder)
+    assert isinstance(handing.get_accumulator_coder(), HandOverCoder)
+    for wrapper in (TimedCombineFn, OverlappedCombineFn):
+        assert isinstance(wrapper("s", handing).get_accumulator_coder(), HandOverCoder)
+        assert not isinstance(wrapper("s", plain).get_accumulator_coder(), HandOverCoder)
+
+
+_COLLECTED: list[pd.DataFrame] = []  # the in-process runner's outputs (a module global)
+
+
+def _collect(table: pd.DataFrame) -> None:
+    _COLLECTED.append(table)
+
+
+def test_a_pipeline_handing_over_counts_as_one_that_pickles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the in-process runner, frequency tables whose accumulators are handed over by
+    reference give the same table as pickled ones, every object handed over is taken, and
+    the hand-over is used (partial tables of several bundles reach the merge)."""
+    encoded: list[object] = []
+    original = HandOverCoder.encode
+
+    def counting(self: HandOverCoder, value: object) -> bytes:
+        encoded.append(type(value).__name__)
+        return original(self, value)
+
+    monkeypatch.setattr(HandOverCoder, "encode", counting)
+    rng = np.random.default_rng(7)
+    batches = [
+        pd.DataFrame({"a": pd.array(rng.choice(["x", "y", "z"], 500), dtype="str")})
+        for _ in range(6)
+    ]
+    tables = []
+    for hand_over in (False, True):
+        _COLLECTED.clear()
+        with handing_over(hand_over):
+            fn = OverlappedCombineFn("t", FrequencyTable(["a"]))
+        with local_pipeline() as p:
+            _ = (
+                p
+                | beam.Create(batches, reshuffle=True)
+                | beam.CombineGlobally(fn)
+                | beam.Map(_collect)
+            )
+        (table,) = _COLLECTED
+        tables.append(table.sort_values("a").reset_index(drop=True))
+    pd.testing.assert_frame_equal(tables[0], tables[1])
+    assert encoded and set(encoded) == {"_Partial"}
+    assert not coders_module._handed  # every one taken
+    assert drop_handed_over() == 0

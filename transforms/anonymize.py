@@ -50,6 +50,7 @@ from privpipe.anonymity.summary import group_rows, unit_hashes
 from privpipe.anonymity.verify import verify_counts, verify_grid_labels
 from privpipe.errors import PrivacyRefusal
 from privpipe.timing import NAMESPACE
+from privpipe.transforms.coders import HandOverCoder, hands_over
 from privpipe.transforms.context import (  # noqa: F401 (re-exported: the composites' contexts)
     COUNT,
     RecodeContext,
@@ -210,6 +211,11 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
         self.columns = list(columns)
         self.categorical = categorical
         self.hashed = frozenset(c for c in hashed if c in self.columns)
+        # partial tables go to the merge by reference on a runner in this process
+        self.hand_over = hands_over()
+
+    def get_accumulator_coder(self) -> Any:
+        return HandOverCoder() if self.hand_over else super().get_accumulator_coder()
 
     def create_accumulator(self) -> _Partial:
         return _Partial(

@@ -140,5 +140,8 @@ class TimedCombineFn(beam.CombineFn):  # type: ignore[misc]
         with stage_ms(self.stage):
             return self.fn.extract_output(accumulator, *args, **kwargs)
 
+    def get_accumulator_coder(self) -> Any:
+        return self.fn.get_accumulator_coder()
+
     def default_type_hints(self) -> Any:
         return self.fn.get_type_hints()
