@@ -4,6 +4,7 @@ estimate its size for Beam's byte counters."""
 from __future__ import annotations
 
 import pickle
+import struct
 from typing import Any
 
 import apache_beam as beam
@@ -115,6 +116,12 @@ def test_hand_over_gives_the_object_itself_once() -> None:
     with pytest.raises(RuntimeError, match="decoded twice, or by a runner in another process"):
         impl.decode(encoded)
     assert len(coders_module._handed) == before
+    # a key from another process is refused even where this process has that key (a fork)
+    foreign = impl.encode(value)
+    pid, key = struct.unpack("<qq", foreign)
+    with pytest.raises(RuntimeError, match="not found in process"):
+        impl.decode(struct.pack("<qq", pid + 1, key))
+    assert impl.decode(foreign) is value
     # the coder travels in the pipeline proto: a copy hands over through the same registry
     copy = pickle.loads(pickle.dumps(coder))
     assert copy == coder and copy.decode(coder.encode(value)) is value

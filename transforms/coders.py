@@ -98,6 +98,8 @@ class HandOverCoder(coders.Coder):  # type: ignore[misc]
     def decode(self, encoded: bytes) -> Any:
         pid, key = struct.unpack("<qq", encoded)
         try:
+            if pid != os.getpid():  # a forked process holds a copy of the keys: not them
+                raise KeyError(key)
             return _handed.pop(key)
         except KeyError:
             raise RuntimeError(
