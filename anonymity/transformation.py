@@ -96,8 +96,15 @@ BASE_QIS: Final = 2
 """Bases (``anonymity.bases``) are keyed by the levels of this many QIs: those with the
 most values present in the summary (they make summary rows distinct)."""
 BASE_BYTES: Final = 128 << 20
-"""Bytes of bases kept per evaluator (the summary's own rows not counted): once full, no
-more bases are built (none is evicted, it would be rebuilt)."""
+"""Bytes of bases kept per evaluator (the summary's own rows and the root not counted),
+or ``BASE_SHARE`` times the root's bytes when that is more: once full, no more bases are
+built (none is evicted, it would be rebuilt)."""
+BASE_SHARE: Final = 4
+"""The bases' budget in root bases (``BASE_BYTES``), so it grows with the data. Measured
+on the 10M demo's t=0.3 search (root 4.0M rows, 122 MB): a budget of 128 MB took 156.5 s,
+256 MB 148 s, 384 MB 130 s, 512 MB 122.5 s, 1 GB 122.7 s, at a peak RSS of that process
+of 2.19, 2.32, 2.44, 2.57 and 2.88 GB: with 128 MB most blocks were counted from the root,
+as no base of zip or age at level 0 fitted. At 1M (root 17 MB) the budget stays 128 MB."""
 JOINT_SPACE: Final = 1 << 16
 """The SA and the QIs outside the bases (at level 0 in every base) with the fewest values
 are coded jointly, one id per row, while their combinations number at most this: a row's
@@ -464,6 +471,7 @@ class Evaluator:
         self._bases: dict[tuple[int, ...], Base] = {}  # never evicted: see BASE_BYTES
         self._no_gain: set[tuple[int, ...]] = set()
         self._base_bytes = 0
+        self._base_budget = BASE_BYTES  # raised with the root (``BASE_SHARE``)
         self._summary_base: Base | None = None
         self._root_base: Base | None = None
         self._joint_sa, self._joint_qis, self._joint_space = self._joint_members()
@@ -980,7 +988,7 @@ class Evaluator:
         if base is self._summary_base or base is self._root_base:
             return True
         kept = self._bases.get(tuple(base.levels[j] for j in self._base_qis)) is base
-        if kept and self._base_bytes + nbytes <= BASE_BYTES:
+        if kept and self._base_bytes + nbytes <= self._base_budget:
             self._base_bytes += nbytes
             return True
         return False
@@ -1161,6 +1169,7 @@ class Evaluator:
                 if merged is not None and merged.n_rows <= BASE_GAIN * rows.n_rows:
                     self._root_base = merged
                     self._summary_base = None  # its weights are not needed again
+            self._base_budget = max(BASE_BYTES, BASE_SHARE * self._root_base.nbytes)
         return self._root_base
 
     def _base_for(self, node: Node) -> Base:
@@ -1187,7 +1196,8 @@ class Evaluator:
         if built is None:
             return best  # its (cell, person) pairs could not be packed
         # kept only when it pays and fits (no eviction: a base evicted would be rebuilt)
-        if built.n_rows > BASE_GAIN * best.n_rows or self._base_bytes + built.nbytes > BASE_BYTES:
+        over = self._base_bytes + built.nbytes > self._base_budget
+        if built.n_rows > BASE_GAIN * best.n_rows or over:
             self._no_gain.add(key)
             return best
         self._bases[key] = built
