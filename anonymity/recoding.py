@@ -59,18 +59,29 @@ class _TupleIndex:
 
     def locate(self, array: IntArray) -> IntArray:
         """Row of each tuple of ``array`` (n, n_columns); -1 where absent."""
+        columns = [array[:, j] for j in range(array.shape[1])]
+        return self.locate_columns(columns, int(array.shape[0]))
+
+    def locate_columns(self, columns: Sequence[npt.NDArray[np.integer[Any]]], n: int) -> IntArray:
+        """``locate`` of ``n`` tuples given column by column (one array per column, the
+        way a batch's codes come: no (n, n_columns) copy, and contiguous columns)."""
         if self.multi is not None:
-            target = pd.MultiIndex.from_arrays([array[:, j] for j in range(array.shape[1])])
+            target = pd.MultiIndex.from_arrays(list(columns))
             return np.asarray(self.multi.get_indexer(target), dtype=np.int64)
-        if self.keys.shape[0] == 0 or array.shape[0] == 0:
-            return np.full(array.shape[0], -1, dtype=np.int64)
+        if self.keys.shape[0] == 0 or n == 0:
+            return np.full(n, -1, dtype=np.int64)
         inside: BoolArray | None = None  # None: every tuple within the radices
-        if (array.min(axis=0) < 0).any() or (array.max(axis=0) >= self.radices).any():
-            inside = np.asarray(((array >= 0) & (array < self.radices)).all(axis=1))
-            array = np.where(inside[:, None], array, 0)
+        key = np.zeros(n, dtype=np.int64)
+        for column, radix in zip(columns, self.radices.tolist(), strict=True):
+            if int(column.min()) < 0 or int(column.max()) >= radix:
+                within = (column >= 0) & (column < radix)
+                inside = within if inside is None else inside & within
+                column = np.where(within, column, 0)
+            key *= int(radix)
+            key += column
         # each distinct key once, in sorted order: the searches in the (large) sorted keys
         # then stay local instead of one cache miss per level and row
-        distinct, inverse = np.unique(_pack(array, self.radices), return_inverse=True)
+        distinct, inverse = np.unique(key, return_inverse=True)
         at = np.minimum(np.searchsorted(self.keys, distinct), self.keys.shape[0] - 1)
         rows = np.where(self.keys[at] == distinct, self.rows[at], -1)[inverse]
         if inside is not None:
@@ -290,6 +301,14 @@ def _factor(ids: npt.NDArray[Any], distinct: ObjArray, suppressed: BoolArray) ->
 def _encode(
     qi_names: Sequence[str], frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
 ) -> IntArray:
+    columns = _encode_columns(qi_names, frame, hierarchies)
+    return np.stack(columns, axis=1) if columns else np.empty((len(frame), 0), np.int64)
+
+
+def _encode_columns(
+    qi_names: Sequence[str], frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
+) -> list[IntArray]:
+    """Each QI's raw codes in ``frame`` (InputDataError naming a value its hierarchy lacks)."""
     columns = []
     for name in qi_names:
         codes = hierarchies[name].encode(frame[name])
@@ -300,7 +319,7 @@ def _encode(
                 f"hierarchy, e.g. {bad.iloc[0]!r}; add them to the hierarchy or map them"
             )
         columns.append(codes)
-    return np.stack(columns, axis=1) if columns else np.empty((len(frame), 0), np.int64)
+    return columns
 
 
 @dataclass(frozen=True, eq=False)
@@ -321,11 +340,11 @@ class BatchRecoder:
         self, frame: pd.DataFrame, hierarchies: Mapping[str, Hierarchy]
     ) -> tuple[pd.DataFrame, BoolArray]:
         """As ``Recoding.apply``: labels per QI and the suppressed rows of a batch."""
-        array = _encode(self.qi_names, frame, hierarchies)
+        columns = _encode_columns(self.qi_names, frame, hierarchies)
         if self.index is None:
-            rows = np.full(array.shape[0], -1 if self.n_tuples == 0 else 0, dtype=np.int64)
+            rows = np.full(len(frame), -1 if self.n_tuples == 0 else 0, dtype=np.int64)
         else:
-            rows = self.index.locate(array)
+            rows = self.index.locate_columns(columns, len(frame))
         if (rows < 0).any():
             raise InputDataError(
                 f"{int((rows < 0).sum())} row(s) have QI combinations that were not in the "

@@ -77,6 +77,8 @@ def test_tuple_index_locates_like_a_dictionary(
     expected = [distinct.index(q) if q in distinct else -1 for q in queries]
     array = np.array(queries, dtype=np.int64).reshape(-1, 2)
     assert index.locate(array).tolist() == expected
+    columns = [np.ascontiguousarray(array[:, j]) for j in range(2)]  # a batch's codes
+    assert index.locate_columns(columns, len(queries)).tolist() == expected
 
 
 @settings(max_examples=60, deadline=None)
