@@ -51,7 +51,7 @@ class _TupleIndex:
             multi = pd.MultiIndex.from_arrays([codes[:, j] for j in range(codes.shape[1])])
             empty = np.zeros(0, dtype=np.int64)
             return cls(radices, empty, empty, multi, bool(multi.is_unique))
-        keys = _pack(codes, radices)
+        keys = _pack([codes[:, j] for j in range(codes.shape[1])], radices, codes.shape[0])
         rows = np.argsort(keys, kind="stable")
         keys = keys[rows]
         unique = bool((keys[1:] != keys[:-1]).all())
@@ -71,17 +71,15 @@ class _TupleIndex:
         if self.keys.shape[0] == 0 or n == 0:
             return np.full(n, -1, dtype=np.int64)
         inside: BoolArray | None = None  # None: every tuple within the radices
-        key = np.zeros(n, dtype=np.int64)
-        for column, radix in zip(columns, self.radices.tolist(), strict=True):
+        checked = list(columns)
+        for j, (column, radix) in enumerate(zip(columns, self.radices.tolist(), strict=True)):
             if int(column.min()) < 0 or int(column.max()) >= radix:
                 within = (column >= 0) & (column < radix)
                 inside = within if inside is None else inside & within
-                column = np.where(within, column, 0)
-            key *= int(radix)
-            key += column
+                checked[j] = np.where(within, column, 0)
         # each distinct key once, in sorted order: the searches in the (large) sorted keys
         # then stay local instead of one cache miss per level and row
-        distinct, inverse = np.unique(key, return_inverse=True)
+        distinct, inverse = np.unique(_pack(checked, self.radices, n), return_inverse=True)
         at = np.minimum(np.searchsorted(self.keys, distinct), self.keys.shape[0] - 1)
         rows = np.where(self.keys[at] == distinct, self.rows[at], -1)[inverse]
         if inside is not None:
@@ -89,10 +87,12 @@ class _TupleIndex:
         return rows.astype(np.int64)
 
 
-def _pack(codes: IntArray, radices: IntArray) -> IntArray:
-    key = np.zeros(codes.shape[0], dtype=np.int64)
-    for j in range(codes.shape[1]):
-        key = key * int(radices[j]) + codes[:, j]
+def _pack(columns: Sequence[npt.NDArray[np.integer[Any]]], radices: IntArray, n: int) -> IntArray:
+    """One mixed-radix int64 key per tuple of ``n`` given column by column (in place)."""
+    key = np.zeros(n, dtype=np.int64)
+    for column, radix in zip(columns, radices.tolist(), strict=True):
+        key *= int(radix)
+        key += column
     return key
 
 
