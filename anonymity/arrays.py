@@ -16,15 +16,20 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "KEY_BITS",
+    "bit_widths",
+    "pack_rows",
     "small_key_order",
     "sorted_unique",
     "sum_by_key",
     "unique_counts",
     "unique_first",
     "unique_first_inverse",
+    "unpack_rows",
 ]
 
 IntArray = npt.NDArray[np.int64]
+CodeArray = npt.NDArray[np.int32]
 ArrayT = TypeVar("ArrayT", bound=npt.NDArray[Any])
 
 
@@ -96,3 +101,42 @@ def small_key_order(keys: npt.NDArray[np.integer[Any]], bound: int) -> npt.NDArr
     if bound <= 1 << 16:
         keys = keys.astype(np.uint16)
     return np.argsort(keys, kind="stable")
+
+
+KEY_BITS = 62  # rows packed bit by bit stay below 2**62 (int64 with room to spare)
+_CHUNK = 1 << 16  # rows packed or unpacked at a time: the temporaries stay in cache
+
+
+def bit_widths(radices: Any) -> list[int]:
+    """Bits each column takes in a packed key (codes of column ``j`` are below
+    ``radices[j]``; at least one bit each)."""
+    return [max(int(r) - 1, 1).bit_length() for r in radices]
+
+
+def pack_rows(codes: CodeArray, widths: list[int]) -> IntArray:
+    """One int64 key per row of non-negative ``codes``, the columns side by side in
+    ``widths`` bits (first column most significant): keys order like the rows,
+    lexicographically. ``sum(widths)`` must be at most ``KEY_BITS``."""
+    if sum(widths) > KEY_BITS:
+        raise ValueError(f"{sum(widths)} bits do not fit a key of {KEY_BITS}")
+    n, q = codes.shape
+    keys = np.empty(n, dtype=np.int64)
+    for a in range(0, n, _CHUNK):
+        block, key = codes[a : a + _CHUNK], keys[a : a + _CHUNK]
+        key[:] = block[:, 0]
+        for j in range(1, q):
+            key <<= widths[j]
+            key |= block[:, j]
+    return keys
+
+
+def unpack_rows(keys: IntArray, widths: list[int]) -> CodeArray:
+    """The rows ``pack_rows`` packed into ``keys`` (int32 codes, one column per width)."""
+    n, q = keys.shape[0], len(widths)
+    codes = np.empty((n, q), dtype=np.int32)
+    for a in range(0, n, _CHUNK):
+        key, block = keys[a : a + _CHUNK].copy(), codes[a : a + _CHUNK]
+        for j in range(q - 1, -1, -1):
+            block[:, j] = key & ((1 << widths[j]) - 1)
+            key >>= widths[j]
+    return codes

@@ -247,3 +247,36 @@ def test_unit_hashes_are_the_canonical_strings_hashes() -> None:
         expected = string_hashes(strings).view(np.int64)
         np.testing.assert_array_equal(unit_hashes(column, "pid"), expected)
     assert unit_hashes(columns[4], "pid").tolist().count(unit_hashes(columns[2], "pid")[0]) == 3
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), step=st.integers(50, 900), cut=st.integers(0, 3000))
+def test_rows_too_wide_for_a_key_are_counted_as_narrow_ones(seed: int, step: int, cut: int) -> None:
+    """A table whose codes outgrow a 64-bit key mid-stream (seven columns of up to 1,000
+    values: 70 bits) gives pandas' counts too, merged with one that never did, with and
+    without a hashed person column."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    # the first rows use few values, later ones many: the layout widens, then gives up
+    spread = np.where(np.arange(n) < n // 3, 4, 1000)
+    df = pd.DataFrame(
+        {f"c{j}": pd.array((rng.random(n) * spread).astype(int).astype(str)) for j in range(7)}
+    )
+    df["p"] = pd.array(rng.integers(0, 400, n))
+    for hashed in ([], ["p"]):
+        fn = FrequencyTable([*df.columns[:7], "p"], False, hashed)
+        accs = []
+        for part in (df.iloc[: cut // 4], df.iloc[cut // 4 :]):  # one part stays narrow
+            acc = fn.create_accumulator()
+            for i in range(0, len(part), step):
+                acc = fn.add_input(acc, part.iloc[i : i + step])
+            accs.append(acc)
+        assert accs[1].layout is None  # the wide path was taken
+        out = fn.extract_output(fn.merge_accumulators(accs))
+        assert int(out[COUNT].sum()) == n and len(out) == len(df.drop_duplicates())
+        if not hashed:
+            want = df.astype("str").value_counts().rename(COUNT).reset_index()
+            got = out.astype({c: "str" for c in df.columns})
+            merged = got.merge(want, on=list(df.columns), suffixes=("", "_want"))
+            assert len(merged) == len(want)
+            assert (merged[COUNT] == merged[f"{COUNT}_want"]).all()

@@ -45,6 +45,14 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsSingleton
 
 from privpipe.anonymity.api import release_document
+from privpipe.anonymity.arrays import (
+    KEY_BITS,
+    bit_widths,
+    pack_rows,
+    sum_by_key,
+    unique_counts,
+    unpack_rows,
+)
 from privpipe.anonymity.spec import AnonymizationSpec
 from privpipe.anonymity.summary import group_rows, unit_hashes
 from privpipe.anonymity.verify import verify_counts, verify_grid_labels
@@ -136,11 +144,19 @@ class _Partial:
 
     ``values[j]`` holds the distinct values of column ``j`` as strings (missing as NaN), in
     order of first appearance; it only grows, so codes stay valid as batches arrive.
+
+    While the codes fit side by side in the bits of an int64 (``layout``: bits per column,
+    first column most significant), each part's rows are kept packed as sorted keys: parts
+    merge by sorting 64-bit values, with no permutation built and no code matrix gathered,
+    and rows are unpacked only when the table is read. A person-id column takes the spare
+    bits, so its growing dictionary does not change the layout. Wider rows (``layout`` is
+    None) are kept as code matrices and merged by ``group_rows``.
     """
 
     values: list[pd.Index | _HashDictionary] = field(default_factory=list)
-    codes: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    parts: list[npt.NDArray[np.int64] | npt.NDArray[np.int32]] = field(default_factory=list)
     counts: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    layout: list[int] | None = None
     compacted: int = 0
 
     def size(self) -> int:
@@ -149,13 +165,34 @@ class _Partial:
     def radices(self) -> list[int]:
         return [max(len(v), 1) for v in self.values]
 
+    def add(self, codes: npt.NDArray[np.int32], counts: npt.NDArray[np.int64]) -> None:
+        """Add rows of codes (any, repeated or not) with their counts, distinct per part."""
+        self._fit_layout()
+        if self.layout is None:
+            self.parts.append(codes)
+            self.counts.append(counts)
+            return
+        keys, summed = _sum_keys(pack_rows(codes, self.layout), counts)
+        self.parts.append(keys)
+        self.counts.append(summed)
+
+    def rows(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """The table's distinct rows as codes and their counts (compacted first)."""
+        self.compact()
+        if not self.parts:
+            return np.zeros((0, len(self.values)), dtype=np.int32), np.zeros(0, dtype=np.int64)
+        return self._codes(self.parts[0]), self.counts[0]
+
     def compact(self) -> None:
         """Merge the parts into one (rows distinct, counts summed)."""
-        if len(self.codes) > 1:
-            codes, counts = _distinct_rows(
-                np.concatenate(self.codes), np.concatenate(self.counts), self.radices()
-            )
-            self.codes, self.counts = [codes], [counts]
+        if len(self.parts) > 1:
+            counts = np.concatenate(self.counts)
+            if self.layout is None:
+                codes, counts = _distinct_rows(np.concatenate(self.parts), counts, self.radices())
+                self.parts, self.counts = [codes], [counts]
+            else:
+                keys, counts = _sum_keys(np.concatenate(self.parts), counts)
+                self.parts, self.counts = [keys], [counts]
         self.compacted = self.size()
 
     def maybe_compact(self) -> None:
@@ -175,6 +212,49 @@ class _Partial:
             position[fresh] = len(known) + np.arange(int(fresh.sum()))
             self.values[j] = known.append(values[fresh])
         return position.astype(np.int32)
+
+    def _codes(self, part: npt.NDArray[np.int64] | npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+        if part.ndim == 2:
+            return part  # type: ignore[return-value]
+        assert self.layout is not None
+        return unpack_rows(part, self.layout)  # type: ignore[arg-type]
+
+    def _fit_layout(self) -> None:
+        """Widen the layout when a dictionary outgrew its bits (parts repacked), or give
+        it up when the codes no longer fit an int64 key (parts unpacked, for good)."""
+        need = bit_widths(self.radices())
+        old = self.layout
+        if old is not None and all(w <= o for w, o in zip(need, old, strict=True)):
+            return
+        if self.parts and old is None:
+            return  # already wide: dictionaries only grow
+        layout: list[int] | None = None
+        if sum(need) <= KEY_BITS:
+            spare = KEY_BITS - sum(need)
+            hashed = [j for j, v in enumerate(self.values) if isinstance(v, _HashDictionary)]
+            for j in hashed:  # the person ids grow all run long: they take the headroom
+                need[j] += spare // len(hashed)
+            layout = need
+        codes = [self._codes(part) for part in self.parts]
+        self.layout = layout
+        if layout is not None:
+            self.parts = [pack_rows(c, layout) for c in codes]  # same rows: still sorted
+        else:
+            self.parts = list(codes)
+
+
+def _sum_keys(
+    keys: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Sorted distinct keys and their summed counts. When the counts add up to at most
+    twice the keys (rows nearly all distinct, as with a person id), the keys repeated by
+    their counts are sorted by value (numpy sorts 64-bit values several times faster than
+    it argsorts them); otherwise by an argsort (``sum_by_key``)."""
+    if int(counts.sum()) <= 2 * keys.shape[0]:
+        if bool((counts != 1).any()):
+            keys = np.repeat(keys, counts)
+        return unique_counts(keys)
+    return sum_by_key(keys, counts)
 
 
 def _distinct_rows(
@@ -255,10 +335,7 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
             str_codes, str_uniques = pd.factorize(strings, use_na_sentinel=False)
             global_codes = acc.encode(j, pd.Index(str_uniques, dtype=object))
             codes[:, j] = global_codes[str_codes][raw_codes]
-        ones = np.ones(len(batch), dtype=np.int64)
-        rows, counts = _distinct_rows(codes, ones, acc.radices())
-        acc.codes.append(rows)
-        acc.counts.append(counts)
+        acc.add(codes, np.ones(len(batch), dtype=np.int64))
         acc.maybe_compact()
         return acc
 
@@ -289,21 +366,19 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
             return self.create_accumulator()
         for acc in stream:
             mappings = [out.encode(j, v) for j, v in enumerate(acc.values)]
-            for codes, counts in zip(acc.codes, acc.counts, strict=True):
+            for part, counts in zip(acc.parts, acc.counts, strict=True):
+                codes = acc._codes(part)
                 remapped = np.empty_like(codes)
                 for j, mapping in enumerate(mappings):
                     remapped[:, j] = mapping[codes[:, j]]
-                out.codes.append(remapped)
-                out.counts.append(counts)
+                out.add(remapped, counts)
             out.maybe_compact()
         out.compact()
         return out
 
     def extract_output(self, acc: _Partial) -> pd.DataFrame:
-        acc.compact()
+        rows, counts = acc.rows()
         n = acc.size()
-        rows = acc.codes[0] if acc.codes else np.zeros((0, len(self.columns)), dtype=np.int32)
-        counts = acc.counts[0] if acc.counts else np.zeros(0, dtype=np.int64)
         out: dict[str, Any] = {}
         for j, col in enumerate(self.columns):
             values = acc.values[j]
