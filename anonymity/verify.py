@@ -52,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from privpipe.anonymity.arrays import sorted_unique
 from privpipe.anonymity.grid import interval_grid
 from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_scalar
 from privpipe.anonymity.spec import AnonymizationSpec
@@ -102,7 +103,10 @@ class Verification:
 def _coded(column: pd.Series) -> tuple[IntArray, npt.NDArray[np.object_]]:
     """Per row a code, and per code its canonical string (missing cells as ``""``): rows
     share a code exactly when their strings are equal."""
-    raw, uniques = pd.factorize(column, use_na_sentinel=True)
+    if isinstance(column.dtype, pd.CategoricalDtype):  # its codes as they are (no hashing)
+        raw, uniques = column.cat.codes.to_numpy().astype(np.int64), column.cat.categories
+    else:
+        raw, uniques = pd.factorize(column, use_na_sentinel=True)
     strings = np.array([canonical_scalar(v) for v in uniques] + [""], dtype=object)
     same, names = pd.factorize(strings)  # distinct values may share one string
     raw = np.asarray(raw, dtype=np.int64)
@@ -138,6 +142,20 @@ def _dense(key: IntArray) -> tuple[IntArray, int]:
     """Ids 0..n-1 of the distinct keys, in order of first appearance, and n."""
     ids = np.asarray(pd.factorize(key)[0], dtype=np.int64)
     return ids, int(ids.max()) + 1 if ids.size else 0
+
+
+def _persons_per_group(
+    group: IntArray, n_groups: int, person: IntArray, n_persons: int
+) -> IntArray:
+    """How many distinct persons each group holds (a person's several rows in a group count
+    once): the distinct (group, person) pairs, sorted as int64 keys (a sort of values, no
+    hash table), counted by group."""
+    persons = max(n_persons, 1)
+    if n_groups * persons < 1 << 62:
+        pairs = sorted_unique(group * persons + person)
+        return np.bincount(pairs // persons, minlength=n_groups).astype(np.int64)
+    once = ~pd.Series(_joint([group, person], [n_groups, n_persons])).duplicated()
+    return np.bincount(group[once.to_numpy()], minlength=n_groups).astype(np.int64)
 
 
 def _firsts(ids: IntArray, n: int) -> IntArray:
@@ -339,8 +357,7 @@ def verify_counts(
     if unit is not None:  # distinct persons: one (class, person) pair each
         person = _persons(frame[unit])
         n_persons = int(person.max()) + 1 if person.size else 0
-        once = ~pd.Series(_joint([class_of, person], [n_classes, n_persons])).duplicated()
-        sizes = np.bincount(class_of[once.to_numpy()], minlength=n_classes).astype(np.int64)
+        sizes = _persons_per_group(class_of, n_classes, person, n_persons)
     what = "persons" if unit is not None else "records"
     first = _firsts(class_of, n_classes)
     names = _Names(qis, coded, first)
@@ -422,8 +439,7 @@ def _sa_cells(
     if person is None:
         n = np.bincount(pair, weights=counts, minlength=n_pairs)
     else:  # each (class, value, person) once
-        once = ~pd.Series(_joint([pair, person], [n_pairs, n_persons])).duplicated()
-        n = np.bincount(pair[once.to_numpy()], minlength=n_pairs)
+        n = _persons_per_group(pair, n_pairs, person, n_persons)
     first = _firsts(pair, n_pairs)
     cls, value = class_of[first], codes[first]
     rank = np.empty(len(values), dtype=np.int64)

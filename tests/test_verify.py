@@ -484,6 +484,14 @@ def test_classes_and_their_sizes_match_a_plain_groupby(
             counts, spec, input_records=int(counts["count"].sum()), suppressed_records=0
         )
         assert (result.classes, result.smallest_class) == (len(expected), smallest)
+        # as the pipeline passes them: categorical columns (an unused category too)
+        labels = {c: counts[c].astype("category") for c in (*qis, "disease")}
+        categorical = counts.assign(
+            **{c: v.cat.add_categories(["unused"]) for c, v in labels.items()}
+        )
+        assert result == verify_counts(
+            categorical, spec, input_records=int(counts["count"].sum()), suppressed_records=0
+        )
         too_small = int((expected["size"] < k).sum())
         too_few = int((expected["distinct"] < l_value).sum())
         certain = int(expected["certain"].sum()) if unit is not None else 0
@@ -514,3 +522,23 @@ def test_classes_of_many_wide_columns_are_told_apart() -> None:
     spec = AnonymizationSpec("k_anonymity", qis, None, k=2)
     result = verify_counts(counts, spec, input_records=2 * (n + 1), suppressed_records=0)
     assert result.ok and (result.classes, result.smallest_class) == (n + 1, 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 9)), max_size=60),
+    huge=st.booleans(),
+)
+def test_persons_per_group_counts_each_person_once(
+    pairs: list[tuple[int, int]], huge: bool
+) -> None:
+    """Distinct persons per group, by sorted pair keys or (when groups x persons would pass
+    2^62) by the hashed duplicates: both equal a plain groupby's nunique."""
+    from privpipe.anonymity.verify import _persons_per_group
+
+    group = np.array([g for g, _ in pairs], dtype=np.int64)
+    person = np.array([p for _, p in pairs], dtype=np.int64)
+    n_persons = 1 << 60 if huge else 10  # 7 x 2^60 passes 2^62: the hashed path
+    got = _persons_per_group(group, 7, person, n_persons)
+    want = pd.Series(person).groupby(group).nunique().reindex(range(7), fill_value=0)
+    assert got.tolist() == want.tolist()
