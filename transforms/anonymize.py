@@ -111,17 +111,21 @@ class _HashDictionary:
             found[hit] = run_codes[at[hit]]
         fresh = np.flatnonzero(found < 0)  # ascending ranks: the new values, sorted
         if fresh.size:
-            at = order[fresh]  # the new values' positions in ``values``
-            by_position = np.argsort(at)  # codes follow the order of ``values`` (distinct)
-            new_codes = np.empty(fresh.size, dtype=np.int64)
-            new_codes[by_position] = np.arange(self._n, self._n + fresh.size, dtype=np.int64)
+            # codes follow the order of ``values``: a new value's code is the rank of its
+            # position among the new values' positions (counted, not sorted)
+            is_new = np.zeros(values.shape[0], dtype=bool)
+            is_new[order[fresh]] = True
+            rank = np.cumsum(is_new) - 1
+            new_codes = self._n + rank[order[fresh]]
             found[fresh] = new_codes
-            self._append(values[at[by_position]])
+            self._append(values[is_new])
             self._runs.append((ranked[fresh], new_codes))
             while len(self._runs) > 1 and 2 * self._runs[-1][0].size >= self._runs[-2][0].size:
                 (k1, c1), (k2, c2) = self._runs[-2], self._runs.pop()
                 keys, merged = np.concatenate([k1, k2]), np.concatenate([c1, c2])
-                by_key = np.argsort(keys)  # distinct: each value is in one run
+                # two sorted runs of distinct values: a stable sort (timsort) merges them
+                # in linear time, ~2.5-6x faster than a quicksort of the whole
+                by_key = np.argsort(keys, kind="stable")
                 self._runs[-1] = (keys[by_key], merged[by_key])
         codes = np.empty(values.shape[0], dtype=np.int32)
         codes[order] = found
