@@ -227,7 +227,7 @@ def test_scatter_shuffle_gives_every_order_equally_often(
         for batch in batches:
             for b, path in scatter.process(batch, 3):
                 buckets.setdefault(b, []).append(path)
-        shards = sorted(path for item in buckets.items() for path in permute.process(item))
+        shards = sorted(_permuted(permute, buckets))
         rows = [int(line) for s in shards for line in Path(s).read_text().split()]
         seen[tuple(rows)] += 1
         for f in tmp_path.iterdir():
@@ -236,6 +236,19 @@ def test_scatter_shuffle_gives_every_order_equally_often(
     expected = draws / 6
     chi2 = sum((c - expected) ** 2 / expected for c in seen.values())
     assert chi2 < 25.0, seen
+
+
+def _permuted(permute: sink._PermuteBucketFn, buckets: dict[int, list[str]]) -> list[str]:
+    """The shards the permutation writes, run as a runner runs it (one bundle): those
+    emitted while buckets arrive, then those the bundle's end waits for."""
+    permute.setup()
+    try:
+        permute.start_bundle()
+        paths = [path for item in buckets.items() for path in permute.process(item)]
+        paths += [windowed.value for windowed in permute.finish_bundle()]
+    finally:
+        permute.teardown()
+    return paths
 
 
 def _labelled(values: list[str], categories: list[str]) -> pd.DataFrame:
@@ -323,3 +336,15 @@ def test_pieces_are_read_back_whatever_their_folder_is_called(tmp_path: Path) ->
         assert all(isinstance(r, kind) for r in read)
         got = pd.concat([r.to_pandas() if kind is pa.Table else r for r in read])["i"]
         assert sorted(map(str, got)) == sorted(map(str, batch["i"]))
+
+
+def test_a_bucket_that_fails_on_a_write_thread_fails_the_step(tmp_path: Path) -> None:
+    """An error while a bucket is permuted and written (on a thread) is raised by the step,
+    with the others' shards still accounted for: none is lost silently."""
+    permute = sink._PermuteBucketFn(str(tmp_path), "csv", ",")
+    scatter = sink._ScatterFn(str(tmp_path), "t", ("i",))
+    pieces = list(scatter.process(pd.DataFrame({"i": [0, 1, 2]}), 3))
+    buckets = {b: [path] for b, path in pieces}
+    buckets[99] = [str(tmp_path / "missing.arrow#0")]
+    with pytest.raises(FileNotFoundError):
+        _permuted(permute, buckets)

@@ -67,7 +67,8 @@ class TimedDoFn(beam.DoFn):  # type: ignore[misc]
         self.fn.start_bundle()
 
     def finish_bundle(self) -> Any:
-        return self.fn.finish_bundle()
+        result = self.fn.finish_bundle()
+        return None if result is None else self._timed(iter(result))
 
     def teardown(self) -> None:
         self.fn.teardown()
@@ -76,10 +77,15 @@ class TimedDoFn(beam.DoFn):  # type: ignore[misc]
         return self.fn.get_type_hints()
 
     def process(self, element: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        return self._timed(lambda: self.fn.process(element, *args, **kwargs))
+
+    def _timed(self, run: Any) -> Iterator[Any]:
+        """What ``run`` yields (a callable giving an iterable, or an iterator), its time in
+        the stage: the time spent between the items, not in what is done with them."""
         spent = 0.0
         t0 = time.perf_counter()
         try:
-            result = self.fn.process(element, *args, **kwargs)
+            result = run() if callable(run) else run
             for item in result if result is not None else ():
                 spent += time.perf_counter() - t0
                 progress.add_rows(self.stage, progress.rows_of(item))
