@@ -224,9 +224,8 @@ def test_scatter_shuffle_gives_every_order_equally_often(
     seen: Counter[tuple[int, ...]] = Counter()
     for _ in range(draws):
         buckets: dict[int, list[str]] = {}
-        for batch in batches:
-            for b, path in scatter.process(batch, 3):
-                buckets.setdefault(b, []).append(path)
+        for b, path in _bundle(scatter, [(batch, 3) for batch in batches]):
+            buckets.setdefault(b, []).append(path)
         shards = sorted(_permuted(permute, buckets))
         rows = [int(line) for s in shards for line in Path(s).read_text().split()]
         seen[tuple(rows)] += 1
@@ -238,17 +237,23 @@ def test_scatter_shuffle_gives_every_order_equally_often(
     assert chi2 < 25.0, seen
 
 
-def _permuted(permute: sink._PermuteBucketFn, buckets: dict[int, list[str]]) -> list[str]:
-    """The shards the permutation writes, run as a runner runs it (one bundle): those
-    emitted while buckets arrive, then those the bundle's end waits for."""
-    permute.setup()
+def _bundle(fn: Any, elements: list[tuple[Any, ...]]) -> list[Any]:
+    """What a DoFn emits for ``elements`` (each the arguments of one ``process`` call) run
+    as a runner runs it, in one bundle: the outputs while elements arrive, then those the
+    bundle's end waits for."""
+    fn.setup()
     try:
-        permute.start_bundle()
-        paths = [path for item in buckets.items() for path in permute.process(item)]
-        paths += [windowed.value for windowed in permute.finish_bundle()]
+        fn.start_bundle()
+        out = [item for args in elements for item in fn.process(*args)]
+        out += [windowed.value for windowed in fn.finish_bundle()]
     finally:
-        permute.teardown()
-    return paths
+        fn.teardown()
+    return out
+
+
+def _permuted(permute: sink._PermuteBucketFn, buckets: dict[int, list[str]]) -> list[str]:
+    """The shards the permutation writes for ``buckets``."""
+    return _bundle(permute, [(item,) for item in buckets.items()])
 
 
 def _labelled(values: list[str], categories: list[str]) -> pd.DataFrame:
@@ -311,7 +316,7 @@ def test_scatter_keeps_small_dictionaries_and_decodes_large_ones(
     types = {}
     for name, categories in {"small": ["x", "y"], "big": [f"v{j}" for j in range(40)]}.items():
         batch = _labelled([categories[j % 2] for j in range(40)], categories)
-        pieces = list(scatter.process(batch, 40))  # 4 buckets: ~10 rows per piece
+        pieces = _bundle(scatter, [(batch, 40)])  # 4 buckets: ~10 rows per piece
         assert len({piece.rpartition("#")[0] for _, piece in pieces}) == 1  # one file
         tables = [sink._read_piece(piece) for _, piece in pieces]
         assert all(isinstance(t, pa.Table) for t in tables)
@@ -330,7 +335,7 @@ def test_pieces_are_read_back_whatever_their_folder_is_called(tmp_path: Path) ->
     arrow = pd.DataFrame({"i": np.arange(40)})
     mixed = pd.DataFrame({"i": pd.Series([1, "a", 2.5, None] * 10, dtype=object)})
     for batch, kind in ((arrow, pa.Table), (mixed, pd.DataFrame)):
-        pieces = list(scatter.process(batch, 40 * sink.BUCKET_ROWS))  # many buckets
+        pieces = _bundle(scatter, [(batch, 40 * sink.BUCKET_ROWS)])  # many buckets
         assert len(pieces) > 1
         read = [sink._read_piece(piece) for _, piece in pieces]
         assert all(isinstance(r, kind) for r in read)
@@ -343,7 +348,7 @@ def test_a_bucket_that_fails_on_a_write_thread_fails_the_step(tmp_path: Path) ->
     with the others' shards still accounted for: none is lost silently."""
     permute = sink._PermuteBucketFn(str(tmp_path), "csv", ",")
     scatter = sink._ScatterFn(str(tmp_path), "t", ("i",))
-    pieces = list(scatter.process(pd.DataFrame({"i": [0, 1, 2]}), 3))
+    pieces = _bundle(scatter, [(pd.DataFrame({"i": [0, 1, 2]}), 3)])
     buckets = {b: [path] for b, path in pieces}
     buckets[99] = [str(tmp_path / "missing.arrow#0")]
     with pytest.raises(FileNotFoundError):
