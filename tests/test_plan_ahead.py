@@ -134,10 +134,12 @@ def test_abandoning_stops_a_running_search_at_once() -> None:
     # the worker has read its input: this process no longer holds the summary for it
     assert ahead.workers.shared is None
     assert len(workers()) == 1 and not ahead.futures[str(slow.name)].done()
+    assert planning.searching_ahead() == 1  # its core: the writers leave it alone
     t0 = time.perf_counter()
     abandon_ahead()
     assert time.perf_counter() - t0 < 5
     assert workers() == [] and planning._AHEAD == {}
+    assert planning.searching_ahead() == 0
 
 
 def run(project: Project, out: Path, cores: int, monkeypatch: pytest.MonkeyPatch) -> int:

@@ -353,3 +353,26 @@ def test_a_bucket_that_fails_on_a_write_thread_fails_the_step(tmp_path: Path) ->
     buckets[99] = [str(tmp_path / "missing.arrow#0")]
     with pytest.raises(FileNotFoundError):
         _permuted(permute, buckets)
+
+
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_writes_leave_the_cores_of_searches_planned_ahead_alone(
+    monkeypatch: pytest.MonkeyPatch, ahead: int
+) -> None:
+    """With two cores and no search planned ahead, buckets are written on threads; with
+    one search still planning ahead in a worker, on the stage's own thread (a second
+    thread beside that search only slowed it)."""
+    import threading
+
+    monkeypatch.setattr(sink, "available_cores", lambda: 2)
+    monkeypatch.setattr(sink, "searching_ahead", lambda: ahead)
+    assert sink.write_threads() == 2 - ahead
+
+    class Probe(sink._OnThreads):
+        def process(self, element: int) -> Any:
+            yield from self._submit(lambda e: [(e, threading.current_thread().name)], element)
+
+    out = _bundle(Probe(), [(i,) for i in range(6)])
+    assert sorted(e for e, _ in out) == list(range(6))
+    on_threads = {name.startswith("privpipe-write") for _, name in out}
+    assert on_threads == ({False} if ahead else {True})

@@ -292,6 +292,13 @@ def collect_ahead(ticket: Ticket) -> Planned:
             _drop(ticket.token)
 
 
+def searching_ahead() -> int:
+    """How many releases this process's workers are still planning ahead (each busy on a
+    core of its own): steps that could use more threads leave those cores to them."""
+    with _AHEAD_LOCK:
+        return sum(not f.done() for a in _AHEAD.values() for f in a.futures.values())
+
+
 def abandon_ahead(tickets: Sequence[Ticket] | None = None) -> None:
     """Stop planning ahead: the workers of ``tickets`` (default: every one of this
     process), killed and reaped."""

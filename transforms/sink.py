@@ -67,7 +67,9 @@ from privpipe.anonymity.arrays import small_key_order
 from privpipe.dp.secure_random import SecureRandom
 from privpipe.errors import ConfigError
 from privpipe.formulas import escape, escape_table
+from privpipe.transforms.planning import searching_ahead
 from privpipe.transforms.timing import TimedDoFn
+from privpipe.workers import available_cores
 
 __all__ = ["WriteTable", "load_json", "write_json", "write_json_step", "write_table"]
 
@@ -220,24 +222,35 @@ def shuffle_buckets(rows: int) -> int:
 
 
 class _OnThreads(beam.DoFn):
-    """A DoFn whose elements' heavy work runs on a few threads (``write_threads``), up to
-    that many elements at once, while the stage's thread goes on: Arrow's take, IPC and CSV
-    writers and its concatenation run without the GIL, so a runner that runs a stage on one
-    thread still uses every core. What an element gives is emitted once its work is done
-    (in ``process`` when more than ``write_threads`` wait, the rest at the bundle's end:
-    the order of these outputs means nothing); an error raised on a thread is raised here."""
+    """A DoFn whose elements' heavy work runs on a few threads while the stage's thread
+    goes on: Arrow's take, IPC and CSV writers and its concatenation run without the GIL,
+    so a runner that runs a stage on one thread can still use every core.
+
+    As many elements are worked on at once as there are cores not taken by a search
+    planned ahead in a worker process of this one (``planning.searching_ahead``; at most
+    ``MAX_WRITE_THREADS``): beside such a search, a second thread only slowed it
+    (RESULTS.md, seventeenth round), so with one core left each element is worked on
+    inline, as a plain DoFn would. What an element gives is emitted once its work is done
+    (in ``process`` while others wait, the rest at the bundle's end: the order of these
+    outputs means nothing); an error raised on a thread is raised here."""
 
     def setup(self) -> None:
-        self._threads = write_threads()
-        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="privpipe-write")
+        self._pool = ThreadPoolExecutor(MAX_WRITE_THREADS, thread_name_prefix="privpipe-write")
 
     def start_bundle(self) -> None:
         self._pending: collections.deque[Future[list[Any]]] = collections.deque()
 
     def _submit(self, work: Callable[..., list[Any]], *args: Any) -> Iterator[Any]:
-        """Run ``work(*args)`` on a thread; emit the outputs of the oldest works done."""
+        """Run ``work(*args)`` (on a thread when cores are free); emit the outputs of the
+        works done."""
+        threads = write_threads()
+        if threads <= 1:
+            while self._pending:
+                yield from self._pending.popleft().result()
+            yield from work(*args)
+            return
         self._pending.append(self._pool.submit(work, *args))
-        while len(self._pending) > self._threads:
+        while len(self._pending) > threads:
             yield from self._pending.popleft().result()
 
     def finish_bundle(self) -> Iterator[WindowedValue]:
@@ -359,13 +372,10 @@ class _PermuteBucketFn(_OnThreads):
 
 
 def write_threads() -> int:
-    """Threads that permute and write a table's buckets at once: the cores this process may
-    use, at most ``MAX_WRITE_THREADS`` (each holds one bucket, ``BUCKET_ROWS`` rows)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(MAX_WRITE_THREADS, cores))
+    """Elements an ``_OnThreads`` step works on at once now: the cores this process may
+    use less those busy planning ahead, at least one, at most ``MAX_WRITE_THREADS``."""
+    free = available_cores() - searching_ahead()
+    return max(1, min(MAX_WRITE_THREADS, free))
 
 
 class _MergeShardsFn(beam.DoFn):
