@@ -120,8 +120,8 @@ def pack_rows(codes: CodeArray, widths: list[int]) -> IntArray:
     if sum(widths) > KEY_BITS:
         raise ValueError(f"{sum(widths)} bits do not fit a key of {KEY_BITS}")
     n, q = codes.shape
-    keys = np.empty(n, dtype=np.int64)
-    for a in range(0, n, _CHUNK):
+    keys = np.empty(n, dtype=np.int64) if q else np.zeros(n, dtype=np.int64)
+    for a in range(0, n if q else 0, _CHUNK):
         block, key = codes[a : a + _CHUNK], keys[a : a + _CHUNK]
         key[:] = block[:, 0]
         for j in range(1, q):

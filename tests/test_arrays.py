@@ -74,6 +74,13 @@ def test_packed_rows_unpack_to_themselves_and_sort_like_the_rows(
     np.testing.assert_array_equal(by_key, by_rows)
 
 
+def test_rows_of_no_columns_pack_to_one_key() -> None:
+    from privpipe.anonymity.arrays import pack_rows, unpack_rows
+
+    keys = pack_rows(np.zeros((4, 0), dtype=np.int32), [])
+    assert keys.tolist() == [0, 0, 0, 0] and unpack_rows(keys, []).shape == (4, 0)
+
+
 def test_rows_too_wide_for_a_key_are_refused() -> None:
     from privpipe.anonymity.arrays import pack_rows
 

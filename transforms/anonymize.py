@@ -185,7 +185,7 @@ class _Partial:
         self.compact()
         if not self.parts:
             return np.zeros((0, len(self.values)), dtype=np.int32), np.zeros(0, dtype=np.int64)
-        return self._codes(self.parts[0]), self.counts[0]
+        return self.unpacked(self.parts[0]), self.counts[0]
 
     def compact(self) -> None:
         """Merge the parts into one (rows distinct, counts summed)."""
@@ -217,7 +217,10 @@ class _Partial:
             self.values[j] = known.append(values[fresh])
         return position.astype(np.int32)
 
-    def _codes(self, part: npt.NDArray[np.int64] | npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+    def unpacked(
+        self, part: npt.NDArray[np.int64] | npt.NDArray[np.int32]
+    ) -> npt.NDArray[np.int32]:
+        """A part's rows as codes (unpacked from its keys, or as kept when wide)."""
         if part.ndim == 2:
             return part  # type: ignore[return-value]
         assert self.layout is not None
@@ -239,7 +242,7 @@ class _Partial:
             for j in hashed:  # the person ids grow all run long: they take the headroom
                 need[j] += spare // len(hashed)
             layout = need
-        codes = [self._codes(part) for part in self.parts]
+        codes = [self.unpacked(part) for part in self.parts]
         self.layout = layout
         if layout is not None:
             self.parts = [pack_rows(c, layout) for c in codes]  # same rows: still sorted
@@ -371,7 +374,7 @@ class FrequencyTable(beam.CombineFn):  # type: ignore[misc]
         for acc in stream:
             mappings = [out.encode(j, v) for j, v in enumerate(acc.values)]
             for part, counts in zip(acc.parts, acc.counts, strict=True):
-                codes = acc._codes(part)
+                codes = acc.unpacked(part)
                 remapped = np.empty_like(codes)
                 for j, mapping in enumerate(mappings):
                     remapped[:, j] = mapping[codes[:, j]]
