@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 import time
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -86,3 +87,27 @@ def test_status_counts_nodes_and_joins_a_busy_stage() -> None:
         text, _ = progress.status(time.perf_counter(), time.perf_counter(), {}, 2.0)
     assert "search 40 nodes checked (20/s), busy 0s" in text
     assert text.count("search") == 1
+
+
+def test_a_timed_step_counts_the_rows_its_bundle_end_emits() -> None:
+    """A DoFn that emits batches at its bundle's end (windowed values, as ``_OnThreads``
+    does) has them counted as rows of its stage, as if ``process`` had yielded them."""
+    import apache_beam as beam
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import MIN_TIMESTAMP
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    from privpipe.transforms.timing import TimedDoFn
+
+    class Late(beam.DoFn):  # type: ignore[misc]
+        def process(self, element: int) -> Any:
+            yield pd.DataFrame({"a": range(element)})
+
+        def finish_bundle(self) -> Any:
+            yield WindowedValue(pd.DataFrame({"a": range(5)}), MIN_TIMESTAMP, (GlobalWindow(),))
+
+    fn = TimedDoFn("late", Late())
+    fn.start_bundle()
+    out = list(fn.process(3)) + [w.value for w in fn.finish_bundle()]
+    assert [len(f) for f in out] == [3, 5]
+    assert progress.snapshot()["late"][0] == 8

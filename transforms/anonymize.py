@@ -172,9 +172,10 @@ class _Partial:
     def add(self, codes: npt.NDArray[np.int32], counts: npt.NDArray[np.int64]) -> None:
         """Add rows of codes (any, repeated or not) with their counts, distinct per part."""
         self._fit_layout()
-        if self.layout is None:
-            self.parts.append(codes)
-            self.counts.append(counts)
+        if self.layout is None:  # distinct per part too, as the packed parts are
+            rows, summed = _distinct_rows(codes, counts, self.radices())
+            self.parts.append(rows)
+            self.counts.append(summed)
             return
         keys, summed = _sum_keys(pack_rows(codes, self.layout), counts)
         self.parts.append(keys)

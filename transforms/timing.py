@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.utils.windowed_value import WindowedValue
 
 from privpipe import progress
 from privpipe.timing import NAMESPACE
@@ -67,8 +68,8 @@ class TimedDoFn(beam.DoFn):  # type: ignore[misc]
         self.fn.start_bundle()
 
     def finish_bundle(self) -> Any:
-        result = self.fn.finish_bundle()
-        return None if result is None else self._timed(iter(result))
+        result = self.fn.finish_bundle()  # called now, as Beam would: its work runs here
+        return None if result is None else self._timed(lambda: result)
 
     def teardown(self) -> None:
         self.fn.teardown()
@@ -79,16 +80,18 @@ class TimedDoFn(beam.DoFn):  # type: ignore[misc]
     def process(self, element: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
         return self._timed(lambda: self.fn.process(element, *args, **kwargs))
 
-    def _timed(self, run: Any) -> Iterator[Any]:
-        """What ``run`` yields (a callable giving an iterable, or an iterator), its time in
-        the stage: the time spent between the items, not in what is done with them."""
+    def _timed(self, run: Callable[[], Iterable[Any] | None]) -> Iterator[Any]:
+        """What ``run()`` gives, its time in the stage: the time spent making the items,
+        not in what is done with them; their rows counted (a ``finish_bundle``'s windowed
+        values by the value they carry)."""
         spent = 0.0
         t0 = time.perf_counter()
         try:
-            result = run() if callable(run) else run
+            result = run()
             for item in result if result is not None else ():
                 spent += time.perf_counter() - t0
-                progress.add_rows(self.stage, progress.rows_of(item))
+                value = item.value if isinstance(item, WindowedValue) else item
+                progress.add_rows(self.stage, progress.rows_of(value))
                 yield item
                 t0 = time.perf_counter()
             spent += time.perf_counter() - t0
