@@ -212,17 +212,22 @@ def test_hashed_person_ids_count_persons_as_the_strings_do(seed: int, n: int, st
     )
 )
 def test_hash_dictionary_codes_follow_first_appearance(batches: list[list[int]]) -> None:
-    """The person-hash dictionary (sorted runs merged like a binary counter) gives each
-    value the code a plain dict in order of first appearance would."""
+    """The person-hash dictionary (pandas' int64 hash table) gives each value the code a
+    plain dict in order of first appearance would, repeats within a batch included, and
+    keeps doing so after a pickle round trip (the table is rebuilt from the values)."""
+    import pickle
+
     from privpipe.transforms.anonymize import _HashDictionary
 
     d, reference = _HashDictionary(), {}
-    for batch in batches:
-        distinct = list(dict.fromkeys(batch))  # encode takes distinct values, any order
-        codes = d.encode(np.array(distinct, dtype=np.int64))
-        for value in distinct:
+    for i, batch in enumerate(batches):
+        codes = d.encode(np.array(batch, dtype=np.int64))
+        for value in batch:
             reference.setdefault(value, len(reference))
-        assert codes.tolist() == [reference[v] for v in distinct]
+        assert codes.dtype == np.int32
+        assert codes.tolist() == [reference[v] for v in batch]
+        if i % 3 == 2:
+            d = pickle.loads(pickle.dumps(d))
     assert len(d) == len(reference)
     assert d.to_numpy().tolist() == list(reference)
 
