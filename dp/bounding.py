@@ -117,6 +117,23 @@ def bound_contributions(
     return frame.loc[keep].copy()
 
 
+def dense_ids(values: npt.NDArray[np.generic]) -> tuple[npt.NDArray[np.int64], int]:
+    """Ids ``0..n-1`` of the distinct ``values`` (any integers, e.g. 64-bit person
+    hashes), numbered in sorted order, and ``n``. One sort: numpy sorts 64-bit keys
+    ~2x faster than ``pd.factorize`` hashes half a million random ones."""
+    if values.size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    order = np.argsort(values)
+    ordered = values[order]
+    change = np.empty(values.size, dtype=np.int64)
+    change[0] = 0
+    np.not_equal(ordered[1:], ordered[:-1], out=change[1:], casting="unsafe")
+    ranks = np.cumsum(change)
+    ids = np.empty(values.size, dtype=np.int64)
+    ids[order] = ranks
+    return ids, int(ranks[-1]) + 1
+
+
 def bound_units(
     units: npt.NDArray[np.generic],
     partitions: npt.NDArray[np.generic],
@@ -128,17 +145,41 @@ def bound_units(
 
     ``units`` and ``partitions`` are any hashable integer ids per row (e.g. 64-bit hashes).
     """
+    if units.size == 0:
+        _check_bound("max_partitions", max_partitions)
+        _check_bound("max_contributions_per_partition", max_contributions_per_partition)
+        return np.zeros(0, dtype=np.bool_)
+    person = pd.factorize(units)[0].astype(np.int64)
+    return bound_ids(
+        person,
+        int(person.max()) + 1,
+        partitions,
+        max_partitions,
+        max_contributions_per_partition,
+        rng,
+    )
+
+
+def bound_ids(
+    person: npt.NDArray[np.int64],
+    n_persons: int,
+    partitions: npt.NDArray[np.generic],
+    max_partitions: int,
+    max_contributions_per_partition: int,
+    rng: RngLike = None,
+) -> npt.NDArray[np.bool_]:
+    """``bound_units`` for units already numbered ``0..n_persons-1`` (``dense_ids``), so a
+    caller that needs the persons' ids again numbers them once."""
     l0 = _check_bound("max_partitions", max_partitions)
     linf = _check_bound("max_contributions_per_partition", max_contributions_per_partition)
-    if units.size == 0:
+    if person.size == 0:
         return np.zeros(0, dtype=np.bool_)
     gen = bounding_rng(rng)
-    person = pd.factorize(units)[0].astype(np.int64)
     part = pd.factorize(partitions)[0].astype(np.int64)
     n_parts = int(part.max()) + 1
     # One id per distinct (unit, partition) pair; pairs sorted by unit.
     uniq_pairs, _, pair_of_row = unique_first_inverse(person * n_parts + part)
-    keep_pair = _keep_at_most(uniq_pairs // n_parts, int(person.max()) + 1, l0, gen)
+    keep_pair = _keep_at_most(uniq_pairs // n_parts, n_persons, l0, gen)
     keep_row = _keep_at_most(pair_of_row, uniq_pairs.size, linf, gen)
     keep: npt.NDArray[np.bool_] = keep_pair[pair_of_row] & keep_row
     return keep

@@ -28,7 +28,7 @@ from privpipe.anonymity.arrays import small_key_order, sorted_unique, unique_cou
 from privpipe.anonymity.hierarchy import canonical_column
 from privpipe.anonymity.summary import group_rows, unit_hashes
 from privpipe.dp import exact
-from privpipe.dp.bounding import RngLike, bound_units, bounding_rng, one_group_per_unit
+from privpipe.dp.bounding import RngLike, bound_ids, bounding_rng, dense_ids, one_group_per_unit
 from privpipe.dp.spec import MOMENT_KINDS, QUANTILE_KINDS, DPReleaseSpec, Query, QueryPlan
 from privpipe.errors import InputDataError
 
@@ -282,8 +282,9 @@ class _Recount:
     their cells and persons and one sort of their (person, cell) pairs: rows and distinct
     persons per cell (``cells``: the cells' hashes, in the order of ``rows`` and ``units``),
     and the bounds as kept: the most rows of one person in one cell, the most cells and
-    partition groups of one person. Counted apart from ``bounding.bound_units``, which
-    chose the rows, so the verification can say no."""
+    partition groups of one person. Counted apart from ``bounding.bound_ids``, which
+    chose the rows (only the persons' ids are shared: numbered once), so the verification
+    can say no."""
 
     cells: U64
     rows: I64
@@ -293,14 +294,17 @@ class _Recount:
     max_groups_per_unit: int
 
     @classmethod
-    def of(cls, c: Contributions) -> _Recount:
+    def of(cls, c: Contributions, person: I64 | None = None) -> _Recount:
+        """``person``: the kept rows' person ids when the caller numbered them already
+        (``bounding.dense_ids``: one id per person, below the rows' number); else the
+        persons are factorised here."""
         codes, cells = pd.factorize(c.cell)
         cell = codes.astype(np.int64)
         rows = np.bincount(cell, minlength=len(cells)).astype(np.int64)
         if c.unit is None:  # one row, one person
             one = 1 if len(c) else 0
             return cls(cells, rows, rows, one, one, one)
-        unit = pd.factorize(c.unit)[0].astype(np.int64)
+        unit = pd.factorize(c.unit)[0].astype(np.int64) if person is None else person
         width = np.int64(max(len(cells), 1))
         pairs, per_pair = unique_counts(unit * width + cell)  # (person, cell), person first
         units = np.bincount(pairs % width, minlength=len(cells)).astype(np.int64)
@@ -356,12 +360,14 @@ def bound_and_aggregate(c: Contributions, spec: DPReleaseSpec, rng: RngLike = No
     """
     n_in = len(c)
     several = 0
+    person: I64 | None = None
     if c.unit is None:
         kept = c
     else:
         gen = bounding_rng(rng)
+        person, n_persons = dense_ids(c.unit)  # numbered once: grouped, bounded, recounted
         if c.group is not None:
-            several = _units_in_several_groups(c.unit, c.group)
+            several = _units_in_several_groups(person, n_persons, c.group)
             if several and not spec.bound_to_one_group:
                 raise InputDataError(  # no count: a DP release's input, nothing exact
                     f"{spec.name}: a person ({spec.unit}) appears in more than one "
@@ -370,10 +376,11 @@ def bound_and_aggregate(c: Contributions, spec: DPReleaseSpec, rng: RngLike = No
                     "group per person, or fix the data"
                 )
             if several:
-                c = c.take(one_group_per_unit(c.unit, c.group, gen))
-        assert c.unit is not None
-        kept = c.take(bound_units(c.unit, c.cell, spec.l0, spec.linf, gen))
-    recount = _Recount.of(kept)
+                one = one_group_per_unit(c.unit, c.group, gen)
+                c, person = c.take(one), person[one]
+        mask = bound_ids(person, n_persons, c.cell, spec.l0, spec.linf, gen)
+        kept, person = c.take(mask), person[mask]
+    recount = _Recount.of(kept, person)
     partial = CellPartial(
         query=c.query,
         cells=_aggregate(kept, recount, moments=spec.kind in MOMENT_KINDS),
@@ -388,9 +395,12 @@ def bound_and_aggregate(c: Contributions, spec: DPReleaseSpec, rng: RngLike = No
     return partial
 
 
-def _units_in_several_groups(unit: U64, group: U64) -> int:
-    pairs = pd.DataFrame({"u": unit, "g": group}).drop_duplicates()
-    return int((pairs.groupby("u", sort=False).size() > 1).sum())
+def _units_in_several_groups(person: I64, n_persons: int, group: U64) -> int:
+    """Persons (ids ``0..n_persons-1``) with rows in more than one group."""
+    codes, groups = pd.factorize(group)
+    span = np.int64(max(len(groups), 1))
+    pairs = sorted_unique(person * span + codes.astype(np.int64))
+    return int(np.count_nonzero(np.bincount(pairs // span, minlength=n_persons) > 1))
 
 
 def merge_partials(parts: Sequence[CellPartial]) -> CellPartial:

@@ -7,9 +7,17 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from privpipe.dp.bounding import bound_contributions, bounding_rng, sensitivities
+from privpipe.dp.bounding import (
+    bound_contributions,
+    bound_ids,
+    bounding_rng,
+    dense_ids,
+    sensitivities,
+)
 from privpipe.errors import ConfigError, InputDataError
 
 
@@ -173,3 +181,61 @@ def test_rank_within_one_key_sort_equals_the_pair_sort() -> None:
     groups = np.array([5, 10**12, 5, 10**12], dtype=np.int64)  # ids beyond n
     keys = np.array([3, 1, 2, 0], dtype=np.int64)
     assert np.array_equal(_rank_within(groups, keys), reference(groups, keys))
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 9), max_size=300))
+def test_dense_ids_number_the_distinct_values_in_sorted_order(values: list[int]) -> None:
+    """``dense_ids``: equal values share an id, different ones do not, ids run 0..n-1 in
+    the values' sorted order (64-bit person hashes included)."""
+    array = np.array(values, dtype=np.uint64)
+    ids, n = dense_ids(array)
+    distinct = sorted(set(values))
+    assert n == len(distinct)
+    assert ids.dtype == np.int64
+    assert ids.tolist() == [distinct.index(v) for v in values]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 2**64 - 1) | st.integers(0, 6), st.integers(0, 5)), max_size=300
+    ),
+    l0=st.integers(1, 3),
+    linf=st.integers(1, 3),
+)
+def test_bound_ids_keeps_each_person_within_bounds_and_maximally(
+    rows: list[tuple[int, int]], l0: int, linf: int
+) -> None:
+    """``bound_ids`` on ``dense_ids``' persons keeps ≤ L0 cells per person and ≤ Linf rows
+    per (person, cell), and no fewer than the person has up to those bounds."""
+    unit = np.array([u for u, _ in rows], dtype=np.uint64)
+    cell = np.array([c for _, c in rows], dtype=np.uint64)
+    person, n = dense_ids(unit)
+    keep = bound_ids(person, n, cell, l0, linf, np.random.default_rng(0))
+    frame = pd.DataFrame({"u": unit, "c": cell})
+    kept = frame[keep]
+    per_pair = kept.groupby(["u", "c"]).size()
+    assert len(kept) == 0 or per_pair.max() <= linf
+    before = frame.groupby(["u", "c"]).size()
+    assert (per_pair == before.loc[per_pair.index].clip(upper=linf)).all()
+    cells_kept = kept.groupby("u")["c"].nunique()
+    cells_before = frame.groupby("u")["c"].nunique().clip(upper=l0)
+    assert cells_kept.reindex(cells_before.index, fill_value=0).equals(cells_before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 2**64 - 1) | st.integers(0, 6), st.integers(0, 3)), max_size=200
+    )
+)
+def test_persons_in_several_groups_are_counted(rows: list[tuple[int, int]]) -> None:
+    """The persons with rows in more than one partition_by group, as pandas counts them."""
+    from privpipe.dp.cells import _units_in_several_groups
+
+    unit = np.array([u for u, _ in rows], dtype=np.uint64)
+    group = np.array([g for _, g in rows], dtype=np.uint64)
+    person, n = dense_ids(unit)
+    expected = int((pd.DataFrame({"u": unit, "g": group}).groupby("u")["g"].nunique() > 1).sum())
+    assert _units_in_several_groups(person, n, group) == expected
