@@ -28,6 +28,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from privpipe.anonymity.hierarchy import canonical_factorize
+from privpipe.dp.bounding import dense_ids
 from privpipe.dp.multiparty import calibration_problems
 from privpipe.dp.secure_random import RandomSource
 from privpipe.errors import InputDataError
@@ -81,12 +82,14 @@ def one_per_person(unit: U64, source: RandomSource) -> npt.NDArray[np.intp]:
     n = unit.size
     if n == 0:
         return np.zeros(0, dtype=np.intp)
-    priority = source.words(n)
-    order = np.lexsort((priority, unit))
-    sorted_unit = unit[order]
-    first = np.ones(n, dtype=bool)
-    first[1:] = sorted_unit[1:] != sorted_unit[:-1]
-    return np.sort(order[first]).astype(np.intp)
+    priority = source.words(n)  # each person keeps its row of the lowest priority
+    by_priority = np.argsort(priority)
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_priority] = np.arange(n, dtype=np.int64)
+    person, persons = dense_ids(unit)
+    lowest = np.full(persons, n, dtype=np.int64)
+    np.minimum.at(lowest, person, rank)  # one pass, no sort of (unit, priority) pairs
+    return np.sort(by_priority[lowest]).astype(np.intp)
 
 
 def unbiased(support: npt.ArrayLike, n: int, p_star: float, q_star: float) -> npt.NDArray[Any]:
