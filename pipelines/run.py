@@ -263,8 +263,10 @@ def build_graph(
         )  # fmt: skip
 
     searched: list[beam.PCollection] = []  # the search steps that plan ahead
-    for group in sharing.values():
+    summaries: dict[tuple[str, ...], beam.PCollection] = {}  # by counted columns
+    for counted, group in sharing.items():
         summary = batches | f"Summarise[{group[0].name}]" >> Summarise(group[0])
+        summaries[counted] = summary
         ahead = ahead_releases(group) if plan_ahead and len(group) > 1 else []
         contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(group, resolver, ahead)
         now = [a for a in group if a.name not in ahead]  # config order
@@ -284,8 +286,13 @@ def build_graph(
         # accepted rows' frequency table (QIs + SA) and a keyed sample of target records
         # (in the private scratch folder, outside DIR), never every row
         cols, n, key = audit_columns(plan), staged_targets(plan), new_holdout_key()
+        # a summary of exactly these columns (and the person id) is the table already; it
+        # is summed over persons once the long searches have started (as DP bounds)
+        same = summaries.get((*cols, s.privacy_unit)) if s.privacy_unit else None
+        same = same if same is not None else summaries.get(tuple(cols))
+        truth = None if same is None else after(same, searched, "AuditTruthAfterSearch")
         _ = batches | "AuditColumns" >> StageAuditTruth(
-            str(out.work), RAW_TABLE, cols, n, key, s.privacy_unit
+            str(out.work), RAW_TABLE, cols, n, key, s.privacy_unit, truth
         )
         if controls is not None:  # the control rows: the attacks' baseline, never published
             _ = controls | "ControlColumns" >> StageAuditTruth(

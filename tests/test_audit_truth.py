@@ -456,3 +456,42 @@ def test_categorical_class_counts_give_the_same_published_rows(
         assert got[c].isna().tolist() == want[c].isna().tolist(), c
         assert got[c].fillna("<NA>").tolist() == want[c].fillna("<NA>").tolist(), c
     assert got[WEIGHT].tolist() == want[WEIGHT].tolist()
+
+
+@pytest.mark.parametrize("persons", [True, False])
+def test_the_staged_truth_from_a_summary_equals_the_truth_counted_again(
+    tmp_path: Path, persons: bool
+) -> None:
+    """``StageAuditTruth`` given an anonymised release's summary (the same batches'
+    frequency table, with the person's hash or without) stages the same frequency table as
+    counting the batches again: the same rows with the same weights, missing values and a
+    float column included."""
+    import apache_beam as beam
+
+    from privpipe.transforms.anonymize import FrequencyTable, hash_units
+    from privpipe.transforms.audit_truth import StageAuditTruth
+
+    frame = _rows(90).assign(
+        dx=lambda f: f["dx"].where(f.index % 7 != 3),
+        score=lambda f: (f.index % 4).astype(float) - 0.0,
+    )
+    cols = ["age", "dx", "score"]
+    counted = [*cols, "person_id"] if persons else cols
+    batches = [frame.iloc[i : i + 25].reset_index(drop=True) for i in range(0, 90, 25)]
+    staged = {}
+    for way in ("again", "summary"):
+        folder = tmp_path / way
+        with beam.Pipeline() as p:
+            rows = p | beam.Create(batches, reshuffle=False)
+            if persons:
+                rows = rows | beam.Map(hash_units, "person_id")
+            summary = None
+            if way == "summary":
+                table = FrequencyTable(counted, True, ["person_id"] if persons else [])
+                summary = rows | beam.CombineGlobally(table)
+            _ = rows | StageAuditTruth(str(folder), "t", cols, None, KEY, "person_id", summary)
+        staged[way] = pd.read_parquet(folder / "t_counts.parquet")
+    assert list(staged["summary"].columns) == [*cols, WEIGHT]
+    assert records_of(staged["summary"]) == len(frame)
+    assert not staged["summary"][cols].duplicated().any()  # a frequency table: rows distinct
+    assert _as_rows(staged["summary"]) == _as_rows(staged["again"])
