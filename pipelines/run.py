@@ -264,9 +264,9 @@ def build_graph(
 
     searched: list[beam.PCollection] = []  # the search steps that plan ahead
     summaries: dict[tuple[str, ...], beam.PCollection] = {}  # by counted columns
-    for counted, group in sharing.items():
+    for shared_columns, group in sharing.items():
         summary = batches | f"Summarise[{group[0].name}]" >> Summarise(group[0])
-        summaries[counted] = summary
+        summaries[shared_columns] = summary
         ahead = ahead_releases(group) if plan_ahead and len(group) > 1 else []
         contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(group, resolver, ahead)
         now = [a for a in group if a.name not in ahead]  # config order
