@@ -136,18 +136,9 @@ def bound_units(
 
     ``units`` and ``partitions`` are any hashable integer ids per row (e.g. 64-bit hashes).
     """
-    if units.size == 0:
-        _check_bound("max_partitions", max_partitions)
-        _check_bound("max_contributions_per_partition", max_contributions_per_partition)
-        return np.zeros(0, dtype=np.bool_)
-    person = pd.factorize(units)[0].astype(np.int64)
+    person, n_persons = dense_ids(units)
     return bound_ids(
-        person,
-        int(person.max()) + 1,
-        partitions,
-        max_partitions,
-        max_contributions_per_partition,
-        rng,
+        person, n_persons, partitions, max_partitions, max_contributions_per_partition, rng
     )
 
 
