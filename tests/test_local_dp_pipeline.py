@@ -398,3 +398,37 @@ def test_ldp_aggregate_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[s
         code, _, err = run(args, capsys)
         assert code == want, (args, err)
         assert message in err, (args, err)
+
+
+@pytest.mark.parametrize("unit", [None, "pid"])
+def test_reports_are_written_in_a_random_order(tmp_path: Path, unit: str | None) -> None:
+    """The collected reports (no id, no true value) are written shuffled: with a near
+    deterministic oracle (epsilon 20) on input sorted by value, the reports follow neither
+    the input's order nor the shards' (unseeded: a shard keeps its rows' order), yet are the
+    same multiset of values."""
+    import apache_beam as beam
+
+    from privpipe.dp.local import FrequencyOracle
+    from privpipe.transforms.local_dp import LocalDPSpec, PerturbLocalDP
+
+    n, domain = 3000, tuple(f"v{i}" for i in range(10))
+    values = [domain[i * len(domain) // n] for i in range(n)]  # sorted by value
+    frame = pd.DataFrame({"a": values, "pid": [f"p{i:05d}" for i in range(n)]})
+    batches = [frame.iloc[i : i + 500].reset_index(drop=True) for i in range(0, n, 500)]
+    spec = LocalDPSpec(
+        "r", FrequencyOracle.create("grr", 20.0, len(domain)), "a", domain, None, unit,
+        write_reports=True,
+    )  # fmt: skip
+    with beam.Pipeline() as p:
+        _ = (
+            p
+            | beam.Create(batches, reshuffle=False)
+            | PerturbLocalDP(spec, str(tmp_path / "r.pickle"), str(tmp_path / "reports"))
+        )
+    written = pd.read_csv(tmp_path / "reports" / "reports.csv")["report"].to_numpy()
+    assert len(written) == n
+    # nearly every report is its true value's code: the multiset is the input's
+    assert abs(np.bincount(written, minlength=10) - n // 10).max() <= 5
+    # sorted input would give ~n-10 non-decreasing steps; a random order about half
+    steps = int((np.diff(written) >= 0).sum())
+    assert steps < 0.65 * n, steps

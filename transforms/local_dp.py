@@ -7,6 +7,7 @@
             ─► CombineGlobally: n and support counts (int64 arrays) summed; with parties,
                the exact per-party histograms summed too ─► one pickle in the run's work folder
             ─► [write_reports] the reports themselves ─► WriteTable releases/<name>/reports
+               (in a uniformly random order, like every table privpipe writes)
 
 Unlike central DP, the noise (each person's randomisation) is drawn HERE, in the pipeline,
 so the driver charges the ledger for local releases before the pipeline starts (see
@@ -251,11 +252,19 @@ class PerturbLocalDP(beam.PTransform):  # type: ignore[misc]
             partials = shard_out.main
             reports = shard_out[PerturbFn.REPORTS]
         if self.spec.write_reports:
+            # in a uniformly random order (CSPRNG scatter shuffle): the order of the shards
+            # or of the input would otherwise link each report to its row and person
+            count = (
+                reports
+                | "ReportRows" >> beam.Map(len)
+                | "CountReports" >> beam.CombineGlobally(sum)
+            )
             _ = reports | "WriteReports" >> WriteTable(
                 self.reports_dir,
                 "reports",
                 self.spec.report_columns(),
                 self.fmt,  # type: ignore[arg-type]
+                shuffle_rows=count,
             )
         return (
             partials
