@@ -330,6 +330,53 @@ def test_a_loaded_tables_strings_are_plain_merged_and_sorted(
     assert not got.duplicated(["a", "b"]).any()
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    radices=st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    n=st.integers(0, 40),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_label_order_is_the_stable_lexsort_of_the_ranks(
+    radices: list[int], n: int, seed: int
+) -> None:
+    """``_label_order`` (ranks packed into one key, one stable argsort) orders rows as a
+    lexsort of the columns' ranks (first column most significant, ties in place); so does
+    its fallback when the packed key would not fit in 63 bits (64 two-value columns)."""
+    from privpipe.reports.run import _label_order, _Plain
+
+    rng = np.random.default_rng(seed)
+
+    def plain(radix: int, rows: int) -> _Plain:
+        values = np.array([f"v{i}" for i in rng.permutation(radix)] + [""], dtype=object)
+        codes = rng.integers(-1, radix, size=rows).astype(np.intp)
+        return _Plain(codes, values, bool((codes < 0).any()))
+
+    for columns in ([plain(r, n) for r in radices], [plain(2, n) for _ in range(64)]):
+        ranks = [p.ranks()[0] for p in columns]
+        expected = np.lexsort(ranks[::-1]) if ranks else np.arange(n)
+        np.testing.assert_array_equal(_label_order(columns, n), expected)
+
+
+def test_a_staged_table_with_missing_cells_loads_as_the_reference(tmp_path: Path) -> None:
+    """The staged counts are read with their labels as categoricals (from the Parquet
+    dictionary): the same plain, merged and sorted strings as the slow reference,
+    missing cells and real ``""`` merged, weights summed."""
+    cells = [("b", None), ("a", "x"), (None, "x"), ("", "x"), ("a", ""), ("b", "y")]
+    table = pd.DataFrame(
+        {
+            "a": pd.Series([a for a, _ in cells], dtype="str"),
+            "b": pd.Series([b for _, b in cells], dtype="str"),
+            WEIGHT: np.arange(1, len(cells) + 1, dtype=np.int64),
+        }
+    )
+    staged = tmp_path / "published_t_counts.parquet"
+    table.to_parquet(staged)
+    folder = _published(tmp_path / "t", RAW)
+    got = load_release(folder, staged).data
+    pd.testing.assert_frame_equal(got, _reference_strings(table))
+    assert got[WEIGHT].tolist() == [7, 5, 2, 1, 6]  # ("", x) twice: 3 + 4
+
+
 def test_only_the_marked_table_itself_is_taken_as_distinct() -> None:
     """A frame derived from a marked table (rows added, a column dropped, the same
     columns under a new object) is grouped again: its rows may repeat."""
