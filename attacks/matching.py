@@ -29,6 +29,7 @@ Pure core: numpy, pandas, scipy and the standard library only (no Beam).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, cast
@@ -112,6 +113,16 @@ def suppressed_rows(published: pd.DataFrame, qis: Sequence[str]) -> BoolArray:
         else:
             mask &= column.astype(object).to_numpy() == SUPPRESSED
     return mask
+
+
+def read_coded(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A staged frequency table (Parquet: string label columns and ``WEIGHT``) with its
+    labels read as categoricals, their codes straight from the file's dictionary pages:
+    the steps after it work per distinct label, not per row (missing cells stay missing)."""
+    import pyarrow.parquet as pq
+
+    labels = [c for c in pq.read_schema(path).names if c != WEIGHT]
+    return pq.read_table(path, read_dictionary=labels).to_pandas()
 
 
 _DISTINCT: FrameMemo[bool] = FrameMemo()

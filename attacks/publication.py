@@ -83,7 +83,10 @@ def per_distinct(values: pd.Series, fn: Callable[[pd.Series], pd.Series]) -> pd.
         return fn(values)
     mapped = fn(pd.Series(uniques))
     # a take on the array keeps its dtype without a round trip through Python strings
-    return pd.Series(mapped.array.take(codes), index=values.index, name=mapped.name)
+    # (object too: a Series of an object array would infer pandas' strings, per row)
+    return pd.Series(
+        mapped.array.take(codes), index=values.index, name=mapped.name, dtype=mapped.dtype
+    )
 
 
 def to_level(

@@ -62,6 +62,7 @@ from privpipe.attacks.matching import (
     expand_rows,
     frequency_table,
     mark_distinct,
+    read_coded,
     records_of,
 )
 from privpipe.attacks.publication import published_levels
@@ -637,7 +638,7 @@ def load_truth(plan: Plan, work: Path, name: str = RAW_TABLE) -> tuple[pd.DataFr
 
     # distinct rows (a FrequencyTable's, over the strings the read's types print, which
     # parse back to distinct values): a frequency table of all its columns is itself
-    table = mark_distinct(typed(pd.read_parquet(work / f"{name}_counts.parquet"), plan))
+    table = mark_distinct(typed(read_coded(work / f"{name}_counts.parquet"), plan))
     path = work / f"{name}.parquet"
     if path.exists():
         sample = pd.read_parquet(path)

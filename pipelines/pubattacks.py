@@ -42,6 +42,7 @@ from privpipe.attacks.publication import (
     Truth,
     _ancestors,
     _level_of,
+    per_distinct,
     reproduced_cells,
     row_order_alignment,
 )
@@ -245,7 +246,7 @@ def _table_levels(
     out: dict[str, int] = {}
     for c in cols:
         h = hierarchies.get(c)
-        labels = pd.unique(table[c].astype(str))
+        labels = pd.Series(pd.unique(table[c])).astype(str)  # per distinct value
         if h is None:
             out[c] = 0
             continue
@@ -254,6 +255,10 @@ def _table_levels(
         if len(used) <= 1 and -1 not in used:
             out[c] = used.pop() if used else h.height
     return out
+
+
+def _as_str(values: pd.Series) -> pd.Series:
+    return values.astype(str)
 
 
 def _noise_sd(data: pd.DataFrame, fallback: float) -> float:
@@ -279,7 +284,10 @@ def _artefacts(
             if not levels:
                 continue
             hidden = suppressed_rows(r.data, [q for q in qis if q in r.data.columns])
-            kept = r.data.loc[~hidden, list(levels)].astype(str)
+            rows = r.data.loc[~hidden, list(levels)]
+            kept = pd.DataFrame(
+                {c: per_distinct(rows[c], _as_str) for c in levels}, index=rows.index
+            )  # the columns as strings, made per distinct label
             weights = (
                 r.data.loc[~hidden, WEIGHT].to_numpy(dtype=np.int64)
                 if WEIGHT in r.data.columns

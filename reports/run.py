@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.attacks.matching import WEIGHT, mark_distinct
+from privpipe.attacks.matching import WEIGHT, mark_distinct, read_coded
 from privpipe.dp.noise import planned_guarantee
 from privpipe.formulas import unescape, unescape_column
 
@@ -106,17 +106,6 @@ def _read_table(folder: Path) -> pd.DataFrame:
     if path.suffix == ".csv":
         return _computed(pd.read_csv(path, dtype=str, keep_default_na=False))
     return pd.read_parquet(path).astype(str)
-
-
-def _read_coded(path: Path) -> pd.DataFrame:
-    """A staged frequency table (Parquet) with its label columns read as categoricals:
-    codes straight from the file's dictionary pages, no string per row to factorise
-    again (``_Plain.of``)."""
-    import pyarrow.parquet as pq
-
-    names = pq.read_schema(path).names
-    labels = [c for c in names if c != WEIGHT]
-    return pq.read_table(path, read_dictionary=labels).to_pandas()
 
 
 def _chunks(path: Path, rows: int) -> Any:
@@ -288,7 +277,7 @@ def load_release(
         source = _data_file(path)
         staged = Path(counts) if counts is not None else None
         if staged is not None and staged.exists():
-            data = _strings(_read_coded(staged))
+            data = _strings(read_coded(staged))
         else:
             data = count_rows(source)
     else:

@@ -471,13 +471,15 @@ def test_staged_numbers_parse_back_once_per_distinct_string_to_the_same_values(
     bit, -0.0 included), missing stays missing."""
     from privpipe.pipelines.audit import _parsed
 
-    got = _parsed(pd.Series([None if v is None else str(v) for v in ints], dtype="str"), "Int64")
-    assert got.dtype == "Int64" and [None if v is pd.NA else int(v) for v in got] == ints
-    text = pd.Series([None if v is None else repr(v) for v in floats], dtype="str")
-    parsed = _parsed(text, "float64").to_numpy()
-    want = np.asarray([np.nan if v is None else v for v in floats], dtype=np.float64)
-    assert parsed.tobytes() == want.tobytes() or np.array_equal(parsed, want, equal_nan=True)
-    assert np.array_equal(np.signbit(parsed), np.signbit(want))
+    for kind in ("str", "category"):  # as read_parquet gives them, and ``read_coded``
+        strings = pd.Series([None if v is None else str(v) for v in ints], dtype=kind)
+        got = _parsed(strings, "Int64")
+        assert got.dtype == "Int64" and [None if v is pd.NA else int(v) for v in got] == ints
+        text = pd.Series([None if v is None else repr(v) for v in floats], dtype=kind)
+        parsed = _parsed(text, "float64").to_numpy()
+        want = np.asarray([np.nan if v is None else v for v in floats], dtype=np.float64)
+        assert parsed.tobytes() == want.tobytes() or np.array_equal(parsed, want, equal_nan=True)
+        assert np.array_equal(np.signbit(parsed), np.signbit(want))
 
 
 @settings(max_examples=60, deadline=None)

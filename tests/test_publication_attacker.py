@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -218,3 +219,26 @@ def test_across_the_two_nights(two_runs: dict[str, Any], tmp_path: Path) -> None
     assert twice["charged_both"] and not twice["breach"]
     assert twice["epsilon_together"] == pytest.approx(1.0)
     assert by[("weekly_visits", "averaging")]["charged_both"]
+
+
+@pytest.mark.parametrize("kind", ["object", "str", "category"])
+def test_per_distinct_maps_each_value_once_and_keeps_the_mapped_dtype(kind: str) -> None:
+    """``per_distinct`` applies the mapping to the distinct values only and spreads the
+    result back in the mapping's dtype: an object mapping stays object (not pandas'
+    strings, made per row), a string mapping stays strings; same values as per row."""
+    from privpipe.attacks.publication import per_distinct
+
+    values = pd.Series(["a", "b", "a", None, "b", "a"], dtype=kind, name="c")
+    seen: list[int] = []
+
+    def upper(v: pd.Series) -> pd.Series:
+        seen.append(len(v))
+        mapped = [x.upper() if isinstance(x, str) else x for x in v.tolist()]
+        return pd.Series(np.array(mapped, dtype=object), dtype=object)
+
+    got = per_distinct(values, upper)
+    assert seen == [3] and got.dtype == object and got.index.equals(values.index)
+    assert got.tolist()[:3] == ["A", "B", "A"] and pd.isna(got.iloc[3])
+    as_str = per_distinct(values, lambda v: v.astype(str))
+    assert isinstance(as_str.dtype, pd.StringDtype)
+    assert as_str.tolist()[:3] == ["a", "b", "a"]
