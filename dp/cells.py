@@ -119,21 +119,30 @@ def fixed_point_values(batch: pd.DataFrame, spec: DPReleaseSpec, plan: QueryPlan
 
 
 def _combinations(
-    batch: pd.DataFrame, cols: Sequence[str]
+    batch: pd.DataFrame, cols: Sequence[str], known: Combinations | None = None
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Each row's distinct combination of ``cols`` (ids in order of first row; missing is
     a value of its own) and each combination's first row. Without columns, one
-    combination (every row the same)."""
+    combination (every row the same). Several columns are grouped from each column's own
+    combinations (``_combinations_of``: a column is factorised once per batch, whatever
+    the queries it is a key of)."""
     if not cols:
         n = len(batch)
         return np.zeros(n, dtype=np.int64), np.zeros(min(n, 1), dtype=np.int64)
-    codes, radices = [], []
-    for col in cols:
-        column, uniques = pd.factorize(batch[col], use_na_sentinel=True)
-        codes.append(column.astype(np.int64) + 1)  # missing (-1) becomes 0
-        radices.append(len(uniques) + 1)
-    ids, first = group_rows(codes, radices)  # ids in the columns' order: renumbered by row
-    order = np.argsort(first, kind="stable")
+    if len(cols) == 1:  # factorize's codes are already numbered by first row
+        codes, _ = pd.factorize(batch[cols[0]], use_na_sentinel=False)
+        ids = np.asarray(codes, dtype=np.int64)
+        if not ids.shape[0]:
+            return ids, np.zeros(0, dtype=np.int64)
+        # a code's first row is where the running maximum of the codes grows (a new value
+        # is always the largest code so far plus one)
+        grows = np.ones(ids.shape[0], dtype=bool)
+        top = np.maximum.accumulate(ids)
+        grows[1:] = top[1:] > top[:-1]
+        return ids, np.flatnonzero(grows).astype(np.int64)
+    parts = [_combinations_of(batch, [col], known) for col in cols]
+    ids, first = group_rows([p[0] for p in parts], [p[1].shape[0] for p in parts])
+    order = np.argsort(first, kind="stable")  # ids in the columns' order: renumbered by row
     rank = np.empty_like(order)
     rank[order] = np.arange(order.shape[0], dtype=order.dtype)
     return rank[ids].astype(np.int64, copy=False), first[order]
@@ -146,13 +155,13 @@ def _combinations_of(
     batch: pd.DataFrame, cols: Sequence[str], known: Combinations | None
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """``_combinations``, kept in ``known`` for the batch's other queries and releases
-    over the same columns."""
+    over the same columns (and for the combinations of several columns that hold them)."""
     if known is None:
         return _combinations(batch, cols)
     key = tuple(cols)
     found = known.get(key)
     if found is None:
-        found = known[key] = _combinations(batch, cols)
+        found = known[key] = _combinations(batch, cols, known)
     return found
 
 
@@ -171,7 +180,8 @@ def _cells(
     combinations: one string per combination and column, not per row."""
     cols = list(spec.key_columns(query))
     combination, first = _combinations_of(batch, cols, known)
-    keys = key_frame(batch[cols].iloc[first].reset_index(drop=True), spec, query, labeler)
+    at = [batch.columns.get_loc(c) for c in cols]  # the first rows' cells only, not a copy
+    keys = key_frame(batch.iloc[first, at].reset_index(drop=True), spec, query, labeler)
     hashes = hash_keys(keys)
     new = ~pd.Series(hashes).duplicated().to_numpy()  # combinations in first-row order
     dictionary = keys.loc[new].assign(_cell=hashes[new]).reset_index(drop=True)

@@ -150,4 +150,43 @@ def test_combinations_shared_by_a_batchs_releases_give_their_own_cells(
         for a, b in zip(together, alone, strict=True):
             np.testing.assert_array_equal(a.cell, b.cell)
             pd.testing.assert_frame_equal(a.dictionary, b.dictionary)
-    assert set(shared) == {("t",), ("t", "n")}
+    # each key tuple's combinations, and each column's own (several columns are grouped
+    # from those: a column is factorised once per batch)
+    assert set(shared) == {("t",), ("t", "n"), ("n",)}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", None]),
+            st.sampled_from(["x", "y", None]),
+            st.sampled_from([1, 2, 3]),
+        ),
+        max_size=40,
+    ),
+    orders=st.permutations([("s",), ("t",), ("s", "t"), ("t", "s", "n"), ("n", "s")]),
+)
+def test_combinations_are_numbered_by_first_row_however_they_are_shared(
+    rows: list[tuple[Any, Any, int]], orders: list[tuple[str, ...]]
+) -> None:
+    """Each row's combination of the key columns (missing a value of its own), numbered
+    in order of first row, and each one's first row: as pandas' grouping gives them, for
+    one column or several, alone or built from the columns' own combinations kept for the
+    batch's other queries (in any order of asking)."""
+    from privpipe.dp.cells import _combinations, _combinations_of
+
+    batch = pd.DataFrame(
+        {
+            "s": pd.Series([r[0] for r in rows], dtype="str"),
+            "t": pd.Series([r[1] for r in rows], dtype=object),
+            "n": pd.array([r[2] for r in rows], dtype="Int64"),
+        }
+    )
+    known: dict[Any, Any] = {}
+    for cols in orders:
+        ids = batch.groupby(list(cols), sort=False, dropna=False).ngroup().to_numpy()
+        first = pd.Series(np.arange(len(batch))).groupby(ids).first().to_numpy()
+        for got in (_combinations(batch, cols), _combinations_of(batch, cols, known)):
+            np.testing.assert_array_equal(got[0], ids)
+            np.testing.assert_array_equal(got[1], first.astype(np.int64))
