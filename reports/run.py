@@ -9,9 +9,10 @@ their zeros); numeric columns of DP releases are converted where they are read.
 An anonymised table is never held whole: its ``Release.data`` is the frequency table of
 its published rows (distinct rows, their number in ``attacks.matching.WEIGHT``), the one
 the pipeline staged beside it when there is one, else counted from the file in chunks
-(memory bounded by distinct published rows, not rows). What needs the rows themselves in
-their published order (the row-order attack) reads a bounded head of the file
-(:func:`head_rows`).
+(memory bounded by distinct published rows, not rows); its label columns are categoricals
+over the plain strings that occur, so the audit works per distinct label. What needs the
+rows themselves in their published order (the row-order attack) reads a bounded head of
+the file (:func:`head_rows`).
 ``write_reports(DIR, audit)`` writes ``audit.json``, ``report.md`` and ``report.html``,
 each through a temporary file in the same folder and ``os.replace``.
 
