@@ -24,7 +24,8 @@ whose label prefix exists among the classes (a trie walk with sorted integer key
 intermediate sizes stay near the number of matching (tuple, class) pairs. Pooled counts
 are one sparse matrix product.
 
-Pure core: numpy, pandas, scipy and the standard library only (no Beam).
+Pure core: numpy, pandas (and its pyarrow, to read a staged Parquet table), scipy and the
+standard library only (no Beam).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ the file (:func:`head_rows`).
 ``write_reports(DIR, audit)`` writes ``audit.json``, ``report.md`` and ``report.html``,
 each through a temporary file in the same folder and ``os.replace``.
 
-Pure core: pandas, numpy and the standard library only (no Beam).
+Pure core: pandas (and its pyarrow, for Parquet), numpy and the standard library only (no Beam).
 """
 
 from __future__ import annotations
