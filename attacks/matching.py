@@ -107,7 +107,10 @@ def suppressed_rows(published: pd.DataFrame, qis: Sequence[str]) -> BoolArray:
     mask = np.ones(len(published), dtype=bool)
     for qi in qis:
         column = published[qi]
-        if pd.api.types.is_string_dtype(column.dtype) and not pd.api.types.is_object_dtype(
+        if isinstance(column.dtype, pd.CategoricalDtype):  # a loaded table: by its codes
+            star = column.cat.categories.get_indexer([SUPPRESSED])[0]
+            mask &= column.cat.codes.to_numpy() == star if star >= 0 else False
+        elif pd.api.types.is_string_dtype(column.dtype) and not pd.api.types.is_object_dtype(
             column.dtype
         ):  # pandas' string arrays compare without a Python string per row
             mask &= (column == SUPPRESSED).to_numpy(dtype=bool, na_value=False)

@@ -553,3 +553,21 @@ def test_the_staged_truth_from_a_summary_equals_the_truth_counted_again(
     assert records_of(staged["summary"]) == len(frame)
     assert not staged["summary"][cols].duplicated().any()  # a frequency table: rows distinct
     assert _as_rows(staged["summary"]) == _as_rows(staged["again"])
+
+
+@pytest.mark.parametrize("kind", ["object", "str", "category"])
+def test_suppressed_rows_are_the_same_whatever_the_labels_dtype(kind: str) -> None:
+    """The suppressed block (every QI ``*``) is found the same in a loaded table's
+    categoricals, pandas' strings and Python strings: with ``*`` among the labels of a
+    column, absent from one, and beside a missing cell."""
+    from privpipe.attacks.matching import suppressed_rows
+
+    table = pd.DataFrame(
+        {
+            "a": pd.Series(["*", "x", "*", None, "*"], dtype=kind),
+            "b": pd.Series(["*", "*", "y", "*", "*"], dtype=kind),
+            "c": pd.Series([None, "2", "1", "2", "3"], dtype=kind),
+        }
+    )
+    assert suppressed_rows(table, ["a", "b"]).tolist() == [True, False, False, False, True]
+    assert not suppressed_rows(table, ["a", "c"]).any()  # no "*" in c, a missing cell
