@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_column
-from privpipe.attacks.matching import WEIGHT, records_of
+from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy
+from privpipe.attacks.matching import WEIGHT, canonical_strings, records_of
 
 ROW_ORDER_ROWS = 200_000  # rows of each table the row-order attack compares (the head)
 
@@ -312,8 +312,10 @@ class Truth:
         frame = self._frames.get(tuple(keys))
         if frame is None:
             for k in keys:
-                if k not in self._columns:
-                    self._columns[k] = canonical_column(self.raw[k])
+                if k not in self._columns:  # categoricals: counted per distinct value
+                    codes, names = canonical_strings(self.raw[k])
+                    categories = pd.Index(names, dtype=object)
+                    self._columns[k] = pd.Categorical.from_codes(codes, categories=categories)
             frame = pd.DataFrame({k: self._columns[k] for k in keys}, index=self.raw.index)
             if WEIGHT in self.raw.columns:  # a frequency table: its weights are the counts
                 frame[WEIGHT] = self.raw[WEIGHT].to_numpy()
