@@ -27,6 +27,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -193,24 +194,31 @@ class _Plain:
     def strings(self) -> npt.NDArray[np.object_]:
         return np.asarray(self.table[self.codes], dtype=object)  # -1: the last, ""
 
+    @cached_property
+    def _ranked(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.object_]]:
+        """Each row's rank among the sorted distinct plain strings, and those strings
+        (made once: the sort and the categorical both take them)."""
+        distinct, rank = np.unique(self.table, return_inverse=True)
+        return np.asarray(rank, dtype=np.int64)[self.codes], distinct
+
+    def ranks(self) -> tuple[npt.NDArray[np.int64], int]:
+        """Each row's rank among the plain strings (equal strings tie), and the number of
+        distinct strings (ranks are below it): sorting by ranks orders rows as sorting the
+        strings does."""
+        rank, distinct = self._ranked
+        return rank, max(len(distinct), 1)
+
     def categorical(self, order: npt.NDArray[np.intp]) -> pd.Categorical:
         """The rows' plain strings in ``order`` (a permutation of the rows) as a
         categorical over the distinct strings that occur, sorted."""
-        distinct, rank = np.unique(self.table, return_inverse=True)
-        codes = np.asarray(rank, dtype=np.int64)[self.codes[order]]
+        rank, distinct = self._ranked
+        codes = rank[order]
         present = np.zeros(len(distinct), dtype=bool)
         present[codes] = True
         if not present.all():  # e.g. the missing cells' "" when none is missing
             codes = (np.cumsum(present) - 1)[codes]
             distinct = distinct[present]
         return pd.Categorical.from_codes(codes, categories=pd.Index(distinct, dtype=object))
-
-    def ranks(self) -> tuple[npt.NDArray[np.int64], int]:
-        """Each row's rank among the plain strings (equal strings tie), and the number of
-        distinct strings (ranks are below it): sorting by ranks orders rows as sorting the
-        strings does."""
-        distinct, rank = np.unique(self.table, return_inverse=True)
-        return np.asarray(rank, dtype=np.int64)[self.codes], max(len(distinct), 1)
 
     def merges(self) -> bool:
         """Whether a missing cell and a real ``""`` become the same string."""
