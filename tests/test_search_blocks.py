@@ -5,6 +5,7 @@ with and without blocks while counting fewer rows with them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from unittest.mock import patch
 
@@ -138,6 +139,23 @@ def test_persons_with_rows_in_several_tuples_are_not_cut() -> None:
     # nor are their class sizes summed from first rows: a person would count twice
     assert all(ev.class_sizes(node) is None for node in lattice_nodes_of(ev))
     assert evaluator(visits(), "pid").n_blocks((0, 0, 0)) >= 2
+
+
+def test_a_base_is_cut_into_blocks_by_the_square_root_of_its_rows() -> None:
+    """``isqrt(n_rows // BLOCK_ROWS)`` blocks (fewer where a label of the first QI spans a
+    cut; at most ``BLOCKS``); a base too small for two is not cut."""
+    node = (0, 0, 0)
+    n_rows = evaluator(visits(), "pid")._base_for(node).n_rows
+
+    def blocks(rows: int) -> int:
+        with patch.object(transformation, "BLOCK_ROWS", rows):
+            return evaluator(visits(), "pid").n_blocks(node)
+
+    assert n_rows > 1_000
+    assert blocks(n_rows // 4) == 2
+    assert 4 < blocks(n_rows // 64) <= 8
+    assert blocks(n_rows // 3) == 0
+    assert 16 < blocks(1) <= min(transformation.BLOCKS, math.isqrt(n_rows))
 
 
 def counting_rows(ev: Evaluator) -> list[int]:
