@@ -158,6 +158,33 @@ def test_a_base_is_cut_into_blocks_by_the_square_root_of_its_rows() -> None:
     assert 16 < blocks(1) <= min(transformation.BLOCKS, math.isqrt(n_rows))
 
 
+def test_the_tables_kept_for_the_last_nodes_count_as_fresh_ones() -> None:
+    """Blocks and nodes counted in any order with the last nodes' joint-coding and
+    key-packing tables kept (``NODE_TABLES``) give the classes an evaluator keeping none
+    gives; at most ``NODE_TABLES`` are kept."""
+    nodes = lattice_nodes_of(evaluator(visits(), "pid"))
+    order = np.random.default_rng(3).permutation(len(nodes))  # test order, not a release
+    kept = evaluator(visits(), "pid")
+    assert kept._joint_qis  # the SA and sex are coded jointly
+    for index in [*order.tolist(), *order.tolist()[::-1]]:
+        node = nodes[index]
+        with patch.object(transformation, "NODE_TABLES", 0):
+            fresh = evaluator(visits(), "pid")
+            expected = fresh.classes(node)
+            blocks = fresh.classes_by_block(node)
+            expected_parts = [] if blocks is None else [part for _, part in blocks]
+        carried = ("cell_sa", "cell_single", "cell_first")
+        same_classes(kept.classes(node), expected, carried)
+        blocks = kept.classes_by_block(node)
+        parts = [] if blocks is None else [part for _, part in blocks]
+        assert len(parts) == len(expected_parts)
+        for part, reference in zip(parts, expected_parts, strict=True):
+            same_classes(part, reference, carried)
+        assert len(kept._joint_tables) <= transformation.NODE_TABLES
+        assert len(kept._packings) <= transformation.NODE_TABLES
+    assert kept._joint_tables and kept._packings
+
+
 def counting_rows(ev: Evaluator) -> list[int]:
     """Rows counted by ``ev`` (every call of its counting), appended per call."""
     counted: list[int] = []
