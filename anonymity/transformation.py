@@ -119,14 +119,16 @@ BLOCK_ROWS: Final = 2_048
 at all below two): each block costs a fixed ~0.3-0.5 ms, and a refused node counts on
 average half a block past the rows that refuse it, so the cheapest count grows with the
 square root of the rows. Measured on the demo's t=0.3 search (saved plans, the two
-variants run side by side): at 1M (bases up to ~600k rows) a fixed 16 blocks beat 4, 8
-and 32 (19.3 against 27.1, 22.5 and 21.3 s), at 10M (root 4M rows) 32 and 64 beat 16 and
-4 (96.0 and 93.1 against 100.9 and 125.8 s); the square root matches the best fixed count
-at both (1M: 19.3-23.6 s against 22.8-23.1 s for 16; 10M: 100.5 s against 99.2 s for 64
-in one pair). Before, a base was cut only with 4 * 16,384 rows, into 4 blocks."""
+variants run side by side, benchmarks/RESULTS.md, twenty-fifth round): at 1M a fixed 16
+blocks took 22.3-23.4 s against 23.7-27.3 s for 4; at 10M (root 4.0M rows) 32 and 64
+blocks 96.0 and 93.1 s against 125.8 s for 4 and 100.9 s for 16; the square root matched
+the best fixed count at both (1M 21.1 and 23.6 s against 22.8 and 23.1 s for 16; 10M
+100.5 s against 99.2 s for 64). Before, a base was cut only from 4 * 16,384 rows, into 4
+blocks: more blocks then left the mid-sized bases uncut and were slower."""
 NODE_TABLES: Final = 2
 """Nodes whose joint-coding and key-packing tables are kept (the blocks of one node, and
-the node its search checks next, share them; each is up to a few MB)."""
+the node its search checks next, share them): a joint table has ``JOINT_SPACE`` entries
+at most, a packing two of about the square root of the node's key space."""
 BASE_GAIN: Final = 0.9
 """A base is kept only when it has at most this share of the rows of the base it was
 regrouped from (else that base serves its nodes)."""
@@ -1104,7 +1106,8 @@ class Evaluator:
     def _packed(self, codes: IntArray, radices: tuple[int, ...]) -> IntArray:
         """Packed cell keys (``strides``) of dense codes at a node with ``radices``: the
         codes split at a QI into a high and a low part, each decoded once into a table
-        (a few thousand entries each) instead of every code digit by digit."""
+        (``_packing``, about the square root of the key space each, kept for the last
+        ``NODE_TABLES`` nodes) instead of every code digit by digit."""
         packing = _recall(self._packings, radices)
         if packing is None:
             packing = self._packing(radices)
