@@ -258,6 +258,8 @@ def _table_levels(
 
 
 def _as_str(values: pd.Series) -> pd.Series:
+    """``values`` as strings (the published table's text; ``per_distinct`` calls it once
+    per distinct label)."""
     return values.astype(str)
 
 

@@ -192,6 +192,8 @@ class _Plain:
         return _Plain(codes, table, bool((codes < 0).any()))
 
     def strings(self) -> npt.NDArray[np.object_]:
+        """The rows' plain strings, in the column's order (one per row: only where a
+        table's strings are needed as such, ``_plain`` and a merged missing cell)."""
         return np.asarray(self.table[self.codes], dtype=object)  # -1: the last, ""
 
     @cached_property
