@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, TypeVar
 
@@ -1060,11 +1060,7 @@ class Evaluator:
         ``NODE_TABLES`` nodes' tables are kept (``strides`` follow from ``node``)."""
         if not self._joint_qis:
             return None
-        table = _recall(self._joint_tables, node)
-        if table is None:
-            table = self._build_joint_table(node, strides)
-            _remember(self._joint_tables, node, table)
-        return table
+        return _kept(self._joint_tables, node, lambda: self._build_joint_table(node, strides))
 
     def _build_joint_table(self, node: Node, strides: Sequence[int]) -> IntArray:
         """``_joint_table`` built anew."""
@@ -1108,11 +1104,7 @@ class Evaluator:
         codes split at a QI into a high and a low part, each decoded once into a table
         (``_packing``, about the square root of the key space each, kept for the last
         ``NODE_TABLES`` nodes) instead of every code digit by digit."""
-        packing = _recall(self._packings, radices)
-        if packing is None:
-            packing = self._packing(radices)
-            _remember(self._packings, radices, packing)
-        low_space, high, low = packing
+        low_space, high, low = _kept(self._packings, radices, lambda: self._packing(radices))
         if high.shape[0] == 1:
             return low[codes]
         quotient, remainder = np.divmod(codes, low_space)
@@ -1529,19 +1521,17 @@ _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
 
 
-def _recall(tables: OrderedDict[_K, _V], key: _K) -> _V | None:
-    """The table kept under ``key`` (now the most recent), None if there is none."""
+def _kept(tables: OrderedDict[_K, _V], key: _K, build: Callable[[], _V]) -> _V:
+    """The table kept under ``key`` (now the most recent), else ``build()`` kept there,
+    the oldest dropped beyond ``NODE_TABLES``."""
     table = tables.get(key)
     if table is not None:
         tables.move_to_end(key)
-    return table
-
-
-def _remember(tables: OrderedDict[_K, _V], key: _K, table: _V) -> None:
-    """Keep ``table`` under ``key``, dropping the oldest beyond ``NODE_TABLES``."""
-    tables[key] = table
+        return table
+    table = tables[key] = build()
     while len(tables) > NODE_TABLES:
         tables.popitem(last=False)
+    return table
 
 
 def _dense_limit(n_rows: int) -> int:
