@@ -516,6 +516,39 @@ def test_categorical_class_counts_give_the_same_published_rows(
     assert got[WEIGHT].tolist() == want[WEIGHT].tolist()
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(-1, 3), st.integers(-1, 40), st.integers(0, 5), st.integers(1, 4)),
+        max_size=40,
+    ),
+    wide=st.booleans(),
+)
+def test_persons_summed_out_by_codes_are_the_pandas_groupby(
+    rows: list[tuple[int, int, int, int]], wide: bool
+) -> None:
+    """Summing the person's hash out of categorical class counts by packed codes (a count
+    per possible key, or dense ids when the key space is large: ``wide``) gives pandas'
+    groupby exactly: the same groups (a missing value, code -1, a group of its own), in
+    order of first appearance, with the same sums and the same strings."""
+    n_b = 5000 if wide else 41  # 4 x 5001 x ... keys: more than a count per key allows
+    codes_a = np.array([r[0] for r in rows], dtype=np.int8)
+    codes_b = np.array([r[1] for r in rows], dtype=np.int16)
+    classes = pd.DataFrame(
+        {
+            "a": pd.Categorical.from_codes(codes_a, categories=pd.Index(["x", "y", "z", "w"])),
+            "b": pd.Categorical.from_codes(codes_b, categories=pd.RangeIndex(n_b)),
+            "unit": np.array([r[2] for r in rows], dtype=np.uint64),
+            COUNT: np.array([r[3] for r in rows], dtype=np.int64),
+        }
+    )
+    got = published_table(classes, ["a", "b"])
+    summed = classes.groupby(["a", "b"], sort=False, dropna=False, observed=True)[COUNT].sum()
+    want = published_table(summed.reset_index(), ["a", "b"])
+    pd.testing.assert_frame_equal(got, want)
+    assert int(got[WEIGHT].sum()) == sum(r[3] for r in rows)
+
+
 @pytest.mark.parametrize("persons", [True, False])
 def test_the_staged_truth_from_a_summary_equals_the_truth_counted_again(
     tmp_path: Path, persons: bool

@@ -18,6 +18,7 @@ Two combines over the batches, each bounded by something other than the number o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,13 +155,51 @@ def published_counts_path(work: str | Path, release: str) -> Path:
 def published_table(classes: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """A verifier's class counts (``FrequencyTable`` of the published columns, the person
     id's hash too when persons are counted; column ``COUNT``) -> the distinct published
-    rows of ``columns`` with their number of rows in ``WEIGHT``."""
+    rows of ``columns`` with their number of rows in ``WEIGHT``, in order of first
+    appearance."""
     cols = list(columns)
     if [c for c in classes.columns if c != COUNT] != cols:  # persons counted: sum them out
-        summed = classes.groupby(cols, sort=False, dropna=False, observed=True)[COUNT].sum()
-        classes = summed.reset_index()
+        classes = _summed_out(classes, cols)
     out = {c: _strings(classes[c]) for c in cols}  # strings as published, missing kept
     return pd.DataFrame({**out, WEIGHT: classes[COUNT].to_numpy(dtype=np.int64)})
+
+
+def _summed_out(classes: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """``classes`` grouped by ``cols`` (missing values a group of their own, groups in
+    order of first appearance) with ``COUNT`` summed. Categoricals (as every verifier's
+    and summary's counts come) are grouped by their codes packed into one int64 key,
+    counted by ``np.bincount`` when the key space is small: ~0.4 s against ~2 s for a
+    pandas groupby on 9M rows (a 10M table's classes with the person's hash)."""
+    n = len(classes)
+    radices = [len(classes[c].cat.categories) + 1 for c in cols if _is_categorical(classes[c])]
+    space = math.prod(radices)
+    if len(radices) != len(cols) or not cols or space >= 1 << 62:
+        summed = classes.groupby(cols, sort=False, dropna=False, observed=True)[COUNT].sum()
+        return summed.reset_index()
+    key = np.zeros(n, dtype=np.int64)
+    for c, radix in zip(cols, radices, strict=True):
+        key *= radix
+        key += classes[c].cat.codes.to_numpy()  # a missing value's code -1 ...
+        key += 1  # ... is 0
+    counts = classes[COUNT].to_numpy(dtype=np.int64)
+    if space <= 2 * n + 1024:  # a count per possible key
+        first = np.full(space, n, dtype=np.int64)
+        first[key[::-1]] = np.arange(n - 1, -1, -1, dtype=np.int64)  # the last write wins
+        present = np.flatnonzero(first < n)
+        order = present[np.argsort(first[present], kind="stable")]
+        rows = first[order]
+        summed = np.bincount(key, weights=counts, minlength=space)[order]
+    else:  # dense ids of the distinct keys, in order of first appearance
+        ids, distinct = pd.factorize(key)
+        rows = np.full(len(distinct), n, dtype=np.int64)
+        rows[ids[::-1]] = np.arange(n - 1, -1, -1, dtype=np.int64)
+        summed = np.bincount(ids, weights=counts, minlength=len(distinct))
+    kept = classes.iloc[rows][cols].reset_index(drop=True)
+    return kept.assign(**{COUNT: np.rint(summed).astype(np.int64)})
+
+
+def _is_categorical(column: pd.Series) -> bool:
+    return isinstance(column.dtype, pd.CategoricalDtype)
 
 
 def _strings(column: pd.Series) -> pd.Series:
