@@ -119,3 +119,40 @@ def test_the_input_size_is_known_only_when_every_input_is_local(tmp_path: Path) 
     assert input_size(input_stamps(local), local) == 4 + 5
     remote = (str(a), "gs://bucket/c.csv")  # not stat-able here: size unknown
     assert input_size(input_stamps(remote), remote) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ahead", [1, 0])
+def test_shards_bound_on_threads_give_the_cells_bound_inline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int
+) -> None:
+    """With a free core (no search planned ahead) the shards are bound on the step's
+    threads, else on the stage's own; the cells are the same (same seed), whatever order
+    the shards' partials come in."""
+    import threading
+
+    import privpipe.transforms.dp_aggregate as dp_aggregate
+    import privpipe.transforms.threaded as threaded
+
+    project = DPProject(tmp_path, persons=300, visits=4)
+    names = [j.name for j in dp_jobs(load_plan(project.config))]
+    (tmp_path / "plain").mkdir()
+    plain = _aggregate(project, names, tmp_path / "plain", seed=5)
+    where: list[str] = []
+    bound = dp_aggregate.bound_and_aggregate
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        where.append(threading.current_thread().name)
+        return bound(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dp_aggregate, "bound_and_aggregate", recorded)
+    monkeypatch.setattr(threaded, "available_cores", lambda: 2)
+    monkeypatch.setattr(threaded, "searching_ahead", lambda: ahead)
+    (tmp_path / "threads").mkdir()
+    other = _aggregate(project, names, tmp_path / "threads", seed=5)
+    on_threads = {name.startswith("privpipe-bound") for name in where}
+    assert where and on_threads == ({False} if ahead else {True})
+    for name in names:
+        for a, b in zip(plain[name]["partials"], other[name]["partials"], strict=True):
+            assert (a.query, a.rows_in, a.rows_kept) == (b.query, b.rows_in, b.rows_kept)
+            pd.testing.assert_frame_equal(a.cells.sort_index(), b.cells.sort_index())
