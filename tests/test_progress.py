@@ -90,7 +90,7 @@ def test_status_counts_nodes_and_joins_a_busy_stage() -> None:
 
 
 def test_a_timed_step_counts_the_rows_its_bundle_end_emits() -> None:
-    """A DoFn that emits batches at its bundle's end (windowed values, as ``OnThreads``
+    """A DoFn that emits batches at its bundle's end (windowed values, as ``_OnThreads``
     does) has them counted as rows of its stage, as if ``process`` had yielded them."""
     import apache_beam as beam
     from apache_beam.transforms.window import GlobalWindow

@@ -29,7 +29,6 @@ import pytest
 import yaml
 
 import privpipe.transforms.sink as sink
-import privpipe.transforms.threaded as threaded
 from privpipe.anonymity.api import anonymize, shuffled
 from privpipe.anonymity.hierarchy import build_intervals
 from privpipe.anonymity.spec import AnonymizationSpec
@@ -365,13 +364,11 @@ def test_writes_leave_the_cores_of_searches_planned_ahead_alone(
     thread beside that search only slowed it)."""
     import threading
 
-    monkeypatch.setattr(threaded, "available_cores", lambda: 2)
-    monkeypatch.setattr(threaded, "searching_ahead", lambda: ahead)
-    assert threaded.free_threads() == 2 - ahead
+    monkeypatch.setattr(sink, "available_cores", lambda: 2)
+    monkeypatch.setattr(sink, "searching_ahead", lambda: ahead)
+    assert sink.write_threads() == 2 - ahead
 
-    class Probe(threaded.OnThreads):
-        thread_prefix = "privpipe-write"
-
+    class Probe(sink._OnThreads):
         def process(self, element: int) -> Any:
             yield from self._submit(lambda e: [(e, threading.current_thread().name)], element)
 

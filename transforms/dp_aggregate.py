@@ -51,7 +51,6 @@ from privpipe.dp.cells import (
 )
 from privpipe.dp.spec import DPReleaseSpec, QueryPlan
 from privpipe.transforms.order import after
-from privpipe.transforms.threaded import OnThreads
 from privpipe.transforms.timing import TimedCombineFn, TimedDoFn
 
 SHARDS = 16  # the most shards per query (large inputs)
@@ -148,13 +147,8 @@ class ContributionsFn(beam.DoFn):  # type: ignore[misc]
                 yield key, place
 
 
-class BoundShardFn(OnThreads):
-    """All rows of the persons of one shard of one release: bound them, aggregate per cell.
-    Shards are bound on threads (``OnThreads``: numpy's sorts and counts run without the
-    GIL, so the step uses the cores no search is using); the partials are summed
-    downstream, so their order means nothing."""
-
-    thread_prefix = "privpipe-bound"
+class BoundShardFn(beam.DoFn):  # type: ignore[misc]
+    """All rows of the persons of one shard of one release: bound them, aggregate per cell."""
 
     def __init__(self, specs: Sequence[DPReleaseSpec], seed: int | None) -> None:
         self.specs, self.seed = list(specs), seed
@@ -163,18 +157,13 @@ class BoundShardFn(OnThreads):
         self, element: tuple[tuple[int, int, int], Iterable[Contributions]]
     ) -> Iterator[Any]:
         (j, query, shard), parts = element
-        yield from self._submit(self._bound, j, query, shard, list(parts))
-
-    def _bound(
-        self, j: int, query: int, shard: int, parts: list[Contributions]
-    ) -> list[tuple[int, CellPartial]]:
         spec = self.specs[j]
         merged = concat([unspill(p) for p in parts])
         if self.seed is None:  # unpredictable choice of kept rows
             rng = np.random.default_rng(secrets.randbits(128))
         else:  # reproducible (insecure, recorded) runs
             rng = np.random.default_rng([self.seed, zlib.crc32(spec.name.encode()), query, shard])
-        return [(j, bound_and_aggregate(merged, spec, rng))]
+        yield j, bound_and_aggregate(merged, spec, rng)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ permutation of all rows whatever the input order or batching; a fresh one per ta
 
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import json
@@ -44,7 +45,8 @@ import pickle
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
@@ -57,18 +59,23 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import AsList, AsSingleton, PCollection
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
 
 from privpipe.anonymity.arrays import small_key_order
 from privpipe.dp.secure_random import SecureRandom
 from privpipe.errors import ConfigError
 from privpipe.formulas import escape, escape_table
-from privpipe.transforms.threaded import OnThreads
+from privpipe.transforms.planning import searching_ahead
 from privpipe.transforms.timing import TimedDoFn
+from privpipe.workers import available_cores
 
 __all__ = ["WriteTable", "load_json", "write_json", "write_json_step", "write_table"]
 
 _COPY_CHUNK = 8 << 20
 BUCKET_ROWS = 1 << 18  # rows per shuffle bucket on average: the memory one bucket needs
+MAX_WRITE_THREADS = 4  # buckets permuted and written at once, at most (one per core)
 _DICTIONARY_MIN = 64  # the scatter keeps dictionaries of up to a piece's rows, or this many
 
 
@@ -214,15 +221,56 @@ def shuffle_buckets(rows: int) -> int:
     return max(1, -(-int(rows) // BUCKET_ROWS))
 
 
-class _ScatterFn(OnThreads):
+class _OnThreads(beam.DoFn):
+    """A DoFn whose elements' heavy work runs on a few threads while the stage's thread
+    goes on: Arrow's take, IPC and CSV writers and its concatenation run without the GIL,
+    so a runner that runs a stage on one thread can still use every core.
+
+    As many elements are worked on at once as there are cores not taken by a search
+    planned ahead in a worker process of this one (``planning.searching_ahead``; at most
+    ``MAX_WRITE_THREADS``): beside such a search, a second thread only slowed it
+    (RESULTS.md, seventeenth round), so with one core left each element is worked on
+    inline, as a plain DoFn would. What an element gives is emitted once its work is done
+    (in ``process`` while others wait, the rest at the bundle's end: the order of these
+    outputs means nothing); an error raised on a thread is raised here."""
+
+    def setup(self) -> None:
+        self._pool = ThreadPoolExecutor(MAX_WRITE_THREADS, thread_name_prefix="privpipe-write")
+
+    def start_bundle(self) -> None:
+        self._pending: collections.deque[Future[list[Any]]] = collections.deque()
+
+    def _submit(self, work: Callable[..., list[Any]], *args: Any) -> Iterator[Any]:
+        """Run ``work(*args)`` (on a thread when cores are free); emit the outputs of the
+        works done."""
+        threads = write_threads()
+        if threads <= 1:
+            while self._pending:
+                yield from self._pending.popleft().result()
+            yield from work(*args)
+            return
+        self._pending.append(self._pool.submit(work, *args))
+        while len(self._pending) > threads:
+            yield from self._pending.popleft().result()
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        while self._pending:
+            for output in self._pending.popleft().result():
+                yield WindowedValue(output, MIN_TIMESTAMP, (GlobalWindow(),))
+
+    def teardown(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _ScatterFn(_OnThreads):
     """Give each row of a batch a uniform bucket (CSPRNG) and write the batch once, its rows
     gathered in bucket order: an Arrow IPC file with one record batch per bucket (compact
     strings, no Python objects); emit ``(bucket, "<file>#<record batch>")`` per bucket
     present. Where Arrow cannot type the batch, one pickled DataFrame per bucket (its path).
     One file per batch, not per batch and bucket: the pieces' count grows with the
     batches times the buckets, both linear in the rows."""
-
-    thread_prefix = "privpipe-write"
 
     def __init__(self, shard_dir: str, name: str, columns: tuple[str, ...]):
         self.shard_dir = shard_dir
@@ -282,13 +330,11 @@ def _read_piece(piece: str) -> pa.Table | pd.DataFrame:
     return pa.Table.from_batches([batch])
 
 
-class _PermuteBucketFn(OnThreads):
+class _PermuteBucketFn(_OnThreads):
     """Read one bucket's pieces, order its rows uniformly at random (CSPRNG), write the
     bucket's shard (named by the bucket, so the merge puts shards in bucket order).
-    Buckets are permuted and written on threads (``OnThreads``: 9M rows of 8 columns in
+    Buckets are permuted and written on threads (``_OnThreads``: 9M rows of 8 columns in
     6.3 s on one thread, 3.5 s on two)."""
-
-    thread_prefix = "privpipe-write"
 
     def __init__(self, shard_dir: str, fmt: str, delimiter: str):
         self.shard_dir = shard_dir
@@ -323,6 +369,13 @@ class _PermuteBucketFn(OnThreads):
         path = FileSystems.join(self.shard_dir, f"{bucket:06d}-{uuid.uuid4().hex}.{self.fmt}")
         _write_shard(path, table, self.fmt, self.delimiter)
         return [path]
+
+
+def write_threads() -> int:
+    """Elements an ``_OnThreads`` step works on at once now: the cores this process may
+    use less those busy planning ahead, at least one, at most ``MAX_WRITE_THREADS``."""
+    free = available_cores() - searching_ahead()
+    return max(1, min(MAX_WRITE_THREADS, free))
 
 
 class _MergeShardsFn(beam.DoFn):
