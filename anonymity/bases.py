@@ -26,6 +26,7 @@ Pure core: numpy, and pandas' hash table for grouping sparse codes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -35,7 +36,7 @@ import pandas as pd
 
 from privpipe.anonymity.arrays import unique_first_inverse
 
-__all__ = ["Base", "decode", "group_codes", "regroup", "weight_dtype", "weight_sums"]
+__all__ = ["Base", "decode", "dense_sums", "group_codes", "regroup", "weight_dtype", "weight_sums"]
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -140,6 +141,22 @@ def decode(
 def weight_sums(inverse: npt.NDArray[Any], weights: WeightArray, n: int) -> FloatArray:
     """Sum of ``weights`` per group (exact: the sums are integers below 2^53)."""
     return np.asarray(np.bincount(inverse, weights=weights, minlength=n), dtype=np.float64)
+
+
+def dense_sums(
+    codes: IntArray, space: int, weights: Sequence[WeightArray]
+) -> tuple[IntArray, list[FloatArray]]:
+    """Sorted distinct values of ``codes`` (all in 0..space-1) and, per array of
+    ``weights``, its sums per distinct value: one ``np.bincount`` over the key space each,
+    no index per element built (``group_codes`` scatters flags, then gathers an index per
+    element, before its sums). For key spaces up to a few times the elements. Every
+    element's first weight must be positive (a record count): a value is present exactly
+    when its first sum is."""
+    head = weight_sums(codes, weights[0], space)
+    present = np.flatnonzero(head != 0)  # on a mask: ~7x faster than on the floats
+    sums = [head[present]]
+    sums += [weight_sums(codes, w, space)[present] for w in weights[1:]]
+    return present.astype(np.int64, copy=False), sums
 
 
 def weight_dtype(n_records: int) -> np.dtype[Any]:

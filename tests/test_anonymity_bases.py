@@ -293,3 +293,87 @@ def test_grouped_codes_are_numpys_unique_whether_flagged_or_hashed(
     expected, expected_inverse = np.unique(codes, return_inverse=True)
     np.testing.assert_array_equal(present, expected)
     np.testing.assert_array_equal(inverse, expected_inverse)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 600), st.integers(1, 5), st.integers(0, 3)), max_size=300),
+    st.integers(601, 2000),
+)
+def test_dense_sums_are_the_distinct_codes_and_their_weights_summed(
+    rows: list[tuple[int, int, int]], space: int
+) -> None:
+    """One bincount over the key space per weight gives numpy's distinct codes and each
+    one's sums (the first weight positive: a record count; the others may be zero)."""
+    codes = np.array([r[0] for r in rows], dtype=np.int64)
+    counts = np.array([r[1] for r in rows], dtype=np.float64)
+    other = np.array([r[2] for r in rows], dtype=np.float32)
+    present, sums = bases.dense_sums(codes, space, [counts, other])
+    expected, inverse = np.unique(codes, return_inverse=True)
+    np.testing.assert_array_equal(present, expected)
+    np.testing.assert_array_equal(sums[0], np.bincount(inverse, counts, len(expected)))
+    np.testing.assert_array_equal(sums[1], np.bincount(inverse, other, len(expected)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(visit_tables(), st.booleans(), st.booleans())
+def test_classes_summed_over_the_key_space_equal_those_summed_by_index(
+    table: tuple[pd.DataFrame, dict[str, Hierarchy]], use_sa: bool, with_units: bool
+) -> None:
+    """A node's cells summed by one bincount over its key space (``DIRECT_FACTOR``) are
+    those summed through each row's cell index (``group_codes``): records, single rows,
+    first rows and the (cell, person) pairs of persons with several rows, from the summary
+    and from the root; and so are the class sizes of the search's k check."""
+    df, hier = table
+    qis = ["q0", "q1", "q2"]
+    summary = Summary.from_frame(df, qis, "S", hier, unit="P" if with_units else None)
+    counted: dict[int, list[object]] = {}
+    for factor in (0, 1 << 30):  # never, always over the key space
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(transformation, "DIRECT_FACTOR", factor)
+            ev = Evaluator(summary, hier, use_sa=use_sa)
+            got: list[object] = []
+            for node in _nodes(ev):
+                for base in (ev._base_of_summary(), ev._root()):
+                    got.append(ev._count(base, node))
+                got.append(ev.class_sizes(node))
+            counted[factor] = got
+    for plain, direct in zip(counted[0], counted[1 << 30], strict=True):
+        if isinstance(plain, EquivalenceClasses):
+            assert isinstance(direct, EquivalenceClasses)
+            _same(direct, plain)
+        elif plain is None:
+            assert direct is None
+        else:
+            assert isinstance(plain, tuple) and isinstance(direct, tuple)
+            for a, b in zip(plain, direct, strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_class_sizes_summed_over_the_key_space_keep_records_and_persons_apart() -> None:
+    """Persons with several rows of one QI tuple: a class's records and persons differ,
+    and both ways of summing give each its own."""
+    zips = build_grouping("zip", [{"z0": "g0", "z1": "g0", "z2": "g1"}, {"g0": "*", "g1": "*"}])
+    age = build_grouping("age", [{"a0": "b0", "a1": "b0"}, {"b0": "*"}])
+    hier = {"zip": zips, "age": age}
+    df = pd.DataFrame(
+        {
+            "zip": ["z0", "z0", "z0", "z1", "z2", "z2"],
+            "age": ["a0", "a0", "a0", "a1", "a1", "a1"],
+            "S": ["x", "y", "x", "x", "y", "y"],
+            "P": ["p0", "p0", "p0", "p1", "p2", "p3"],
+        }
+    )
+    summary = Summary.from_frame(df, ["zip", "age"], "S", hier, unit="P")
+    sizes = {}
+    for factor in (0, 1 << 30):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(transformation, "DIRECT_FACTOR", factor)
+            ev = Evaluator(summary, hier)
+            sizes[factor] = [ev.class_sizes(node) for node in _nodes(ev) if any(node)]
+    assert all(s is not None for s in sizes[0])
+    for plain, direct in zip(sizes[0], sizes[1 << 30], strict=True):
+        assert plain is not None and direct is not None
+        assert sorted(zip(*plain, strict=True)) == sorted(zip(*direct, strict=True))
+    records, persons = sizes[0][-1]  # every QI at its top: one class
+    assert (int(records.sum()), int(persons.sum())) == (6, 4)
