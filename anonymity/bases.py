@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,11 @@ import pandas as pd
 from privpipe.anonymity.arrays import unique_first_inverse
 
 __all__ = ["Base", "decode", "dense_sums", "group_codes", "regroup", "weight_dtype", "weight_sums"]
+
+DIRECT_FACTOR: Final = 4
+"""Weights are summed per cell by one ``np.bincount`` over the key space (``dense_sums``)
+when that space is at most this many times the rows: no index per row is built. Most of
+the t=0.3 search's counts have fewer keys than rows."""
 
 IntArray: TypeAlias = npt.NDArray[np.int64]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -165,6 +170,18 @@ def weight_dtype(n_records: int) -> np.dtype[Any]:
     return np.dtype(np.float32 if n_records < 1 << 24 else np.float64)
 
 
+def _sums_over_space(
+    codes: IntArray, space: int, base: Base
+) -> tuple[IntArray, tuple[FloatArray, FloatArray | None, FloatArray | None]]:
+    """``dense_sums`` of a base's counts, singles and first rows (those it has)."""
+    extra = [w for w in (base.singles, base.first) if w is not None]
+    present, sums = dense_sums(codes, space, [base.counts, *extra])
+    rest = iter(sums[1:])
+    singles = None if base.singles is None else next(rest)
+    first = None if base.first is None else next(rest)
+    return present, (sums[0], singles, first)
+
+
 def regroup(
     base: Base,
     levels: tuple[int, ...],
@@ -178,11 +195,16 @@ def regroup(
     """``base`` regrouped at ``levels`` (a generalisation of ``base.levels``), given the
     dense ``codes`` of its rows there (in 0..space-1; ``radices``: the number of labels of
     each QI there)."""
-    present, inverse = group_codes(codes, space, dense_limit)
+    if not base.multi.shape[0] and space <= DIRECT_FACTOR * base.n_rows:
+        present, (counts, singles, first) = _sums_over_space(codes, space, base)
+        inverse = np.zeros(0, dtype=np.int64)  # not needed: no multi-row persons
+    else:
+        present, inverse = group_codes(codes, space, dense_limit)
+        cells = int(present.shape[0])
+        counts = weight_sums(inverse, base.counts, cells)
+        singles = None if base.singles is None else weight_sums(inverse, base.singles, cells)
+        first = None if base.first is None else weight_sums(inverse, base.first, cells)
     n_cells = int(present.shape[0])
-    counts = weight_sums(inverse, base.counts, n_cells)
-    singles = None if base.singles is None else weight_sums(inverse, base.singles, n_cells)
-    first = None if base.first is None else weight_sums(inverse, base.first, n_cells)
     cell_codes = present
     multi = np.zeros(0, dtype=np.int64)
     units = np.zeros(0, dtype=np.int64)

@@ -62,6 +62,7 @@ import pandas as pd
 
 from privpipe.anonymity.arrays import sorted_unique
 from privpipe.anonymity.bases import (
+    DIRECT_FACTOR,
     Base,
     code_dtype,
     decode,
@@ -94,10 +95,6 @@ WIDE_FACTOR: Final = 32
 DENSE_KEYS: Final = 1 << 24
 """Measured on 100k-400k codes (numpy 2.4): the flag array takes 1.2-12 ms at 32 keys per
 row against 2.4-14 ms hashing; above 64 keys per row hashing wins."""
-DIRECT_FACTOR: Final = 4
-"""A node's weights are summed per cell by one ``np.bincount`` over its key space
-(``bases.dense_sums``) when that space is at most this many times the rows counted: no
-index per row is built. Most of the t=0.3 search's counts have fewer keys than rows."""
 BASE_QIS: Final = 2
 """Bases (``anonymity.bases``) are keyed by the levels of this many QIs: those with the
 most values present in the summary (they make summary rows distinct)."""

@@ -322,8 +322,9 @@ def test_classes_summed_over_the_key_space_equal_those_summed_by_index(
 ) -> None:
     """A node's cells summed by one bincount over its key space (``DIRECT_FACTOR``) are
     those summed through each row's cell index (``group_codes``): records, single rows,
-    first rows and the (cell, person) pairs of persons with several rows, from the summary
-    and from the root; and so are the class sizes of the search's k check."""
+    first rows and the (cell, person) pairs of persons with several rows, from the summary,
+    from the root and from the bases regrouped by either way; and so are the class sizes
+    of the search's k check."""
     df, hier = table
     qis = ["q0", "q1", "q2"]
     summary = Summary.from_frame(df, qis, "S", hier, unit="P" if with_units else None)
@@ -331,12 +332,15 @@ def test_classes_summed_over_the_key_space_equal_those_summed_by_index(
     for factor in (0, 1 << 30):  # never, always over the key space
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(transformation, "DIRECT_FACTOR", factor)
+            patch.setattr(bases, "DIRECT_FACTOR", factor)  # the bases' regrouping too
+            patch.setattr(transformation, "BASE_GAIN", 1.0)  # every base kept
             ev = Evaluator(summary, hier, use_sa=use_sa)
             got: list[object] = []
             for node in _nodes(ev):
                 for base in (ev._base_of_summary(), ev._root()):
                     got.append(ev._count(base, node))
                 got.append(ev.class_sizes(node))
+                got.append(ev.classes(node))  # from a base regrouped for it
             counted[factor] = got
     for plain, direct in zip(counted[0], counted[1 << 30], strict=True):
         if isinstance(plain, EquivalenceClasses):
@@ -369,6 +373,7 @@ def test_class_sizes_summed_over_the_key_space_keep_records_and_persons_apart() 
     for factor in (0, 1 << 30):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(transformation, "DIRECT_FACTOR", factor)
+            patch.setattr(bases, "DIRECT_FACTOR", factor)
             ev = Evaluator(summary, hier)
             sizes[factor] = [ev.class_sizes(node) for node in _nodes(ev) if any(node)]
     assert all(s is not None for s in sizes[0])
