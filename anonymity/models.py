@@ -154,8 +154,34 @@ def class_entropy(classes: EquivalenceClasses) -> FloatArray:
 
 
 def recursive_cl_holds(classes: EquivalenceClasses, c: float, l: int) -> BoolArray:  # noqa: E741
-    """Whether each class satisfies r1 < c (r_l + ... + r_m) (counts sorted descending)."""
+    """Whether each class satisfies r1 < c (r_l + ... + r_m) (counts sorted descending).
+
+    r1 + ... + r_(l-1) are found by taking each class's largest count away l-1 times
+    (cells are grouped by class: one ``reduceat`` each), not by sorting every cell by
+    (class, count): a lexsort was ~20% of the 3M demo's recursive-l search."""
     _needs_sa(classes, "recursive (c,l)-diversity")
+    cls = classes.cell_class
+    counts = classes.cell_count
+    n = classes.n_classes
+    starts = classes.class_starts()
+    if n == 0 or cls.shape[0] == 0 or bool(np.any(np.diff(np.append(starts, cls.shape[0])) == 0)):
+        return _recursive_by_sorting(classes, c, l)  # a class without cells
+    remaining = counts.astype(np.int64, copy=True)
+    r1 = np.maximum.reduceat(remaining, starts)
+    total = np.add.reduceat(remaining, starts)
+    taken = np.zeros(n, dtype=np.int64)
+    for step in range(l - 1):
+        largest = r1 if step == 0 else np.maximum.reduceat(remaining, starts)
+        taken += largest
+        at = np.flatnonzero(remaining == largest[cls])  # a class's first such cell goes
+        first = np.ones(at.shape[0], dtype=bool)
+        np.not_equal(cls[at[1:]], cls[at[:-1]], out=first[1:])
+        remaining[at[first]] = 0
+    return r1 < c * (total - taken)
+
+
+def _recursive_by_sorting(classes: EquivalenceClasses, c: float, l: int) -> BoolArray:  # noqa: E741
+    """``recursive_cl_holds`` by sorting each class's counts (any classes)."""
     cls = classes.cell_class
     counts = classes.cell_count
     order = np.lexsort((-counts, cls))

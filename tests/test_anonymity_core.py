@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privpipe.anonymity.hierarchy import Hierarchy, build_grouping
 from privpipe.anonymity.lattice import Lattice
@@ -37,6 +39,7 @@ from privpipe.anonymity.models import (
     KAnonymity,
     RecursiveCLDiversity,
     TCloseness,
+    _recursive_by_sorting,
     assess,
     class_distinct,
     class_entropy,
@@ -126,6 +129,36 @@ def test_l_diversity_paper_4_anonymous_table_is_not_2_diverse() -> None:
     assert not result.satisfied
     assert result.suppressed_records == 4  # the all-cancer class: homogeneity attack
     assert result.violations == {"k=4": 0, "l=2 (distinct)": 4}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from("ab"), st.sampled_from("xyz"), st.sampled_from("pqrstu")),
+        min_size=1,
+        max_size=60,
+    ),
+    c=st.sampled_from([0.5, 1.0, 2.0, 3.5]),
+    l=st.integers(1, 5),
+)
+def test_recursive_cl_diversity_is_each_class_s_sorted_counts(
+    rows: list[tuple[str, str, str]],
+    c: float,
+    l: int,  # noqa: E741
+) -> None:
+    """r1 < c (r_l + ... + r_m) per class, from each class's SA counts sorted by hand; the
+    same from the counts sorted per class (``_recursive_by_sorting``), ties and classes
+    with fewer than l values included."""
+    ev, df = published(rows, ["q0", "q1"], "s")
+    classes = ev.classes((0, 0))
+    got = recursive_cl_holds(classes, c=c, l=l)
+    np.testing.assert_array_equal(got, _recursive_by_sorting(classes, c=c, l=l))
+    want = []
+    for cls in range(classes.n_classes):
+        counts = sorted(classes.cell_count[classes.cell_class == cls].tolist(), reverse=True)
+        want.append(counts[0] < c * sum(counts[l - 1 :]))
+    assert got.tolist() == want
+    assert int(classes.cell_count.sum()) == len(df)
 
 
 def test_l_diversity_paper_3_diverse_table_entropy_and_recursive() -> None:
