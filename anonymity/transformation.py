@@ -936,6 +936,7 @@ class Evaluator:
             weights.append(base.singles[part])
         if base.first is not None:
             weights.append(base.first[part])
+        # every base row holds a record or more: a cell is present exactly when its count is
         if space <= DIRECT_FACTOR * n_rows:  # sums over the key space itself
             present, sums = dense_sums(codes, space, weights)
             multi_cells = np.searchsorted(present, codes[base.multi])

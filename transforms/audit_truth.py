@@ -168,8 +168,9 @@ def _summed_out(classes: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
     """``classes`` grouped by ``cols`` (missing values a group of their own, groups in
     order of first appearance) with ``COUNT`` summed. Categoricals (as every verifier's
     and summary's counts come) are grouped by their codes packed into one int64 key,
-    counted by ``np.bincount`` when the key space is small: ~0.4 s against ~2 s for a
-    pandas groupby on 9M rows (a 10M table's classes with the person's hash)."""
+    counted by ``np.bincount`` when the key space is small: 0.44-0.63 s against
+    1.45-2.15 s for a pandas groupby on 9M rows (6 categoricals and the person's hash, as
+    a 10M table's classes come)."""
     n = len(classes)
     radices = [len(classes[c].cat.categories) + 1 for c in cols if _is_categorical(classes[c])]
     space = math.prod(radices)
