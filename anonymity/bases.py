@@ -36,7 +36,16 @@ import pandas as pd
 
 from privpipe.anonymity.arrays import unique_first_inverse
 
-__all__ = ["Base", "decode", "dense_sums", "group_codes", "regroup", "weight_dtype", "weight_sums"]
+__all__ = [
+    "Base",
+    "cell_sums",
+    "decode",
+    "dense_sums",
+    "group_codes",
+    "regroup",
+    "weight_dtype",
+    "weight_sums",
+]
 
 DIRECT_FACTOR: Final = 4
 """Weights are summed per cell by one ``np.bincount`` over the key space (``dense_sums``)
@@ -164,22 +173,29 @@ def dense_sums(
     return present.astype(np.int64, copy=False), sums
 
 
+def cell_sums(
+    codes: IntArray,
+    space: int,
+    weights: Sequence[WeightArray],
+    dense_limit: int,
+    index: bool = False,
+) -> tuple[IntArray, list[FloatArray], npt.NDArray[Any] | None]:
+    """Sorted distinct values of ``codes`` (all in 0..space-1), per array of ``weights``
+    its sums per value, and each element's index among the values, or None: the sums
+    are taken over the key space itself (``dense_sums``, no index per element built)
+    when it is at most ``DIRECT_FACTOR`` times the elements and no ``index`` is asked
+    for, else through ``group_codes``' index."""
+    if not index and space <= DIRECT_FACTOR * codes.shape[0]:
+        present, sums = dense_sums(codes, space, weights)
+        return present, sums, None
+    present, inverse = group_codes(codes, space, dense_limit)
+    return present, [weight_sums(inverse, w, present.shape[0]) for w in weights], inverse
+
+
 def weight_dtype(n_records: int) -> np.dtype[Any]:
     """float32 for the weights of base rows when every sum is exact in it (below 2^24
     records), else float64: the summed weights are integers."""
     return np.dtype(np.float32 if n_records < 1 << 24 else np.float64)
-
-
-def _sums_over_space(
-    codes: IntArray, space: int, base: Base
-) -> tuple[IntArray, tuple[FloatArray, FloatArray | None, FloatArray | None]]:
-    """``dense_sums`` of a base's counts, singles and first rows (those it has)."""
-    extra = [w for w in (base.singles, base.first) if w is not None]
-    present, sums = dense_sums(codes, space, [base.counts, *extra])
-    rest = iter(sums[1:])
-    singles = None if base.singles is None else next(rest)
-    first = None if base.first is None else next(rest)
-    return present, (sums[0], singles, first)
 
 
 def regroup(
@@ -195,15 +211,13 @@ def regroup(
     """``base`` regrouped at ``levels`` (a generalisation of ``base.levels``), given the
     dense ``codes`` of its rows there (in 0..space-1; ``radices``: the number of labels of
     each QI there)."""
-    if not base.multi.shape[0] and space <= DIRECT_FACTOR * base.n_rows:
-        present, (counts, singles, first) = _sums_over_space(codes, space, base)
-        inverse = np.zeros(0, dtype=np.int64)  # not needed: no multi-row persons
-    else:
-        present, inverse = group_codes(codes, space, dense_limit)
-        cells = int(present.shape[0])
-        counts = weight_sums(inverse, base.counts, cells)
-        singles = None if base.singles is None else weight_sums(inverse, base.singles, cells)
-        first = None if base.first is None else weight_sums(inverse, base.first, cells)
+    extra = [w for w in (base.singles, base.first) if w is not None]
+    present, sums, inverse = cell_sums(
+        codes, space, [base.counts, *extra], dense_limit, index=bool(base.multi.shape[0])
+    )
+    counts, rest = sums[0], iter(sums[1:])
+    singles = None if base.singles is None else next(rest)
+    first = None if base.first is None else next(rest)
     n_cells = int(present.shape[0])
     cell_codes = present
     multi = np.zeros(0, dtype=np.int64)
@@ -211,6 +225,7 @@ def regroup(
     if base.multi.shape[0]:
         # the multi-row persons' rows: out of the merged cells, into distinct pairs; a
         # cell keeps a merged row only if it has rows of simple persons
+        assert inverse is not None  # asked for when persons have several tuples
         multi_of = inverse[base.multi]
         counts -= weight_sums(multi_of, base.counts[base.multi], n_cells)
         simple = np.bincount(inverse, minlength=n_cells) > np.bincount(multi_of, minlength=n_cells)

@@ -62,14 +62,11 @@ import pandas as pd
 
 from privpipe.anonymity.arrays import sorted_unique
 from privpipe.anonymity.bases import (
-    DIRECT_FACTOR,
     Base,
+    cell_sums,
     code_dtype,
     decode,
-    dense_sums,
-    group_codes,
     regroup,
-    weight_sums,
 )
 from privpipe.anonymity.hierarchy import Hierarchy
 from privpipe.anonymity.lattice import Lattice, Node
@@ -871,13 +868,8 @@ class Evaluator:
         if base.multi.shape[0]:
             return None
         codes, _, stride = self._codes(base, node)
-        space = max(stride, 1)
         weights = [base.counts] if base.first is None else [base.counts, base.first]
-        if space <= DIRECT_FACTOR * base.n_rows:  # sums over the key space itself
-            sums = dense_sums(codes, space, weights)[1]
-        else:
-            present, inverse = group_codes(codes, space, _dense_limit(base.n_rows))
-            sums = [weight_sums(inverse, w, present.shape[0]) for w in weights]
+        sums = cell_sums(codes, max(stride, 1), weights, _dense_limit(base.n_rows))[1]
         del codes
         records = np.rint(sums[0]).astype(np.int64)
         if base.first is None:
@@ -915,10 +907,10 @@ class Evaluator:
 
     def _count(self, base: Base, node: Node, rows: slice | None = None) -> EquivalenceClasses:
         """Classes of ``node`` from the rows of ``base`` (a specialisation of ``node``):
-        the rows' dense codes at ``node`` grouped (a flag array when the key space is
-        small, else a hash table: ``bases.group_codes``), then the weights summed per
-        cell. ``rows``: a block of
-        ``base`` in the first QI's order (``classes_by_block``), base.multi empty."""
+        the rows' dense codes at ``node``, their weights summed per cell
+        (``bases.cell_sums``: over the key space when it is small, else through each
+        row's cell index). ``rows``: a block of ``base`` in the first QI's order
+        (``classes_by_block``), base.multi empty."""
         part = slice(None) if rows is None else rows
         codes, radices, stride = self._codes(base, node, rows)
         n_rows = int(codes.shape[0])
@@ -937,12 +929,10 @@ class Evaluator:
         if base.first is not None:
             weights.append(base.first[part])
         # every base row holds a record or more: a cell is present exactly when its count is
-        if space <= DIRECT_FACTOR * n_rows:  # sums over the key space itself
-            present, sums = dense_sums(codes, space, weights)
+        present, sums, inverse = cell_sums(codes, space, weights, _dense_limit(n_rows))
+        if inverse is None:  # summed over the key space: the cells of the rows needed
             multi_cells = np.searchsorted(present, codes[base.multi])
         else:
-            present, inverse = group_codes(codes, space, _dense_limit(n_rows))
-            sums = [weight_sums(inverse, w, present.shape[0]) for w in weights]
             multi_cells = inverse[base.multi]
         if offset:
             present += offset

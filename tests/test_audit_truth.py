@@ -527,11 +527,11 @@ def test_categorical_class_counts_give_the_same_published_rows(
 def test_persons_summed_out_by_codes_are_the_pandas_groupby(
     rows: list[tuple[int, int, int, int]], wide: bool
 ) -> None:
-    """Summing the person's hash out of categorical class counts by packed codes (a count
-    per possible key, or dense ids when the key space is large: ``wide``) gives pandas'
-    groupby exactly: the same groups (a missing value, code -1, a group of its own), in
-    order of first appearance, with the same sums and the same strings."""
-    n_b = 5000 if wide else 41  # 4 x 5001 x ... keys: more than a count per key allows
+    """Summing the person's hash out of categorical class counts by packed codes (few or
+    many categories: ``wide``) gives pandas' groupby exactly: the same groups (a missing
+    value, code -1, a group of its own), in order of first appearance, with the same sums
+    and the same strings."""
+    n_b = 5000 if wide else 41  # a key space far larger than the rows, or not
     codes_a = np.array([r[0] for r in rows], dtype=np.int8)
     codes_b = np.array([r[1] for r in rows], dtype=np.int16)
     classes = pd.DataFrame(
