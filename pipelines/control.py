@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from privpipe.attacks.control import key_from_hex, key_to_hex
+from privpipe.attacks.control import OlderKeyScheme, key_from_hex, key_to_hex
 from privpipe.errors import ConfigError, InputDataError
 from privpipe.pipelines.config import ControlConfig
 from privpipe.pipelines.plan import _EXTENSIONS, Plan
@@ -28,7 +28,7 @@ from privpipe.transforms.io import InputSpec
 
 CONTROL_TABLE = "attack_controls"  # work/<name>.parquet: the control rows' audit columns
 CONTROL_REJECTED = "control_rejected"  # work/<name>.csv: bad rows of a control file
-HOLDOUT_KEY_FILE = "holdout.key"  # internal/<name>: the run's holdout key (hex, 0600)
+HOLDOUT_KEY_FILE = "holdout.key"  # internal/<name>: the run's holdout key (rule and hex, 0600)
 NO_CONTROL = "no control set (attacks.control)"
 
 
@@ -71,10 +71,17 @@ def write_key(internal: Path, key: str) -> Path:
 
 
 def read_key(run_dir: Path) -> str:
-    """A finished run's holdout key (``privpipe report``); InputDataError if missing."""
+    """A finished run's holdout key (``privpipe report``); InputDataError if it is missing
+    or damaged, or was written for an older privpipe's holdout rule."""
     path = run_dir / "internal" / HOLDOUT_KEY_FILE
     try:
         return key_from_hex(path.read_text(encoding="ascii"))
+    except OlderKeyScheme as e:
+        raise InputDataError(
+            f"{path}: {e}; this privpipe would hold out other persons, so the audit cannot "
+            "be rebuilt with the run's members: rebuild it with the privpipe version that "
+            "made the run (its manifest names it), or run the config again"
+        ) from None
     except (OSError, ValueError, UnicodeError):
         raise InputDataError(
             f"{path}: the run held persons out (attacks.control.holdout) but its holdout key "

@@ -17,6 +17,7 @@ persons or two values, which makes bounding stricter and a distinct count one lo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["MISSING_HASH", "arrow_strings", "string_hashes", "string_hashes_by_value"]
+__all__ = [
+    "MISSING_HASH",
+    "arrow_strings",
+    "combine_hashes",
+    "string_hashes",
+    "string_hashes_by_value",
+    "value_hashes",
+]
 
 U64 = npt.NDArray[np.uint64]
 
@@ -133,4 +141,54 @@ def string_hashes_by_value(values: Any) -> U64:
     if indices.null_count:  # a missing value's index is null: the table's last entry
         indices = pc.fill_null(indices, len(table) - 1)
     out: U64 = table[indices.to_numpy()]
+    return out
+
+
+def value_hashes(values: pd.Series) -> U64:
+    """A 64-bit hash of each value of a column, the same for equal values in every batch:
+    strings by their bytes (:func:`string_hashes`; str, Arrow or object columns of str), a
+    ``uint64`` column (hashes already, e.g. the summary's person hashes) as it is, any
+    other type by pandas' ``hash_pandas_object``; a missing value is :data:`MISSING_HASH`
+    whatever the column's type."""
+    if values.dtype == np.uint64:
+        return np.asarray(values.to_numpy(), dtype=np.uint64)
+    if _holds_strings(values):
+        return string_hashes(values)
+    out = np.asarray(
+        pd.util.hash_pandas_object(values, index=False, categorize=False), dtype=np.uint64
+    ).copy()
+    missing = np.asarray(values.isna(), dtype=bool)
+    if missing.any():
+        out[missing] = MISSING_HASH
+    return out
+
+
+def _holds_strings(values: pd.Series) -> bool:
+    """Whether a column is text: a string dtype (NumPy-, Python- or Arrow-backed, large or
+    not) or objects that are all str (or missing)."""
+    dtype = values.dtype
+    if isinstance(dtype, pd.StringDtype):
+        return True
+    if isinstance(dtype, pd.ArrowDtype):
+        return bool(
+            pa.types.is_string(dtype.pyarrow_dtype) or pa.types.is_large_string(dtype.pyarrow_dtype)
+        )
+    return dtype.kind == "O" and pd.api.types.infer_dtype(values, skipna=True) in (
+        "string",
+        "empty",
+    )
+
+
+def combine_hashes(hashes: Sequence[npt.NDArray[np.uint64]]) -> U64:
+    """Row hashes of a frame from its columns' hashes (the combination pandas'
+    ``hash_pandas_object`` applies to a DataFrame's column hashes), so each column is
+    hashed once per batch however many combinations it is part of."""
+    out = np.zeros_like(hashes[0]) + np.uint64(0x345678)
+    mult = np.uint64(1000003)
+    for i, h in enumerate(hashes):
+        inverse_i = len(hashes) - i
+        out ^= h
+        out *= mult
+        mult += np.uint64(82520 + inverse_i + inverse_i)
+    out += np.uint64(97531)
     return out

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -67,6 +68,54 @@ def test_without_a_unit_the_whole_row_is_hashed() -> None:
     assert abs(mask.mean() - 0.25) < 0.03
     same_a = holdout_mask(rows, 0.25, key, "a")  # unit a: only 50 distinct values
     assert not np.array_equal(mask, same_a)
+
+
+def test_the_keyed_hash_is_aes_of_each_values_fingerprint() -> None:
+    """Known answer, computed here with ``cryptography`` one value at a time: AES-128 under
+    SHA-256(context + key)[:16] of the block (fingerprint, 0), its first 8 bytes."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from privpipe.attacks.control import _AES_KEY_CONTEXT, keyed_hashes
+    from privpipe.hashing import string_hashes
+
+    key = new_holdout_key()
+    ids = pd.Series(["P0000001", "P0000002", "zoë", ""], dtype="str")
+    aes = hashlib.sha256(_AES_KEY_CONTEXT + key.encode()).digest()[:16]
+    expected = []
+    for fingerprint in string_hashes(ids).tolist():
+        block = int(fingerprint).to_bytes(8, "little") + bytes(8)
+        sealed = Cipher(algorithms.AES(aes), modes.ECB()).encryptor().update(block)
+        expected.append(int.from_bytes(sealed[:8], "little"))
+    assert keyed_hashes(ids, key).tolist() == expected
+
+
+def test_a_person_hashes_the_same_whatever_the_columns_storage() -> None:
+    key = new_holdout_key()
+    ids = ["P1", "P2", None, "P1", "Q9"]
+    want = keyed_hashes_of(pd.Series(ids, dtype="str"), key)
+    for other in (
+        pd.Series(ids, dtype=object),
+        pd.Series(ids, dtype="string[pyarrow]"),
+        pd.Series(pd.arrays.ArrowExtensionArray(pa.array(ids, type=pa.large_string()))),
+    ):
+        assert keyed_hashes_of(other, key).tolist() == want.tolist()
+    assert want[0] == want[3] and len(set(want.tolist())) == 4
+    # a missing value is one value whatever its column's type (a float NaN, an object None)
+    nan = keyed_hashes_of(pd.Series([np.nan, 1.0]), key)[0]
+    assert nan == keyed_hashes_of(pd.Series([None, "x"], dtype=object), key)[0] == want[2]
+    # rows: the same values in two frames of different storage, the same row hashes
+    a = pd.DataFrame({"x": pd.Series(ids, dtype="str"), "n": [1, 2, 3, 1, 5]})
+    b = pd.DataFrame({"x": pd.Series(ids, dtype=object), "n": [1, 2, 3, 1, 5]})
+    assert keyed_hashes_of(a, key).tolist() == keyed_hashes_of(b, key).tolist()
+    assert keyed_hashes_of(a, key)[0] == keyed_hashes_of(a, key)[3]
+
+
+def keyed_hashes_of(values: pd.Series | pd.DataFrame, key: str) -> np.ndarray:
+    from privpipe.attacks.control import keyed_hashes
+
+    return keyed_hashes(values, key)
 
 
 def test_bad_share_or_key_is_refused() -> None:
@@ -323,6 +372,30 @@ def test_report_on_a_holdout_run_without_its_key_is_refused(tmp_path: Path) -> N
 
     (tmp_path / "internal").mkdir()
     with pytest.raises(InputDataError, match="holdout key"):
+        read_key(tmp_path)
+
+
+def test_a_key_file_of_an_older_rule_is_refused_naming_it(tmp_path: Path) -> None:
+    from privpipe.attacks.control import KEY_SCHEME, key_to_hex
+    from privpipe.errors import InputDataError
+    from privpipe.pipelines.control import read_key, write_key
+
+    (tmp_path / "internal").mkdir()
+    key = new_holdout_key()
+    write_key(tmp_path / "internal", key)
+    text = internal_file(tmp_path, "holdout.key").read_text()
+    assert text.split() == [KEY_SCHEME, key.encode("ascii").hex()] == key_to_hex(key).split()
+    assert read_key(tmp_path) == key
+    # a key file from before the rule was named (pandas' SipHash): the same key would hold
+    # out other persons, so the rebuild is refused rather than run on the wrong members
+    internal_file(tmp_path, "holdout.key").write_text(key.encode("ascii").hex() + "\n")
+    with pytest.raises(InputDataError, match=r"older privpipe.*version that made the run"):
+        read_key(tmp_path)
+    internal_file(tmp_path, "holdout.key").write_text("sip24 " + key.encode("ascii").hex())
+    with pytest.raises(InputDataError, match="rule 'sip24'"):
+        read_key(tmp_path)
+    internal_file(tmp_path, "holdout.key").write_text(f"{KEY_SCHEME} zz")
+    with pytest.raises(InputDataError, match="missing or damaged"):
         read_key(tmp_path)
 
 

@@ -10,7 +10,8 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privpipe.transforms.profile import ProfileFn, _combine, _hash, split_internal
+from privpipe.hashing import combine_hashes
+from privpipe.transforms.profile import ProfileFn, _hash, split_internal
 
 
 def run_combine(fn: ProfileFn, batches: list[pd.DataFrame], split: int) -> dict:
@@ -86,6 +87,22 @@ def test_compaction_keeps_counts_exact() -> None:
     assert public["qi_combinations"]["unique"] == int((sizes == 1).sum())
 
 
+def test_value_counts_summed_over_many_batches_stay_exact() -> None:
+    """More batches than are summed at once (the pending counts folded several times, in
+    each of two partial profiles and in their merge), a batch whose column is all
+    missing, and values that appear in late batches only."""
+    frames = [table(seed, 150) for seed in range(90)]
+    frames[40] = frames[40].assign(disease=pd.array([None] * 150, dtype="str"))
+    frames[80] = frames[80].assign(zip="99999")  # a value no earlier batch had
+    df = pd.concat(frames, ignore_index=True)
+    fn = ProfileFn(list(df.columns), ["zip"], ["zip", "age", "disease"])
+    _, counts = split_internal(run_combine(fn, frames, 37))
+    for col in ("zip", "age", "disease"):
+        expected = df[col].value_counts(dropna=True)
+        got = dict(zip(map(str, counts[col].index), counts[col].to_numpy(), strict=True))
+        assert got == {str(k): int(v) for k, v in expected.items()}, col
+
+
 def test_unique_persons_count_a_person_once() -> None:
     """Two visits of one person share a QI combination: that person is still unique."""
     df = pd.DataFrame(
@@ -118,10 +135,10 @@ def test_row_hashes_combine_column_hashes_like_pandas() -> None:
         return pd.util.hash_pandas_object(values, index=False).to_numpy(dtype=np.uint64)
 
     for cols in (["a"], ["a", "b"], ["c", "a", "b"]):
-        assert (_combine([pandas_hash(df[c]) for c in cols]) == pandas_hash(df[cols])).all()
+        assert (combine_hashes([pandas_hash(df[c]) for c in cols]) == pandas_hash(df[cols])).all()
     # the profile's own column hashes (strings by their bytes) keep rows apart the same way
     for cols in (["a"], ["a", "b"], ["c", "a", "b"]):
-        ours = _combine([_hash(df[c]) for c in cols])
+        ours = combine_hashes([_hash(df[c]) for c in cols])
         theirs = pandas_hash(df[cols])
         assert len(np.unique(ours)) == len(np.unique(theirs))
         assert pd.crosstab(ours, theirs).astype(bool).sum(axis=1).max() == 1

@@ -67,21 +67,26 @@ class SmallestHashRows(beam.CombineFn):  # type: ignore[misc]
     def add_input(self, acc: _Sample, batch: pd.DataFrame) -> _Sample:
         if not len(batch):
             return acc
-        rows = batch[self.columns].reset_index(drop=True)
+        seen = acc.seen + len(batch)
         if self.unit:  # persons first; the row's hash orders the rows of one person
             first = keyed_hashes(batch[self.unit], self.key)
             if acc.rows is not None and len(acc.rows) >= self.n:  # only rows that can enter
                 fits = first <= acc.rows[_FIRST].to_numpy().max()
-                rows, first = rows[fits].reset_index(drop=True), first[fits]
+                if not fits.any():  # the usual case once the sample is full: no row copied
+                    return _Sample(acc.rows, seen)
+                at = np.flatnonzero(fits)  # a few rows: positions, then only those rows copied
+                rows, first = batch[self.columns].take(at).reset_index(drop=True), first[at]
+            else:
+                rows = batch[self.columns].reset_index(drop=True)
             second = keyed_hashes(rows, self.key)
         else:
+            rows = batch[self.columns].reset_index(drop=True)
             first = second = keyed_hashes(rows, self.key)
         mine = rows.assign(**{_FIRST: first, _SECOND: second})
         if len(mine) > self.n:  # the batch's own n smallest first
             order = np.lexsort((second, first))[: self.n]
             mine = mine.iloc[order].reset_index(drop=True)
-        return _Sample(self._keep([acc.rows, mine]) if acc.rows is not None else mine,
-                       acc.seen + len(batch))  # fmt: skip
+        return _Sample(self._keep([acc.rows, mine]) if acc.rows is not None else mine, seen)
 
     def merge_accumulators(self, accs: Iterable[_Sample]) -> _Sample:
         accs = list(accs)
