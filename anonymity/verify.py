@@ -115,8 +115,14 @@ def _coded(column: pd.Series) -> tuple[IntArray, npt.NDArray[np.object_]]:
 
 
 def _persons(column: pd.Series) -> IntArray:
-    """Codes that tell persons apart: of the 64-bit hashes of the ids (a ``uint64``
-    column, as the frequency table carries them) as they are, else of canonical strings."""
+    """Codes that tell persons apart: a categorical's own codes (its categories are
+    distinct, so are its codes: the frequency table's codes of the persons' hashes), the
+    64-bit hashes of the ids (a ``uint64`` column) factorised, else canonical strings'."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes = np.asarray(column.cat.codes, dtype=np.int64)
+        if codes.size and codes.min() < 0:
+            raise ValueError(f"column {column.name!r}: a row without a person")
+        return codes
     if column.dtype == np.uint64:
         return np.asarray(pd.factorize(column.to_numpy(dtype=np.uint64))[0], dtype=np.int64)
     return _coded(column)[0]

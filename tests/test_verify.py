@@ -492,6 +492,14 @@ def test_classes_and_their_sizes_match_a_plain_groupby(
         assert result == verify_counts(
             categorical, spec, input_records=int(counts["count"].sum()), suppressed_records=0
         )
+        if unit is not None:  # persons as the verifier's frequency table gives them: codes
+            ids, distinct = pd.factorize(counts[unit])
+            coded = categorical.assign(
+                **{unit: pd.Categorical.from_codes(ids, categories=pd.RangeIndex(len(distinct)))}
+            )
+            assert result == verify_counts(
+                coded, spec, input_records=int(counts["count"].sum()), suppressed_records=0
+            )
         too_small = int((expected["size"] < k).sum())
         too_few = int((expected["distinct"] < l_value).sum())
         certain = int(expected["certain"].sum()) if unit is not None else 0
@@ -542,3 +550,39 @@ def test_persons_per_group_counts_each_person_once(
     got = _persons_per_group(group, 7, person, n_persons)
     want = pd.Series(person).groupby(group).nunique().reindex(range(7), fill_value=0)
     assert got.tolist() == want.tolist()
+
+
+def test_a_verifiers_table_of_person_codes_verifies_as_the_hashes_do() -> None:
+    """The pipeline's verifier counts classes with ``FrequencyTable(hashed_as_codes=True)``:
+    persons come as the table's codes, not their hashes. Three rows of one person in a
+    class are one person: k=2 fails there exactly as with the hashes."""
+    from privpipe.anonymity.summary import unit_hashes
+    from privpipe.transforms.anonymize import FrequencyTable
+
+    rows = pd.DataFrame(
+        {
+            "zip": ["1*", "1*", "1*", "2*", "2*", "2*", "2*"],
+            "disease": ["flu", "flu", "cold", "flu", "cold", "cold", "flu"],
+            "person": ["a", "a", "a", "b", "c", "d", "b"],
+        }
+    )
+    rows["person"] = unit_hashes(rows["person"], "person").view(np.uint64)
+    spec = AnonymizationSpec(
+        "k_anonymity", ("zip",), "disease", k=2, unit="person", unit_column="person"
+    )
+    tables = []
+    for as_codes in (False, True):
+        fn = FrequencyTable(
+            ["zip", "disease", "person"], True, ["person"], hashed_as_codes=as_codes
+        )
+        acc = fn.add_input(fn.create_accumulator(), rows.iloc[:4])
+        other = fn.add_input(fn.create_accumulator(), rows.iloc[4:])
+        table = fn.extract_output(fn.merge_accumulators([acc, other]))
+        assert isinstance(table["person"].dtype, pd.CategoricalDtype) == as_codes
+        tables.append(table)
+    results = [
+        verify_counts(t, spec, input_records=len(rows), suppressed_records=0) for t in tables
+    ]
+    assert results[0] == results[1]
+    assert not results[1].ok and results[1].smallest_class == 1
+    assert results[1].failures == ["class [zip=1*] has 1 persons, fewer than k=2"]
