@@ -151,11 +151,13 @@ class PerturbFn(beam.DoFn):  # type: ignore[misc]
             yield from _perturb(s, codes, parties, _source(self.seed, *key))
             return
         unit = hash_units(batch[s.unit])
-        frame = pd.DataFrame({"unit": unit, "code": codes})
+        columns = {"unit": unit, "code": np.asarray(codes)}
         if parties is not None:
-            frame["party"] = parties
+            columns["party"] = np.asarray(parties, dtype=object)
+        # each shard's frame made from its rows of the arrays (not a frame's iloc per shard:
+        # ~1 ms each, 16 shards a batch, ~3 s of the 10M demo's read)
         parts = [
-            (sh, frame.iloc[rows].reset_index(drop=True))
+            (sh, pd.DataFrame({name: values[rows] for name, values in columns.items()}))
             for sh, rows in split_by_shard(unit, self.shards)
         ]
         if self.spill is None:
