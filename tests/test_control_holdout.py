@@ -343,7 +343,9 @@ def test_public_holds_no_key_and_no_control_count(holdout_run: tuple[Path, Any, 
 
 @pytest.mark.slow
 def test_report_rebuilds_with_members_only(
-    holdout_run: tuple[Path, Any, Path], monkeypatch: pytest.MonkeyPatch
+    holdout_run: tuple[Path, Any, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from privpipe import reports
 
@@ -364,6 +366,19 @@ def test_report_rebuilds_with_members_only(
     assert sorted(seen["raw"]["diagnosis"].astype(str)) == sorted(members["diagnosis"])
     after = json.loads(internal_file(out, "audit.json").read_text())
     assert after["attacker"]["control"]["records"] == len(data) - len(members)
+    # the run's key as an older privpipe wrote it (bare hex: another holdout rule): the
+    # rebuild is refused with exit 3 naming the file, and the run is left as it was
+    key_file = internal_file(out, "holdout.key")
+    text, audit = key_file.read_text(), internal_file(out, "audit.json").read_bytes()
+    try:
+        key_file.write_text(text.split()[-1] + "\n")
+        capsys.readouterr()
+        assert main(["report", str(out)]) == 3
+        err = capsys.readouterr().err
+        assert "holdout.key" in err and "older privpipe" in err, err
+    finally:
+        key_file.write_text(text)
+    assert internal_file(out, "audit.json").read_bytes() == audit
 
 
 def test_report_on_a_holdout_run_without_its_key_is_refused(tmp_path: Path) -> None:
