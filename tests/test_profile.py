@@ -200,3 +200,20 @@ def test_a_dp_value_column_is_estimated_its_key_columns_exact(tmp_path: Path) ->
     exact = exact_columns(load_plan(project.config))
     assert {"id", "disease", "sex", "zip"} <= set(exact)
     assert "salary" not in exact
+
+
+def test_a_text_columns_hashes_and_counts_from_one_encoding_are_the_usual_ones() -> None:
+    from privpipe.transforms.profile import _hash_and_count
+
+    rng = np.random.default_rng(3)
+    for values in (
+        pd.Series(rng.choice(["a", "bb", "ccc", None], 5000), dtype="str"),
+        pd.Series(rng.choice(["a", "zoë", None], 300), dtype=object),
+        pd.Series([f"z{i}" for i in rng.integers(0, 4000, 9000)], dtype="str"),
+        pd.Series([None, None], dtype="str"),
+    ):
+        hashes, counts = _hash_and_count(values)
+        assert np.array_equal(hashes, _hash(values))
+        expected = values.value_counts(dropna=True)
+        assert dict(zip(counts.index, counts.to_numpy(), strict=True)) == dict(expected.items())
+        assert counts.dtype == np.int64 and (counts > 0).all()
