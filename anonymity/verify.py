@@ -111,6 +111,8 @@ def _coded(column: pd.Series) -> tuple[IntArray, npt.NDArray[np.object_]]:
     same, names = pd.factorize(strings)  # distinct values may share one string
     raw = np.asarray(raw, dtype=np.int64)
     raw[raw < 0] = len(uniques)
+    if np.array_equal(same, np.arange(len(strings))):  # no two share one: codes as they are
+        return raw, np.asarray(names, dtype=object)
     return np.asarray(same, dtype=np.int64)[raw], np.asarray(names, dtype=object)
 
 

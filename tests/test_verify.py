@@ -586,3 +586,16 @@ def test_a_verifiers_table_of_person_codes_verifies_as_the_hashes_do() -> None:
     assert results[0] == results[1]
     assert not results[1].ok and results[1].smallest_class == 1
     assert results[1].failures == ["class [zip=1*] has 1 persons, fewer than k=2"]
+
+
+def test_categories_with_one_canonical_string_are_one_label() -> None:
+    """A categorical whose categories differ as values but print alike (the number 1 and
+    the string "1") gives one label: its rows are one class, as the published text shows."""
+    zips = pd.Categorical(["1", 1, "2", "2"], categories=pd.Index(["1", 1, "2"], dtype=object))
+    table = pd.DataFrame(
+        {"zip": zips, "disease": pd.Categorical(["flu", "cold", "flu", "cold"]), "count": 1}
+    )
+    spec = AnonymizationSpec("k_anonymity", ("zip",), "disease", k=2)
+    result = verify_counts(table, spec, input_records=4, suppressed_records=0)
+    assert result.ok, result.failures
+    assert (result.classes, result.smallest_class) == (2, 2)
