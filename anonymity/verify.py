@@ -119,7 +119,8 @@ def _coded(column: pd.Series) -> tuple[IntArray, npt.NDArray[np.object_]]:
 def _persons(column: pd.Series) -> IntArray:
     """Codes that tell persons apart: a categorical's own codes (its categories are
     distinct, so are its codes: the frequency table's codes of the persons' hashes), the
-    64-bit hashes of the ids (a ``uint64`` column) factorised, else canonical strings'."""
+    64-bit hashes of the ids (a ``uint64`` column) factorised, else their canonical
+    strings."""
     if isinstance(column.dtype, pd.CategoricalDtype):
         codes = np.asarray(column.cat.codes, dtype=np.int64)
         if codes.size and codes.min() < 0:
