@@ -123,8 +123,7 @@ def _persons(column: pd.Series) -> IntArray:
     strings."""
     if isinstance(column.dtype, pd.CategoricalDtype):
         codes = np.asarray(column.cat.codes, dtype=np.int64)
-        if codes.size and codes.min() < 0:
-            raise ValueError(f"column {column.name!r}: a row without a person")
+        codes[codes < 0] = len(column.cat.categories)  # missing: one value, as ``_coded``
         return codes
     if column.dtype == np.uint64:
         return np.asarray(pd.factorize(column.to_numpy(dtype=np.uint64))[0], dtype=np.int64)

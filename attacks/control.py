@@ -60,17 +60,16 @@ def key_from_hex(text: str) -> str:
     another rule (a bare hex key: pandas' SipHash, before ``KEY_SCHEME``), ValueError if it
     is not a key at all."""
     words = text.split()
-    if len(words) == 2 and words[0] == KEY_SCHEME:
-        raw = bytes.fromhex(words[1])
-    elif len(words) == 1 and len(words[0]) == 2 * KEY_BYTES:
+    if len(words) == 1 and len(words[0]) == 2 * KEY_BYTES:
         raise OlderKeyScheme(
             "the key is for the holdout rule of an older privpipe (SipHash of pandas' "
             f"fingerprints), not {KEY_SCHEME}"
         )
-    elif words and words[0] != KEY_SCHEME and len(words) == 2:
-        raise OlderKeyScheme(f"the key is for the holdout rule {words[0]!r}, not {KEY_SCHEME}")
-    else:
+    if len(words) != 2:
         raise ValueError(f"a holdout key file is '{KEY_SCHEME} <hex>'")
+    if words[0] != KEY_SCHEME:
+        raise OlderKeyScheme(f"the key is for the holdout rule {words[0]!r}, not {KEY_SCHEME}")
+    raw = bytes.fromhex(words[1])
     if len(raw) != KEY_BYTES or any(b > _KEY_ALPHABET_BITS for b in raw):
         raise ValueError(f"a holdout key is {KEY_BYTES} ASCII bytes as hex")
     return raw.decode("ascii")

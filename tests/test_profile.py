@@ -217,3 +217,16 @@ def test_a_text_columns_hashes_and_counts_from_one_encoding_are_the_usual_ones()
         expected = values.value_counts(dropna=True)
         assert dict(zip(counts.index, counts.to_numpy(), strict=True)) == dict(expected.items())
         assert counts.dtype == np.int64 and (counts > 0).all()
+
+
+def test_a_batch_of_nothing_but_missing_text_counts_no_extra_value() -> None:
+    """A text column read as objects whose batch holds only missing values hashes its
+    missing cells as the other batches do: the distinct count is the values', not one more."""
+    batches = [
+        pd.DataFrame({"dx": pd.Series(["flu", None, "cold"], dtype="str")}),
+        pd.DataFrame({"dx": pd.Series([None, None], dtype=object)}),
+        pd.DataFrame({"dx": pd.Series(["flu", "ulcer"], dtype=object)}),
+    ]
+    fn = ProfileFn(["dx"], [], [])
+    public, _ = split_internal(run_combine(fn, batches, 2))
+    assert public["columns"]["dx"] == {"distinct": 3, "missing": 3, "exact": True}
