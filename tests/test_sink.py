@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import apache_beam as beam
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from privpipe.transforms.io import InputSpec, ReadMicrodata
-from privpipe.transforms.sink import WriteTable, write_json
+from privpipe.transforms.sink import WriteTable, concat_local, write_json
 from tests.beamtest import local_pipeline
 
 COLUMNS = ("id", "name", "age", "score")
@@ -140,6 +142,59 @@ def test_read_then_write_end_to_end(tmp_path: Path) -> None:
     rejected = pd.read_csv(out / "rejected.csv")
     assert rejected[["line", "reason"]].values.tolist() == [[52, "expected 2 fields, saw 1"]]
     assert sorted(p.name for p in out.iterdir()) == ["rejected.csv", "rows.csv"]
+
+
+def shard_files(folder: Path) -> tuple[list[str], bytes]:
+    """Four shards (one empty, one of 3 MB: several kernel copies) and their bytes in turn."""
+    folder.mkdir()
+    contents = [b"a,1\n" * 1000, b"", bytes(range(256)) * 12_288, b'"x, y",2\n']
+    paths = []
+    for i, data in enumerate(contents):
+        (folder / f"{i:06d}.csv").write_bytes(data)
+        paths.append(str(folder / f"{i:06d}.csv"))
+    return paths, b"".join(contents)
+
+
+def test_local_shards_are_concatenated_by_the_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header, then every shard in order, byte for byte, into a folder made if missing;
+    the shards' bytes go through os.copy_file_range (several calls for the 3 MB shard)."""
+    paths, body = shard_files(tmp_path / "shards")
+    calls: list[int] = []
+    copy = os.copy_file_range
+
+    def counted(*args: Any) -> int:
+        calls.append(copy(*args))
+        return calls[-1]
+
+    monkeypatch.setattr(os, "copy_file_range", counted)
+    out = tmp_path / "new" / "table.csv"
+    concat_local(str(out), b"h1,h2\n", paths)
+    assert out.read_bytes() == b"h1,h2\n" + body
+    assert sum(calls) == len(body) and len([c for c in calls if c]) >= 3
+
+
+@pytest.mark.parametrize("fails_after", [0, 1])
+def test_local_concatenation_falls_back_where_the_kernel_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails_after: int
+) -> None:
+    """os.copy_file_range refused at once, or after a first piece: the rest of that shard
+    and the next ones are copied by reading them, with the same bytes."""
+    paths, body = shard_files(tmp_path / "shards")
+    copy = os.copy_file_range
+    done: list[int] = []
+
+    def refusing(src: int, dst: int, count: int) -> int:
+        if len(done) >= fails_after:
+            raise OSError(errno.EXDEV, "not here")
+        done.append(copy(src, dst, min(count, 100)))
+        return done[-1]
+
+    monkeypatch.setattr(os, "copy_file_range", refusing)
+    out = tmp_path / "table.csv"
+    concat_local(str(out), b"head\n", paths)
+    assert out.read_bytes() == b"head\n" + body
 
 
 def test_write_json(tmp_path: Path) -> None:
