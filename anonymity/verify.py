@@ -100,17 +100,25 @@ class Verification:
 # --------------------------------------------------------------------------- helpers
 
 
+def _category_codes(column: pd.Series) -> IntArray:
+    """A categorical's codes as int64 (a copy, never a view of the column's), a missing
+    cell coded as one value after the categories."""
+    codes: IntArray = column.cat.codes.to_numpy().astype(np.int64)
+    codes[codes < 0] = len(column.cat.categories)
+    return codes
+
+
 def _coded(column: pd.Series) -> tuple[IntArray, npt.NDArray[np.object_]]:
     """Per row a code, and per code its canonical string (missing cells as ``""``): rows
     share a code exactly when their strings are equal."""
     if isinstance(column.dtype, pd.CategoricalDtype):  # its codes as they are (no hashing)
-        raw, uniques = column.cat.codes.to_numpy().astype(np.int64), column.cat.categories
+        raw, uniques = _category_codes(column), column.cat.categories
     else:
         raw, uniques = pd.factorize(column, use_na_sentinel=True)
+        raw = np.asarray(raw, dtype=np.int64)
+        raw[raw < 0] = len(uniques)
     strings = np.array([canonical_scalar(v) for v in uniques] + [""], dtype=object)
     same, names = pd.factorize(strings)  # distinct values may share one string
-    raw = np.asarray(raw, dtype=np.int64)
-    raw[raw < 0] = len(uniques)
     if np.array_equal(same, np.arange(len(strings))):  # no two share one: codes as they are
         return raw, np.asarray(names, dtype=object)
     return np.asarray(same, dtype=np.int64)[raw], np.asarray(names, dtype=object)
@@ -121,10 +129,8 @@ def _persons(column: pd.Series) -> IntArray:
     distinct, so are its codes: the frequency table's codes of the persons' hashes), the
     64-bit hashes of the ids (a ``uint64`` column) factorised, else their canonical
     strings."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        codes = np.asarray(column.cat.codes, dtype=np.int64)
-        codes[codes < 0] = len(column.cat.categories)  # missing: one value, as ``_coded``
-        return codes
+    if isinstance(column.dtype, pd.CategoricalDtype):  # missing: one value, as ``_coded``
+        return _category_codes(column)
     if column.dtype == np.uint64:
         return np.asarray(pd.factorize(column.to_numpy(dtype=np.uint64))[0], dtype=np.int64)
     return _coded(column)[0]
