@@ -446,7 +446,7 @@ class _MergeShardsFn(beam.DoFn):
 
     def _merge_csv(self, temp: str, shards: list[str]) -> None:
         header = _csv_text(pd.DataFrame(columns=list(self.columns)), self.delimiter, header=True)
-        if all(FileSystems.get_scheme(path) is None for path in [temp, *shards]):
+        if FileSystems.get_scheme(self.directory) is None:  # local: temp and shards in it
             concat_local(temp, header, shards)
             return
         with _create(temp) as out:
