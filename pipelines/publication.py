@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -340,18 +340,42 @@ def dp_count_keys(
     return out
 
 
+class _ThrowawayLedger(Ledger):
+    """A ledger whose private folder goes when it is closed. Not left to garbage
+    collection: a run's ``finally`` closes its ledgers, but a terminated run whose library
+    thread is stranded ends by ``os._exit`` (``cli._exit_without_stranded_threads``),
+    which runs no finalizer, and a failed run's traceback keeps the ledger alive."""
+
+    folder: Path | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def uncharged_ledger(plan: Plan, jobs: Sequence[Any]) -> Ledger:
     """A throw-away ledger for DP candidates without budget.audit_ledger: the noise is drawn
     and verified as for any release, but nothing is recorded in any lasting ledger, because
     a candidate never leaves the operator (it can never reach public/). It lives in a
-    private temporary folder (own random key and heads file) removed when it is closed."""
+    private temporary folder (own random key and heads file) removed when it is closed
+    (and, should it never be, when it is collected or the interpreter exits)."""
     eps = sum((Fraction(j.budget().epsilon) for j in jobs), Fraction(0))
     dlt = sum((Fraction(j.budget().delta) for j in jobs), Fraction(0))
     delta = min(dlt * 2 + Fraction(1, 10**9), Fraction(1, 2))
     folder = Path(tempfile.mkdtemp(prefix="privpipe-candidates-"))
-    key = LedgerKey(os.urandom(32), "throw-away key (candidates)", folder / "heads.json")
-    path = Ledger.create(folder / "ledger.sqlite", plan.name, ApproxBudget(eps + 1, delta), key)
-    ledger = Ledger.open(path, plan.name, key)
+    try:
+        key = LedgerKey(os.urandom(32), "throw-away key (candidates)", folder / "heads.json")
+        budget = ApproxBudget(eps + 1, delta)
+        path = _ThrowawayLedger.create(folder / "ledger.sqlite", plan.name, budget, key)
+        ledger = _ThrowawayLedger.open(path, plan.name, key)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    ledger = cast(_ThrowawayLedger, ledger)  # open() makes the class it is called on
+    ledger.folder = folder
     ledger.label = "no lasting ledger (candidates: computed for comparison, never published)"
     weakref.finalize(ledger, shutil.rmtree, folder, True)
     return ledger

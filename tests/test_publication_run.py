@@ -248,6 +248,36 @@ def test_scratch_folder_is_gone_after_sigterm(project: Project) -> None:
     assert not (project.out / "public").exists()
 
 
+def test_a_failed_run_removes_its_throw_away_candidates_ledger(
+    project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The private ledger of DP candidates (no audit ledger) goes when the run closes it,
+    not whenever it is collected: here the failure's traceback keeps it alive, and a
+    terminated run whose library thread is stranded ends by os._exit, which runs no
+    finalizer (as one SIGTERM in a few did, leaving the folder in /tmp)."""
+    import tempfile
+
+    from privpipe.pipelines import run as run_module
+    from privpipe.pipelines.plan import load_plan
+
+    scratch = tmp_path / "tempdir"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    project.cfg.update(releases=[K2_SEX, DP_SEX], publish=["k2"], budget=BUDGET)
+    project.save()
+    provision_ledger(project.config)
+
+    def failing(*args: Any) -> Any:
+        assert [p.name for p in scratch.glob("privpipe-candidates-*")], "no candidates ledger"
+        raise RuntimeError("the run failed here")
+
+    monkeypatch.setattr(run_module, "_run", failing)
+    with pytest.raises(RuntimeError, match="failed here") as failure:
+        run_module.run(load_plan(project.config), log=lambda _: None)
+    assert failure.value.__traceback__ is not None  # still holds the run's frames
+    assert list(scratch.glob("privpipe-candidates-*")) == []
+
+
 def test_duplicate_input_paths_are_read_once(
     project: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
