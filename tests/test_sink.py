@@ -197,6 +197,28 @@ def test_local_concatenation_falls_back_where_the_kernel_cannot(
     assert out.read_bytes() == b"head\n" + body
 
 
+def test_local_concatenation_keeps_the_order_when_the_kernel_refuses_one_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first shard copied by reading, the next ones by the kernel again: what was read
+    is in the file before the kernel writes behind it (nothing left in a buffer)."""
+    paths, body = shard_files(tmp_path / "shards")
+    copy = os.copy_file_range
+    refused = os.open(paths[0], os.O_RDONLY)  # the inode the kernel refuses
+    inode = os.fstat(refused).st_ino
+    os.close(refused)
+
+    def refusing_one(src: int, dst: int, count: int) -> int:
+        if os.fstat(src).st_ino == inode:
+            raise OSError(errno.EXDEV, "not this one")
+        return copy(src, dst, count)
+
+    monkeypatch.setattr(os, "copy_file_range", refusing_one)
+    out = tmp_path / "table.csv"
+    concat_local(str(out), b"head\n", paths)
+    assert out.read_bytes() == b"head\n" + body
+
+
 def test_write_json(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "release.json"
     doc = {"name": "k5", "b": 1, "a": [np.int64(3), np.float64(0.5)], "ok": np.bool_(True)}

@@ -397,7 +397,8 @@ def concat_local(path: str, head: bytes, parts: Sequence[str]) -> None:
 
 
 def _copy_rest(src: Any, out: Any) -> None:
-    """The rest of ``src`` appended to ``out`` (both open binary files)."""
+    """The rest of ``src`` appended to ``out`` (both open binary files). ``out``'s buffer
+    is empty on entry and on return: the kernel writes behind it, at the file's offset."""
     copy_range = getattr(os, "copy_file_range", None)
     while copy_range is not None:
         try:
@@ -408,6 +409,7 @@ def _copy_rest(src: Any, out: Any) -> None:
             return
     out.seek(0, os.SEEK_END)
     shutil.copyfileobj(src, out, _COPY_CHUNK)
+    out.flush()  # before the next part's kernel copy writes at the offset
 
 
 class _MergeShardsFn(beam.DoFn):
