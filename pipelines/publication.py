@@ -346,14 +346,14 @@ class _ThrowawayLedger(Ledger):
     thread is stranded ends by ``os._exit`` (``cli._exit_without_stranded_threads``),
     which runs no finalizer, and a failed run's traceback keeps the ledger alive."""
 
-    folder: Path | None = None
+    discard: weakref.finalize | None = None  # removes the folder, at most once
 
     def close(self) -> None:
         try:
             super().close()
         finally:
-            if self.folder is not None:
-                shutil.rmtree(self.folder, ignore_errors=True)
+            if self.discard is not None:
+                self.discard()
 
 
 def uncharged_ledger(plan: Plan, jobs: Sequence[Any]) -> Ledger:
@@ -375,7 +375,6 @@ def uncharged_ledger(plan: Plan, jobs: Sequence[Any]) -> Ledger:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     ledger = cast(_ThrowawayLedger, ledger)  # open() makes the class it is called on
-    ledger.folder = folder
     ledger.label = "no lasting ledger (candidates: computed for comparison, never published)"
-    weakref.finalize(ledger, shutil.rmtree, folder, True)
+    ledger.discard = weakref.finalize(ledger, shutil.rmtree, folder, True)
     return ledger
