@@ -183,6 +183,31 @@ def test_pickle_round_trip_keeps_aliases() -> None:
     assert h2.leaves_under(2).tolist() == h.leaves_under(2).tolist()
 
 
+def test_one_definition_is_analysed_once_per_process_and_another_apart() -> None:
+    h = Hierarchy("x", small().table, source="s", aliases={"A-1": "a1"})
+    first, again = pickle.loads(pickle.dumps(h)), pickle.loads(pickle.dumps(h))
+    assert again is first  # the side input of every stage: one analysis
+    other = [
+        Hierarchy("x", small().table, source="s", aliases={"A-1": "b1"}),  # another target
+        Hierarchy("x", small().table, source="s", aliases={"A-2": "a1"}),
+        Hierarchy("y", small().table, source="s", aliases={"A-1": "a1"}),
+        Hierarchy("x", small().table, source="t", aliases={"A-1": "a1"}),
+        Hierarchy("x", small().table[:, [0, 2, 3]], source="s", aliases={"A-1": "a1"}),
+    ]
+    table = small().table.copy()
+    table[-1, 0] = "z9"  # one cell differs
+    other.append(Hierarchy("x", table, source="s", aliases={"A-1": "a1"}))
+    for o in other:
+        restored = pickle.loads(pickle.dumps(o))
+        assert restored is not first
+        assert restored.attribute == o.attribute and restored.source == o.source
+        assert restored.table.tolist() == o.table.tolist()
+        assert dict(restored.aliases) == dict(o.aliases)
+    assert first.encode(["A-1"]).tolist() == [0]
+    assert pickle.loads(pickle.dumps(other[0])).encode(["A-1"]).tolist() == [2]
+    assert not first.labels(1).flags.writeable  # shared, so read-only
+
+
 def test_non_str_cells_are_refused() -> None:
     with pytest.raises(TypeError, match=r"row 2, level 0 is int 7"):
         Hierarchy("x", np.array([["a", "*"], [7, "*"]], dtype=object))
