@@ -94,6 +94,7 @@ __all__ = [
 
 ObjArray: TypeAlias = npt.NDArray[np.object_]
 FloatArray: TypeAlias = npt.NDArray[np.float64]
+IntArray: TypeAlias = npt.NDArray[np.int64]
 
 _RANGE: Final = re.compile(r"^\s*\[\s*([^,\[\]()]+?)\s*,\s*([^,\[\]()]+?)\s*([\])])\s*$")
 _VALUE_COLUMNS: Final = frozenset(
@@ -101,6 +102,9 @@ _VALUE_COLUMNS: Final = frozenset(
     | {"stddev", "median"}
 )
 _N: Final = "__n"
+KEY_LIMIT: Final = 2**62
+"""Cells times label combinations of a marginal up to which its estimate is computed on
+one int64 key per combination (beyond, by frames: the same answers, slower)."""
 COMMON_RULE: Final = (
     "a query the release cannot answer is a full miss: answered 0, relative error "
     "true / max(true, floor) (at most 1); the same rule for every release. The error is the "
@@ -414,6 +418,7 @@ class _Answerer:
         self.truth = truth
         self.hierarchies = hierarchies
         self._covers: dict[tuple[int, str], tuple[pd.DataFrame | None, int]] = {}
+        self._coded: dict[tuple[int, str], tuple[IntArray, pd.Index]] = {}
 
     def cover(self, i: int, col: str) -> pd.DataFrame | None:
         """Cover of source i's labels of ``col``; None when it is the identity."""
@@ -454,6 +459,85 @@ class _Answerer:
         s = self.sources[i]
         return answer_marginal(s, columns, {c: self.cover(i, c) for c in columns})
 
+    def estimate(self, columns: Marginal, cells: pd.Index) -> FloatArray | None:
+        """The marginal's estimate at each of ``cells`` (value combinations; 0 where the
+        release gives a cell nothing): ``marginal(columns).reindex(cells)``, computed on
+        integer codes (None: not answerable)."""
+        i = self.pick(columns)
+        if i is None:
+            return None
+        s = self.sources[i]
+        cols = list(columns)
+        if isinstance(cells, pd.MultiIndex):
+            values = [cells.levels[j] for j in range(len(cols))]
+            codes = [np.asarray(cells.codes[j], dtype=np.int64) for j in range(len(cols))]
+        else:
+            values, codes = [cells], [np.arange(len(cells), dtype=np.int64)]
+        spread = [self._spread(i, c, v) for c, v in zip(cols, values, strict=True)]
+        sizes = [len(v) for v in values]
+        labels = [self._labels(i, c)[0] for c in cols]
+        widths = [len(self._labels(i, c)[1]) for c in cols]
+        if math.prod(sizes) * math.prod(widths) >= KEY_LIMIT:  # keys would not fit: by frames
+            found = answer_marginal(s, columns, {c: self.cover(i, c) for c in columns})
+            return found.reindex(cells, fill_value=0.0).to_numpy(dtype=np.float64)
+        # the published counts per label combination, then each column spread in turn
+        key = np.zeros(len(s.counts), dtype=np.int64)
+        for lab, width in zip(labels, widths, strict=True):
+            key = key * width + lab
+        weight = np.asarray(s.counts, dtype=np.float64)
+        for j, (starts, degree, value, share) in enumerate(spread):
+            key, weight = _regroup(key, weight)
+            below = math.prod(widths[j + 1 :])  # the labels not spread yet, under the key
+            done, label, rest = key // (widths[j] * below), (key // below) % widths[j], key % below
+            take = degree[label]
+            row = np.repeat(np.arange(len(key), dtype=np.int64), take)
+            entry = starts[label][row] + (
+                np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(take) - take, take)
+            )
+            key = (done[row] * sizes[j] + value[entry]) * below + rest[row]
+            weight = weight[row] * share[entry]
+        key, weight = _regroup(key, weight)
+        wanted = np.zeros(len(cells), dtype=np.int64)
+        for size, code in zip(sizes, codes, strict=True):
+            wanted = wanted * size + code
+        out = np.zeros(len(cells), dtype=np.float64)
+        at = np.searchsorted(key, wanted)
+        hit = (at < len(key)) & np.logical_and.reduce([c >= 0 for c in codes])
+        hit[hit] = key[at[hit]] == wanted[hit]
+        out[hit] = weight[at[hit]]
+        return out
+
+    def _labels(self, i: int, col: str) -> tuple[IntArray, pd.Index]:
+        """Source i's label code per row of ``col`` and its distinct labels."""
+        key = (i, col)
+        if key not in self._coded:
+            codes, uniques = pd.factorize(self.sources[i].labels[col].to_numpy(dtype=object))
+            self._coded[key] = (np.asarray(codes, dtype=np.int64), pd.Index(uniques, dtype=object))
+        return self._coded[key]
+
+    def _spread(
+        self, i: int, col: str, values: pd.Index
+    ) -> tuple[IntArray, IntArray, IntArray, FloatArray]:
+        """The cover of source i's labels of ``col`` onto ``values`` as sparse rows per label
+        code: (first entry, entries, value code per entry, weight per entry); values not in
+        ``values`` are left out (no cell of the answer has them)."""
+        uniques = self._labels(i, col)[1]
+        cover = self.cover(i, col)
+        if cover is None:  # each label is its own value
+            label = np.arange(len(uniques), dtype=np.int64)
+            value = np.asarray(values.get_indexer(uniques), dtype=np.int64)
+            share = np.ones(len(uniques), dtype=np.float64)
+        else:
+            label = np.asarray(uniques.get_indexer(cover["label"].to_numpy(dtype=object)))
+            value = np.asarray(values.get_indexer(cover["value"].to_numpy(dtype=object)))
+            share = cover["weight"].to_numpy(dtype=np.float64)
+        keep = (value >= 0) & (label >= 0)
+        order = np.argsort(label[keep], kind="stable")
+        label, value, share = label[keep][order], value[keep][order], share[keep][order]
+        degree = np.bincount(label, minlength=len(uniques)).astype(np.int64)
+        starts = np.cumsum(degree) - degree
+        return starts, degree, value.astype(np.int64), share
+
     def query(self, q: CountQuery) -> float | None:
         i = self.pick(q.columns)
         if i is None:
@@ -470,6 +554,13 @@ class _Answerer:
             share = hit.groupby(cover["label"], sort=False).sum()
             factor *= labels.map(share).fillna(0.0).to_numpy(dtype=np.float64)
         return float((factor * s.counts).sum())
+
+
+def _regroup(key: IntArray, weight: FloatArray) -> tuple[IntArray, FloatArray]:
+    """The distinct keys (sorted) with their weights summed."""
+    distinct, inverse = np.unique(key, return_inverse=True)
+    summed = np.bincount(inverse.ravel(), weights=weight, minlength=len(distinct))
+    return distinct, np.asarray(summed, dtype=np.float64)
 
 
 def answer_marginal(
@@ -584,15 +675,14 @@ def release_utility(
 
     for m in truth.workload.marginals:
         true = truth.marginals[m]
-        est = answerer.marginal(m)
-        if est is None:
+        ev = answerer.estimate(m, true.index)
+        if ev is None:
             not_answerable.append(list(m))
             skipped_cells += int(true.shape[0])
             missed.append(true.to_numpy(dtype=np.float64))
             item_error(missed[-1], np.zeros_like(missed[-1]))
             continue
         tv = true.to_numpy(dtype=np.float64)
-        ev = est.reindex(true.index, fill_value=0.0).to_numpy(dtype=np.float64)
         item_error(tv, ev)
         trues.append(tv)
         ests.append(ev)

@@ -8,6 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from privpipe.anonymity.api import anonymize
 from privpipe.anonymity.hierarchy import Hierarchy, load_arx_csv
@@ -17,7 +19,9 @@ from privpipe.dp.release import dp_release
 from privpipe.dp.spec import Query, from_config_values
 from privpipe.reports.run import Release
 from privpipe.reports.utility import (
+    Source,
     UtilityOptions,
+    _Answerer,
     cover_table,
     raw_release,
     relative_floor,
@@ -472,3 +476,72 @@ def test_true_answers_on_distinct_rows_equal_the_row_counts() -> None:
     assert truth.queries["q"] == int(mask.sum())
     for c in ("age", "sex", "dx"):
         assert truth.domains[c].tolist() == pd.unique(rows[c].to_numpy(dtype=object)).tolist()
+
+
+# --------------------------------------------------------------------------- coded answers
+
+_LABELS = ["20", "25", "30", "35", "[20-30)", "[30-40)", "*", "[20, 30]", "[25, 40)", "??", "99"]
+
+
+@settings(max_examples=60, deadline=None)
+@example(  # the data has no F, a hierarchy's * covers it: a value no true cell holds
+    [("20", "M", "flu"), ("30", "M", "cold")],
+    [("[20-30)", "*", "flu", 2), ("30", "*", "*", 1)],
+    None,
+    False,
+    False,
+)
+@given(
+    st.lists(st.tuples(*(st.sampled_from(v) for v in (["20", "25", "30", "35"], ["M", "F"],
+                                                          ["flu", "cold", "gout"]))),
+             min_size=1, max_size=30),
+    st.lists(st.tuples(st.sampled_from(_LABELS), st.sampled_from(["M", "F", "*", "X"]),
+                       st.sampled_from(["flu", "cold", "gout", "acne", "*"]),
+                       st.integers(-3, 5)), min_size=0, max_size=25),
+    st.sampled_from([None, 1]),
+    st.booleans(),
+    st.booleans(),
+)  # fmt: skip
+def test_coded_estimates_equal_the_spread_frames_reindexed(
+    raw_rows: list[tuple[str, str, str]],
+    published: list[tuple[str, str, str, int]],
+    level: int | None,
+    numeric: bool,
+    present_only: bool,
+) -> None:
+    """``_Answerer.estimate`` (integer codes) gives what ``answer_marginal``'s frames give,
+    reindexed to the true cells: hierarchy labels at either level, ranges, ``*``, labels
+    that resolve to nothing, values the data lacks, negative (noisy) counts, no rows."""
+    raw = pd.DataFrame(raw_rows, columns=["age", "sex", "dx"])
+    truth = true_answers(raw, build_workload(["age", "sex", "dx"], ways=(1, 2, 3)))
+    labels = pd.DataFrame([p[:3] for p in published], columns=["age", "sex", "dx"], dtype=object)
+    source = Source(
+        "s", labels, np.array([p[3] for p in published], dtype=np.float64),
+        levels={} if level is None else {"age": level},
+        numeric=frozenset({"age"}) if numeric else frozenset(),
+    )  # fmt: skip
+    answerer = _Answerer([source], truth, {"age": AGE, "sex": SEX}, present_only)
+    for m, true in truth.marginals.items():
+        got = answerer.estimate(m, true.index)
+        want = answerer.marginal(m)
+        assert got is not None and want is not None
+        np.testing.assert_allclose(
+            got, want.reindex(true.index, fill_value=0.0).to_numpy(dtype=np.float64),
+            rtol=1e-12, atol=1e-12,
+        )  # fmt: skip
+
+
+def test_a_marginal_too_wide_for_int64_keys_is_answered_by_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from privpipe.reports import utility
+
+    truth = true_answers(RAW, build_workload(["age", "sex", "dx"]))
+    release = _table([("[20-30)", "M", "flu"), ("*", "*", "cold"), ("[30-40)", "F", "flu")])
+    coded = release_utility(release, truth, {"age": AGE, "sex": SEX})
+    calls: list[object] = []
+    frames = utility.answer_marginal
+    monkeypatch.setattr(utility, "KEY_LIMIT", 1)
+    monkeypatch.setattr(utility, "answer_marginal", lambda *a: calls.append(a) or frames(*a))
+    assert release_utility(release, truth, {"age": AGE, "sex": SEX}) == coded
+    assert len(calls) == len(truth.workload.marginals)
