@@ -37,7 +37,13 @@ from privpipe.attacks.result import AttackResult, plain
 from privpipe.attacks.stats import wilson_interval
 from privpipe.reports.distributions import distributions, generalisation_levels
 from privpipe.reports.run import ANONYMISED_KINDS, Release, Run
-from privpipe.reports.utility import COMMON_RULE, UtilityOptions, raw_release, release_utility
+from privpipe.reports.utility import (
+    COMMON_RULE,
+    UtilityOptions,
+    answerer_of,
+    raw_release,
+    release_utility,
+)
 from privpipe.reports.workload import Workload, build_workload, true_answers
 
 __all__ = [
@@ -688,11 +694,20 @@ def audit_run(
         columns = [*qis, *([sensitive] if sensitive and sensitive not in qis else [])]
     workload = build_workload(columns, queries=queries, marginals=marginals)
     truth = true_answers(raw, workload)
+    answerers = {
+        name: answerer_of(r, truth, hierarchies, options) for name, r in run.releases.items()
+    }  # the utility's and the distributions' answers from the same covers
     entries = {
         name: release_entry(
             r,
             release_utility(
-                r, truth, hierarchies, options, raw=raw, bounded=(bounded or {}).get(name)
+                r,
+                truth,
+                hierarchies,
+                options,
+                raw=raw,
+                bounded=(bounded or {}).get(name),
+                answerer=answerers[name],
             ),
             (attacks or {}).get(name),
             common=(common or {}).get(name),
@@ -719,7 +734,9 @@ def audit_run(
         rows=truth.rows,
     )
     audit["generalisation"] = generalisation_levels(run.releases, hierarchies)
-    audit["distributions"] = distributions(run.releases, truth, hierarchies, options)
+    audit["distributions"] = distributions(
+        run.releases, truth, hierarchies, options, answerers=answerers
+    )
     return plain(audit)  # type: ignore[no-any-return]
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from privpipe.anonymity.hierarchy import Hierarchy
 from privpipe.reports.run import ANONYMISED_KINDS, Release
-from privpipe.reports.utility import UtilityOptions, _Answerer, release_sources
+from privpipe.reports.utility import UtilityOptions, _Answerer, answerer_of
 from privpipe.reports.workload import Truth
 
 __all__ = ["OTHER", "distributions", "generalisation_levels"]
@@ -44,12 +44,14 @@ def distributions(
     options: UtilityOptions | None = None,
     top: int = 8,
     min_count: int = 10,
+    answerers: Mapping[str, _Answerer] | None = None,
 ) -> dict[str, Any]:
     """``audit["distributions"]``: per 1-way workload column, the shown values, their raw
-    shares and each release's estimated shares (None: the release does not answer it)."""
-    o = options or UtilityOptions()
+    shares and each release's estimated shares (None: the release does not answer it).
+    ``answerers``: the utility's, per release name (their covers reused)."""
+    kept = answerers or {}
     answerers = {
-        name: _Answerer(release_sources(r)[0], truth, hierarchies or {}, o.domain == "data")
+        name: kept.get(name) or answerer_of(r, truth, hierarchies, options)
         for name, r in releases.items()
     }
     columns: dict[str, Any] = {}

@@ -82,6 +82,7 @@ __all__ = [
     "Source",
     "UtilityOptions",
     "answer_marginal",
+    "answerer_of",
     "cover_table",
     "own_utility",
     "raw_release",
@@ -412,8 +413,10 @@ class _Answerer:
         truth: Truth,
         hierarchies: Mapping[str, Hierarchy],
         present_only: bool = True,
+        method: str = "",
     ) -> None:
         self.present_only = present_only
+        self.method = method  # how the release answers (release_sources)
         self.sources = list(sources)
         self.truth = truth
         self.hierarchies = hierarchies
@@ -623,6 +626,20 @@ def score(
     }
 
 
+def answerer_of(
+    release: Release,
+    truth: Truth,
+    hierarchies: Mapping[str, Hierarchy] | None = None,
+    options: UtilityOptions | None = None,
+) -> _Answerer:
+    """What answers the workload's marginals from ``release`` (its covers kept)."""
+    o = options or UtilityOptions()
+    if o.domain not in ("data", "hierarchy"):
+        raise ValueError(f"domain must be 'data' or 'hierarchy', got {o.domain!r}")
+    sources, method = release_sources(release)
+    return _Answerer(sources, truth, hierarchies or {}, o.domain == "data", method)
+
+
 def release_estimates(
     release: Release,
     truth: Truth,
@@ -648,18 +665,20 @@ def release_utility(
     *,
     raw: pd.DataFrame | None = None,
     bounded: Mapping[str, pd.DataFrame] | None = None,
+    answerer: _Answerer | None = None,
 ) -> dict[str, Any]:
     """The utility entry of one release in audit.json (see the module docstring).
 
     ``raw`` (the true rows) and ``bounded`` (the DP job's exact bounded cells per query,
     :func:`pipelines.dp_release.bounded_truth`) score a DP release on its own estimand;
-    without ``raw`` there is no ``own`` entry, without ``bounded`` no bias/noise split."""
+    without ``raw`` there is no ``own`` entry, without ``bounded`` no bias/noise split.
+    ``answerer``: :func:`answerer_of` this release, truth and options, when the caller
+    keeps it for more answers (its covers are then worked out once)."""
     o = options or UtilityOptions()
     floor = relative_floor(truth.rows, o)
-    sources, method = release_sources(release)
-    if o.domain not in ("data", "hierarchy"):
-        raise ValueError(f"domain must be 'data' or 'hierarchy', got {o.domain!r}")
-    answerer = _Answerer(sources, truth, hierarchies or {}, o.domain == "data")
+    if answerer is None:
+        answerer = answerer_of(release, truth, hierarchies, o)
+    method = answerer.method
     trues: list[FloatArray] = []
     ests: list[FloatArray] = []
     ways: dict[int, tuple[list[FloatArray], list[FloatArray]]] = {}
