@@ -237,11 +237,13 @@ def random_elimination(
 def _worst_posteriors(view: TargetView, b: int) -> tuple[IntArray, FloatArray]:
     """Guess and posterior per target after the worst-case elimination of b values,
     computed once per distinct (tuple, true value) pair."""
-    pairs, pair_of_target = np.unique(
-        np.stack([view.target_tuple, view.true_codes], axis=1), axis=0, return_inverse=True
-    )
-    counts = view.counts[pairs[:, 0]]
-    guess, conf = posterior_after_elimination(counts, worst_elimination(counts, pairs[:, 1], b))
+    # one int64 key per (tuple, true value): sorted like the pairs, -1 (unknown) first
+    width = np.int64(view.counts.shape[1] + 1)
+    key = view.target_tuple.astype(np.int64) * width + (view.true_codes.astype(np.int64) + 1)
+    distinct, pair_of_target = np.unique(key, return_inverse=True)
+    tuples, truth = distinct // width, distinct % width - 1
+    counts = view.counts[tuples]
+    guess, conf = posterior_after_elimination(counts, worst_elimination(counts, truth, b))
     index = np.asarray(pair_of_target, dtype=np.int64).reshape(-1)
     return guess[index], conf[index]
 
