@@ -78,14 +78,19 @@ def test_answers_equal_beams_first_time_and_again(f: Any) -> None:
     assert core.get_function_args_defaults(f) == want  # from the memo, when kept
 
 
-def test_each_function_is_asked_once_and_callers_get_lists_of_their_own() -> None:
+def _counting() -> tuple[list[Any], Any]:
+    """The functions Beam's own introspection is asked about, and the memo asking it."""
     asked: list[Any] = []
 
     def ask(f: Any) -> tuple[list[str], list[Any]]:
         asked.append(f)
         return ORIGINAL(f)
 
-    answer = introspection.memoised(ask)
+    return asked, introspection.memoised(ask)
+
+
+def test_each_function_is_asked_once_and_callers_get_lists_of_their_own() -> None:
+    asked, answer = _counting()
     one, two = Plain(), Plain()  # two instances: the same function
     first = answer(one.process)
     first[0].append("mutated by a caller")
@@ -120,13 +125,7 @@ def test_bound_and_plain_forms_of_one_function_are_kept_apart() -> None:
 
 
 def test_wrapped_functions_and_other_callables_are_always_asked() -> None:
-    asked: list[Any] = []
-
-    def ask(f: Any) -> tuple[list[str], list[Any]]:
-        asked.append(f)
-        return ORIGINAL(f)
-
-    answer = introspection.memoised(ask)
+    asked, answer = _counting()
     for f in (_wrapped, _wrapped, functools.partial(_f, 1), _Callable(), _Callable()):
         answer(f)
     assert len(asked) == 5

@@ -60,13 +60,14 @@ def memoised(ask: Callable[[Any], _Answer]) -> Callable[[Any], _Answer]:
     return answer
 
 
+def installed() -> bool:
+    """Whether Beam's ``core.get_function_args_defaults`` is the memoised form."""
+    return bool(getattr(core.get_function_args_defaults, _MARK, False))
+
+
 def install() -> None:
     """Replace Beam's ``core.get_function_args_defaults`` (the one its DoFn introspection
     calls) by its memoised form; once per process."""
-    if not getattr(core.get_function_args_defaults, _MARK, False):
+    if not installed():
         replaced = memoised(core.get_function_args_defaults)
         core.get_function_args_defaults = replaced  # type: ignore[assignment]  # same call
-
-
-def installed() -> bool:
-    return bool(getattr(core.get_function_args_defaults, _MARK, False))
