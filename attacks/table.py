@@ -234,17 +234,24 @@ def random_elimination(
     return eliminated
 
 
-def _worst_posteriors(view: TargetView, b: int) -> tuple[IntArray, FloatArray]:
-    """Guess and posterior per target after the worst-case elimination of b values,
-    computed once per distinct (tuple, true value) pair."""
-    # one int64 key per (tuple, true value): sorted like the pairs, -1 (unknown) first
+def _distinct_pairs(view: TargetView) -> tuple[IntArray, IntArray, IntArray]:
+    """The distinct (tuple, true value) pairs of the targets, on one int64 key: their
+    tuples, their true values (-1: unknown) and each target's pair."""
     width = np.int64(view.counts.shape[1] + 1)
     key = view.target_tuple.astype(np.int64) * width + (view.true_codes.astype(np.int64) + 1)
     distinct, pair_of_target = np.unique(key, return_inverse=True)
-    tuples, truth = distinct // width, distinct % width - 1
+    index = np.asarray(pair_of_target, dtype=np.int64).reshape(-1)
+    return distinct // width, distinct % width - 1, index
+
+
+def _worst_posteriors(
+    view: TargetView, b: int, pairs: tuple[IntArray, IntArray, IntArray]
+) -> tuple[IntArray, FloatArray]:
+    """Guess and posterior per target after the worst-case elimination of b values,
+    computed once per distinct (tuple, true value) pair (``_distinct_pairs``)."""
+    tuples, truth, index = pairs
     counts = view.counts[tuples]
     guess, conf = posterior_after_elimination(counts, worst_elimination(counts, truth, b))
-    index = np.asarray(pair_of_target, dtype=np.int64).reshape(-1)
     return guess[index], conf[index]
 
 
@@ -289,9 +296,10 @@ def background_knowledge(
     truth = view.true_codes
     rates: dict[str, float] = {}
     hits_at: BoolArray = np.zeros(n, dtype=bool)
+    pairs = _distinct_pairs(view) if knowledge.background_mode == "worst" else None
     for b in range(max(max_b, chosen) + 1):
-        if knowledge.background_mode == "worst":
-            guess, conf = _worst_posteriors(view, b)
+        if pairs is not None:
+            guess, conf = _worst_posteriors(view, b, pairs)
         else:
             guess, conf = _random_posteriors(view, b, knowledge.rng(1))
         confident = np.nan_to_num(conf, nan=0.0) >= tau
