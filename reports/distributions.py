@@ -49,9 +49,9 @@ def distributions(
     """``audit["distributions"]``: per 1-way workload column, the shown values, their raw
     shares and each release's estimated shares (None: the release does not answer it).
     ``answerers``: the utility's, per release name (their covers reused)."""
-    kept = answerers or {}
-    answerers = {
-        name: kept.get(name) or answerer_of(r, truth, hierarchies, options)
+    given = answerers or {}
+    answering = {
+        name: given.get(name) or answerer_of(r, truth, hierarchies, options)
         for name, r in releases.items()
     }
     columns: dict[str, Any] = {}
@@ -63,7 +63,7 @@ def distributions(
         ranked = raw[raw >= min_count].sort_values(ascending=False, kind="stable")
         shown = [str(v) for v in ranked.index[:top]]
         per_release: dict[str, list[float] | None] = {}
-        for name, answerer in answerers.items():
+        for name, answerer in answering.items():
             est = answerer.marginal(marginal)
             if est is None:
                 per_release[name] = None

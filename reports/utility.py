@@ -422,6 +422,9 @@ class _Answerer:
         self.hierarchies = hierarchies
         self._covers: dict[tuple[int, str], tuple[pd.DataFrame | None, int]] = {}
         self._coded: dict[tuple[int, str], tuple[IntArray, pd.Index]] = {}
+        self._cover_coded: dict[
+            tuple[int, str], tuple[IntArray, IntArray, FloatArray, pd.Index]
+        ] = {}
 
     def cover(self, i: int, col: str) -> pd.DataFrame | None:
         """Cover of source i's labels of ``col``; None when it is the identity."""
@@ -478,8 +481,8 @@ class _Answerer:
             values, codes = [cells], [np.arange(len(cells), dtype=np.int64)]
         spread = [self._spread(i, c, v) for c, v in zip(cols, values, strict=True)]
         sizes = [len(v) for v in values]
-        labels = [self._labels(i, c)[0] for c in cols]
-        widths = [len(self._labels(i, c)[1]) for c in cols]
+        coded = [self._labels(i, c) for c in cols]
+        labels, widths = [lab for lab, _ in coded], [len(u) for _, u in coded]
         if math.prod(sizes) * math.prod(widths) >= KEY_LIMIT:  # keys would not fit: by frames
             found = answer_marginal(s, columns, {c: self.cover(i, c) for c in columns})
             return found.reindex(cells, fill_value=0.0).to_numpy(dtype=np.float64)
@@ -518,28 +521,39 @@ class _Answerer:
             self._coded[key] = (np.asarray(codes, dtype=np.int64), pd.Index(uniques, dtype=object))
         return self._coded[key]
 
+    def _cover_codes(self, i: int, col: str) -> tuple[IntArray, IntArray, FloatArray, pd.Index]:
+        """Source i's cover of ``col`` coded once: entries in label-code order with their
+        label code, value code and weight, and the values those codes index."""
+        key = (i, col)
+        if key not in self._cover_coded:
+            uniques = self._labels(i, col)[1]
+            cover = self.cover(i, col)
+            if cover is None:  # each label is its own value
+                label = np.arange(len(uniques), dtype=np.int64)
+                value, values = label.copy(), uniques
+                share = np.ones(len(uniques), dtype=np.float64)
+            else:
+                label = np.asarray(uniques.get_indexer(cover["label"].to_numpy(dtype=object)))
+                codes, found = pd.factorize(cover["value"].to_numpy(dtype=object))
+                value, values = np.asarray(codes, dtype=np.int64), pd.Index(found, dtype=object)
+                share = cover["weight"].to_numpy(dtype=np.float64)
+            order = np.argsort(label, kind="stable")
+            self._cover_coded[key] = (label[order], value[order], share[order], values)
+        return self._cover_coded[key]
+
     def _spread(
         self, i: int, col: str, values: pd.Index
     ) -> tuple[IntArray, IntArray, IntArray, FloatArray]:
         """The cover of source i's labels of ``col`` onto ``values`` as sparse rows per label
         code: (first entry, entries, value code per entry, weight per entry); values not in
         ``values`` are left out (no cell of the answer has them)."""
-        uniques = self._labels(i, col)[1]
-        cover = self.cover(i, col)
-        if cover is None:  # each label is its own value
-            label = np.arange(len(uniques), dtype=np.int64)
-            value = np.asarray(values.get_indexer(uniques), dtype=np.int64)
-            share = np.ones(len(uniques), dtype=np.float64)
-        else:
-            label = np.asarray(uniques.get_indexer(cover["label"].to_numpy(dtype=object)))
-            value = np.asarray(values.get_indexer(cover["value"].to_numpy(dtype=object)))
-            share = cover["weight"].to_numpy(dtype=np.float64)
+        label, value, share, covered = self._cover_codes(i, col)
+        value = np.asarray(values.get_indexer(covered), dtype=np.int64)[value]
         keep = (value >= 0) & (label >= 0)
-        order = np.argsort(label[keep], kind="stable")
-        label, value, share = label[keep][order], value[keep][order], share[keep][order]
-        degree = np.bincount(label, minlength=len(uniques)).astype(np.int64)
+        label, value, share = label[keep], value[keep], share[keep]
+        degree = np.bincount(label, minlength=len(self._labels(i, col)[1])).astype(np.int64)
         starts = np.cumsum(degree) - degree
-        return starts, degree, value.astype(np.int64), share
+        return starts, degree, value, share
 
     def query(self, q: CountQuery) -> float | None:
         i = self.pick(q.columns)
