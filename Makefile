@@ -13,7 +13,7 @@ TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 ## ~83 s (measured on a clean clone, RESULTS.md, thirty-second round). Where uv cannot be had or
 ## fails, pip installs the same requirements.
 UV := $(VENV)/bin/uv
-install = { [ -x $(UV) ] && $(UV) pip install --quiet --python $(PY) $(1); } \
+install = { [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) $(1); } \
 	|| $(PY) -m pip install --quiet $(1)
 
 $(PY):
@@ -45,10 +45,21 @@ pyc: | $(PY)
 run: $(STAMP) pyc
 	$(VENV)/bin/privpipe demo --output $(OUT)
 
-## make test: set up .venv with dev extras, lint, run the whole test suite
+## make test: set up .venv with dev extras, lint, run the whole test suite. mypy (~40 s of one
+## core from a cold cache, as in CI) runs beside the tests instead of before them, and its
+## output follows theirs; the target fails if either fails.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=12
 test: $(DEVSTAMP)
-	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=12
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@echo "$(VENV)/bin/mypy -p privpipe  (beside the tests)"; echo "$(PYTEST)"
+	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+	$(VENV)/bin/mypy -p privpipe >"$$log" 2>&1 & typing=$$!; \
+	$(PYTEST); tests=$$?; \
+	wait $$typing; typed=$$?; \
+	echo "--- mypy -p privpipe:"; cat "$$log"; \
+	if [ $$typed -ne 0 ]; then echo "make test: mypy failed (exit $$typed)"; exit $$typed; fi; \
+	exit $$tests
 
 lint: $(DEVSTAMP)
 	$(VENV)/bin/ruff check .
