@@ -98,8 +98,9 @@ def direct_figures(tmp_path_factory: pytest.TempPathFactory, demo_input: Path) -
 def _run(out: Path, demo_input: Path, *extra: str) -> Path:
     from privpipe.pipelines.run import run
 
-    plan = without_holdout(demo_plan(out, demo_input))
+    plan = without_report(without_holdout(demo_plan(out, demo_input)))
     run(plan, beam_args=list(extra), log=lambda _m: None)
+    assert not internal_file(out, "report.html").exists()  # the audit did not run
     return out
 
 
@@ -126,6 +127,15 @@ def without_holdout(plan: Any) -> Any:
     persons, so two runs' figures are comparable only without it."""
     attacks = plan.config.attacks.model_copy(update={"control": None})
     return dataclasses.replace(plan, config=plan.config.model_copy(update={"attacks": attacks}))
+
+
+def without_report(plan: Any) -> Any:
+    """The plan with its audit and report switched off (``report.enabled: false``): for
+    tests that compare what a run publishes and its manifest's figures, which the audit
+    (attacks on every release, utility, report: ~7 s of a 4,000-row demo run) never
+    changes. The release attacks and the publication check still run."""
+    report = plan.config.report.model_copy(update={"enabled": False})
+    return dataclasses.replace(plan, config=plan.config.model_copy(update={"report": report}))
 
 
 def test_direct_runner_figures_are_sane(direct_figures: dict) -> None:
@@ -171,6 +181,8 @@ def test_runner_flag_passes_through_the_cli(
     text = text.replace("../demo-out/budget/", str(tmp_path / "budget") + "/")
     assert "control: {holdout:" in text
     text = re.sub(r"\n  control: \{holdout: [0-9.]+\}", "", text)  # as without_holdout
+    assert "\nreport:\n" in text
+    text = text.replace("\nreport:\n", "\nreport:\n  enabled: false\n")  # as without_report
     cfg.write_text(text)
     provision_ledger(cfg)
     out = tmp_path / "cli"
@@ -188,6 +200,7 @@ def test_runner_flag_passes_through_the_cli(
         ]
     )
     assert code == 0
+    assert not internal_file(out, "report.html").exists()
     assert figures(out) == direct_figures
 
 
