@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
 from typing import Any
@@ -98,6 +99,23 @@ def test_a_module_replaced_under_its_name_is_collected_again(
     monkeypatch.setitem(sys.modules, first.__name__, second)  # same size, same last name
     value = {"globals": vars(second)}
     assert statecache.get_deep_size(value) == _beams(value)
+
+
+def test_the_globals_left_out_are_held_so_no_other_object_takes_their_ids() -> None:
+    """A module replaced in place (same size, same last entry: not collected again) frees
+    its old globals; objects made next, which may take freed ids, are still weighed."""
+    name, after = "privpipe_test_in_place", "privpipe_test_after"
+    sys.modules[name] = types.ModuleType(name)
+    sys.modules[after] = types.ModuleType(after)  # so the replaced one is not the last
+    try:
+        statecache.get_deep_size([1])  # collected with the first module's globals
+        sys.modules[name] = types.ModuleType(name)  # the first one and its globals go
+        gc.collect()
+        holders = [_Holder(codes=[i, i + 1]) for i in range(1_000, 3_000)]
+        weight = _beams(holders[0])
+        assert [statecache.get_deep_size(h) for h in holders] == [weight] * len(holders)
+    finally:
+        del sys.modules[name], sys.modules[after]
 
 
 def test_the_state_cache_evicts_by_its_weights() -> None:

@@ -5,9 +5,12 @@ every value it keeps with objsize. objsize leaves out every loaded module's glob
 collects them for each value weighed: ~3,000 modules with Beam, pandas and SciPy loaded,
 ~4 ms a value, 61 values and ~0.25 s in each run of the demo whatever its size. The set
 of module globals changes only when modules are loaded or removed, so it is kept and
-collected again when ``sys.modules`` changed (its size, or its last entry). The weights
-only steer what the cache evicts; the values it gives back are never touched. Beam is
-pinned (pyproject.toml), so the replaced function is the one read here.
+collected again when ``sys.modules`` changed (its size, or its last entry). The globals
+collected are held, so their ids cannot be reused by other objects while they are left
+out; a module replaced in place under its name until the next change is weighed where
+objsize would leave it out. The weights only steer what the cache evicts; the values it
+gives back are never touched. Beam is pinned (pyproject.toml), so the replaced function
+is the one read here.
 """
 
 from __future__ import annotations
@@ -30,7 +33,12 @@ _SETTINGS: Final = ObjSizeSettings(
     exclude_modules_globals=False,
 )
 _lock = threading.Lock()
-_globals: tuple[tuple[int, str, int], frozenset[int]] = ((-1, "", 0), frozenset())
+# (stamp, ids, the globals themselves: held so that no other object takes one of their ids)
+_globals: tuple[tuple[int, str, int], frozenset[int], tuple[object, ...]] = (
+    (-1, "", 0),
+    frozenset(),
+    (),
+)
 
 
 def _stamp() -> tuple[int, str, int]:
@@ -48,12 +56,13 @@ def module_globals() -> frozenset[int]:
     """The ids of every loaded module's globals, as objsize collects them for each call."""
     global _globals
     stamp = _stamp()
-    kept_stamp, kept = _globals
+    kept_stamp, kept, _ = _globals
     if stamp == kept_stamp and stamp[0] >= 0:
         return kept
     with _lock:
-        ids = frozenset(map(id, objsize.traverse._iter_modules_globals()))
-        _globals = (stamp, ids)
+        held = tuple(objsize.traverse._iter_modules_globals())
+        ids = frozenset(map(id, held))
+        _globals = (stamp, ids, held)
     return ids
 
 
