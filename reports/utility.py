@@ -460,10 +460,11 @@ class _Answerer:
 
     def marginal(self, columns: Marginal) -> pd.Series | None:
         i = self.pick(columns)
-        if i is None:
-            return None
-        s = self.sources[i]
-        return answer_marginal(s, columns, {c: self.cover(i, c) for c in columns})
+        return None if i is None else self._frames(i, columns)
+
+    def _frames(self, i: int, columns: Marginal) -> pd.Series:
+        """Source i's answer to the marginal, by frames (its covers kept)."""
+        return answer_marginal(self.sources[i], columns, {c: self.cover(i, c) for c in columns})
 
     def estimate(self, columns: Marginal, cells: pd.Index) -> FloatArray | None:
         """The marginal's estimate at each of ``cells`` (value combinations; 0 where the
@@ -484,7 +485,7 @@ class _Answerer:
         coded = [self._labels(i, c) for c in cols]
         labels, widths = [lab for lab, _ in coded], [len(u) for _, u in coded]
         if math.prod(sizes) * math.prod(widths) >= KEY_LIMIT:  # keys would not fit: by frames
-            found = answer_marginal(s, columns, {c: self.cover(i, c) for c in columns})
+            found = self._frames(i, columns)
             return found.reindex(cells, fill_value=0.0).to_numpy(dtype=np.float64)
         # the published counts per label combination, then each column spread in turn
         key = np.zeros(len(s.counts), dtype=np.int64)
@@ -665,9 +666,7 @@ def release_estimates(
     For tests and notebooks only: estimates are indexed by raw value combinations, so they
     must never go into a report.
     """
-    sources, _ = release_sources(release)
-    o = options or UtilityOptions()
-    answerer = _Answerer(sources, truth, hierarchies or {}, o.domain == "data")
+    answerer = answerer_of(release, truth, hierarchies, options)
     return {m: answerer.marginal(m) for m in truth.workload.marginals}
 
 
