@@ -17,6 +17,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.worker import opcounters
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.counters import CounterFactory
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import privpipe.transforms.coders as coders_module
 from privpipe.pipelines.runner import runner_for
@@ -25,6 +27,7 @@ from privpipe.transforms.coders import (
     BatchCoder,
     HandOverCoder,
     drop_handed_over,
+    frame_bytes,
     handing_over,
     hands_over,
     use_batch_coder,
@@ -81,6 +84,60 @@ def test_a_batchs_size_is_estimated_without_encoding_it(monkeypatch: pytest.Monk
     )
     with pytest.raises(AssertionError, match="encoded to measure"):  # as Beam's own does
         beams.coder_impl.get_estimated_size_and_observables(value)
+
+
+_COLUMNS = {  # one column of n rows per kind a batch may carry
+    "int8": lambda n: np.arange(n, dtype=np.int8),
+    "int64": lambda n: np.arange(n, dtype=np.int64),
+    "uint64": lambda n: np.arange(n, dtype=np.uint64),
+    "float32": lambda n: np.linspace(0, 1, n, dtype=np.float32),
+    "float64": lambda n: np.linspace(0, 1, n),
+    "bool": lambda n: np.arange(n) % 2 == 0,
+    "object": lambda n: np.array([f"x{i}" for i in range(n)], dtype=object),
+    "str": lambda n: pd.array([f"s{i % 7}" for i in range(n)], dtype="str"),
+    "string[pyarrow]": lambda n: pd.array([f"p{i}" for i in range(n)], dtype="string[pyarrow]"),
+    "Int64": lambda n: pd.array([None if i % 3 == 0 else i for i in range(n)], dtype="Int64"),
+    "boolean": lambda n: pd.array(
+        [None if i % 4 == 0 else i % 2 == 0 for i in range(n)], dtype="boolean"
+    ),
+    "category": lambda n: pd.Categorical([f"c{i % 5}" for i in range(n)]),
+    "wide category": lambda n: pd.Categorical(np.arange(n) % 300, categories=np.arange(300)),
+    "datetime": lambda n: pd.date_range("2026-01-01", periods=n, freq="h").to_numpy(),
+    "datetime tz": lambda n: pd.date_range("2026-01-01", periods=n, freq="h", tz="UTC"),
+    "timedelta": lambda n: pd.to_timedelta(np.arange(n), unit="s").to_numpy(),
+}  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(sorted(_COLUMNS)), max_size=8),
+    rows=st.integers(0, 40),
+    cut=st.integers(0, 40),
+)
+def test_a_batchs_estimate_is_what_memory_usage_sums(kinds: list[str], rows: int, cut: int) -> None:
+    """``frame_bytes``: the sum of the columns' ``nbytes``, for every kind of column
+    (several of one dtype share a block), and for a slice of rows."""
+    frame = pd.DataFrame({f"{i}:{kind}": _COLUMNS[kind](rows) for i, kind in enumerate(kinds)})
+    for each in (frame, frame.iloc[: min(cut, rows)], frame.iloc[::2]):
+        assert frame_bytes(each) == sum(int(column.nbytes) for _, column in each.items())
+
+
+def test_a_batchs_estimate_falls_back_where_pandas_holds_no_arrays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    frame = _batch(100)
+    expected = int(frame.memory_usage(index=False, deep=False).sum())
+    calls: list[bool] = []
+    items = pd.DataFrame.items
+
+    def counted(self: pd.DataFrame) -> Any:
+        calls.append(True)
+        return items(self)
+
+    monkeypatch.setattr(pd.DataFrame, "items", counted)
+    assert frame_bytes(frame) == expected and not calls  # from the block arrays
+    monkeypatch.setattr(type(frame._mgr), "arrays", property(lambda self: None))
+    assert frame_bytes(frame) == expected and calls == [True]
 
 
 def test_untyped_pcollections_get_it_once_a_runner_is_chosen() -> None:

@@ -6,9 +6,12 @@ Beam counts the bytes each step outputs by *sampling* elements and encoding them
 batches (DataFrames of 64k rows), so every sample pickled a whole batch only to measure it:
 about 2.4 s of the main process's CPU in the 1M-row demo (py-spy), none of which reached a
 file. ``BatchCoder`` encodes exactly as Beam's default (``FastPrimitivesCoder``, pickling
-what it does not know) but estimates a DataFrame's size from its buffers
-(``memory_usage``), never by encoding it. What is encoded, and so what any runner ships,
-is unchanged; only the figure in Beam's byte counters is an estimate, as it always was.
+what it does not know) but estimates a DataFrame's size from its buffers, never by
+encoding it: the bytes of the column arrays it holds (``frame_bytes``, the sum of its
+columns' ``nbytes``; ``memory_usage``, used before, builds a Series per call: the 1M
+demo's 765 estimates took 0.61 s, now 0.26 s). What is encoded, and so what
+any runner ships, is unchanged; only the figure in Beam's byte counters is an estimate,
+as it always was.
 
 ``use_batch_coder`` makes it the fallback coder of Beam's registry: the coder of every
 PCollection whose type has no coder registered (untyped, or a DataFrame), where Beam would
@@ -34,12 +37,24 @@ import pandas as pd
 from apache_beam.coders import coder_impl, coders, typecoders
 
 
+def frame_bytes(frame: pd.DataFrame) -> int:
+    """The bytes of ``frame``'s column arrays (the sum of its columns' ``nbytes``): from
+    the arrays its block manager holds (one 2-D array per block of columns of one dtype),
+    or column by column where pandas keeps them otherwise. (``memory_usage(deep=False)``
+    also counts the hash table of a categorical's categories once pandas has built one,
+    which is not part of what is encoded.)"""
+    arrays = getattr(getattr(frame, "_mgr", None), "arrays", None)
+    if not isinstance(arrays, list):
+        return sum(int(column.nbytes) for _, column in frame.items())
+    return sum(int(array.nbytes) for array in arrays)
+
+
 class _BatchCoderImpl(coder_impl.FastPrimitivesCoderImpl):  # type: ignore[misc]
     def get_estimated_size_and_observables(
         self, value: Any, nested: bool = False
     ) -> tuple[int, list[Any]]:
         if isinstance(value, pd.DataFrame):
-            return int(value.memory_usage(index=False, deep=False).sum()), []
+            return frame_bytes(value), []
         return super().get_estimated_size_and_observables(value, nested)  # type: ignore[no-any-return]
 
 
