@@ -92,10 +92,11 @@ from privpipe.transforms.holdout import CONTROLS, MEMBERS, HoldOut
 from privpipe.transforms.io import InputSpec, ReadMicrodata, inspect_input
 from privpipe.transforms.local_dp import PerturbLocalDP
 from privpipe.transforms.order import after
-from privpipe.transforms.planning import abandon_ahead, ahead_releases
+from privpipe.transforms.planning import abandon_ahead, ahead_releases, prestart_ahead
 from privpipe.transforms.profile import ProfileMicrodata, split_internal
 from privpipe.transforms.sink import WriteTable, load_json, write_json
 from privpipe.transforms.timing import stage_counters
+from privpipe.workers import discard_prestarted
 
 REJECTED_COLUMNS = ("file", "line", "reason")
 LOCAL_REPORTS = "local_reports"  # internal/local_reports/<name>/reports.csv
@@ -268,6 +269,7 @@ def build_graph(
         summary = batches | f"Summarise[{group[0].name}]" >> Summarise(group[0])
         summaries[shared_columns] = summary
         ahead = ahead_releases(group) if plan_ahead and len(group) > 1 else []
+        prestart_ahead(len(ahead))  # their workers' imports overlap the read
         contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(group, resolver, ahead)
         now = [a for a in group if a.name not in ahead]  # config order
         if ahead:  # DP and local DP bound once this step has started the long searches
@@ -514,6 +516,7 @@ def _run(
                         result.wait_until_finish()
                     finally:  # a failed step leaves searches planned ahead running
                         abandon_ahead()
+                        discard_prestarted()  # and workers started for them, unused
                         drop_handed_over()  # and accumulators between two stages
                 clock.pipeline_ms = stage_counters(result)  # the pipeline's stages (Beam counters)
         except PrivpipeError as e:
@@ -675,6 +678,7 @@ def _run(
         raise
     finally:  # the audit's frequency tables hold the run's tables: not past the run
         forget_summaries()
+        discard_prestarted()  # a graph that failed to build started search workers
         if side is not None:  # done, or not needed after an error
             side.kill()
     return RunResult(run_id=run_id, output_dir=plan.output_dir, manifest=manifest)

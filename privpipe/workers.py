@@ -18,6 +18,13 @@ Workers ignore Ctrl-C: the caller kills them on any error or interrupt (``kill``
 worker exits by itself once its caller is gone, so none outlives the call. Used by the
 searches planned beside each other (``transforms.planning``) and by the audit's
 publication attacks (``pipelines.run``).
+
+Started ahead (``prestart`` / ``take`` / ``discard_prestarted``): a worker's interpreter
+start and its warm imports take ~1.2 s (the searches' ``privpipe.transforms.planning``
+imports Beam, pandas and the pure cores), a delay on the critical path of a search that
+starts the moment its summary is ready. A caller that knows a worker will be wanted
+starts it early; ``take`` hands out such a worker (its imports done while the caller
+worked) or a new one; ``discard_prestarted`` kills those never taken.
 """
 
 from __future__ import annotations
@@ -37,7 +44,15 @@ from typing import Any
 
 from privpipe import progress
 
-__all__ = ["Worker", "WorkerFailed", "available_cores", "serve"]
+__all__ = [
+    "Worker",
+    "WorkerFailed",
+    "available_cores",
+    "discard_prestarted",
+    "prestart",
+    "serve",
+    "take",
+]
 
 WATCH_S = 1.0  # how often a worker checks that its caller is alive
 PROGRESS_S = 1.0  # how often a worker reports its progress counts
@@ -86,6 +101,7 @@ class Worker:
     def __init__(self, what: str, warm: Sequence[str] = (), hint: str = "") -> None:
         self.what = what
         self.hint = hint
+        self.warm = tuple(warm)
         code = f"import sys; sys.path[:] = {sys.path!r}; import {__name__} as m; m.serve()"
         report, tell = os.pipe()  # the worker's progress, line by line
         try:
@@ -148,6 +164,51 @@ class Worker:
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+_prestarted: list[Worker] = []  # started ahead (``prestart``), not yet taken
+_prestart_lock = threading.Lock()
+
+
+def prestart(warm: Sequence[str], count: int = 1) -> None:
+    """Start ``count`` workers now, importing ``warm`` while this process goes on, for
+    ``take`` to hand out later. No process to be had (limits): nothing is started, and
+    ``take`` starts its worker then, as without this."""
+    for _ in range(count):
+        try:
+            worker = Worker("a worker started ahead", warm)
+        except OSError:
+            return
+        with _prestart_lock:
+            _prestarted.append(worker)
+
+
+def take(what: str, warm: Sequence[str] = (), hint: str = "") -> Worker:
+    """A worker for one call: one started ahead with the same ``warm`` modules and still
+    alive, named ``what``, or else a new one."""
+    with _prestart_lock:
+        for i, worker in enumerate(_prestarted):
+            if worker.warm == tuple(warm):
+                del _prestarted[i]
+                break
+        else:
+            worker = None
+    if worker is not None:
+        if worker.proc.poll() is None:
+            worker.what, worker.hint = what, hint
+            return worker
+        worker.kill()  # died meanwhile (killed from outside): reaped, and a new one
+    return Worker(what, warm, hint)
+
+
+def discard_prestarted() -> int:
+    """Kill the workers started ahead that were never taken; how many there were."""
+    with _prestart_lock:
+        left = list(_prestarted)
+        _prestarted.clear()
+    for worker in left:
+        worker.kill()
+    return len(left)
 
 
 def _relay(fd: int) -> None:

@@ -20,7 +20,8 @@ import pandas as pd
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from privpipe.errors import PrivacyRefusal
+from privpipe import workers as workers_module
+from privpipe.errors import ConfigError, PrivacyRefusal
 from privpipe.pipelines.cli import main
 from privpipe.pipelines.runner import plans_ahead
 from privpipe.transforms import anonymize, planning
@@ -173,6 +174,44 @@ def test_a_run_collects_the_plan_after_the_other_releases_are_written(
     manifest = json.loads(internal_file(tmp_path / "two", "manifest.json").read_text())
     assert {"search", "search:k2", "search:l2"} <= set(manifest["timings"]["stages"])
     assert workers() == [] and planning._AHEAD == {}
+
+
+@pytest.mark.slow
+def test_a_run_plans_ahead_in_the_worker_it_started_while_building_its_graph(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """l2's worker is started with the graph (its imports overlap the read) and is the one
+    that plans l2; a graph that fails after starting it leaves none running."""
+    project.cfg["releases"] = RELEASES
+    project.save()
+    started: list[workers_module.Worker] = []
+    taken: list[workers_module.Worker] = []
+    prestart, take = workers_module.prestart, planning.take
+
+    def recorded_prestart(warm: Any, count: int = 1) -> None:
+        prestart(warm, count)
+        started.extend(workers_module._prestarted)
+
+    def recorded_take(*args: Any) -> workers_module.Worker:
+        taken.append(take(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(planning, "prestart", recorded_prestart)
+    monkeypatch.setattr(planning, "take", recorded_take)
+    assert run(project, tmp_path / "out", 2, monkeypatch) == 0
+    assert len(started) == 1 and taken == started  # l2's, started ahead, then taken
+    assert started[0].warm == planning.PLANNING_WARM
+    assert workers() == [] and workers_module._prestarted == []
+    from privpipe.pipelines import run as run_module
+
+    def failing(count: int) -> None:
+        planning.prestart_ahead(count)
+        raise ConfigError("the graph failed after its workers started (test)")
+
+    monkeypatch.setattr(run_module, "prestart_ahead", failing)
+    assert run(project, tmp_path / "failed", 2, monkeypatch) == 2
+    assert len(started) == 2 and len(taken) == 1  # started, never taken
+    assert workers() == [] and workers_module._prestarted == []
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Worker processes (privpipe/workers.py): one call each, answered or raised as it was
 raised, progress relayed, the modules it is warmed with imported before the call, and
-nothing left running after ``kill``."""
+nothing left running after ``kill``; workers started ahead are handed out once, with
+their imports done, and those never taken are killed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ import time
 import pytest
 
 from privpipe import progress
-from privpipe.workers import Worker, WorkerFailed, _Reporter, write_all
+from privpipe import workers as workers_module
+from privpipe.workers import (
+    Worker,
+    WorkerFailed,
+    _Reporter,
+    discard_prestarted,
+    prestart,
+    take,
+    write_all,
+)
 from tests.test_planning import workers
 
 
@@ -50,6 +60,48 @@ def test_warm_modules_are_imported_before_the_call() -> None:
     cold.send(eval, asked)
     warm.send(eval, asked)
     assert (cold.result(), warm.result()) == (False, True)
+
+
+def test_a_worker_started_ahead_is_taken_once_with_its_imports_done() -> None:
+    prestart(("fractions",))
+    [ahead] = workers()
+    worker = take("release 'x'", ("fractions",), hint="the hint")
+    assert [p.pid for p in workers()] == [ahead.pid] == [worker.proc.pid]
+    assert workers_module._prestarted == []  # handed out once
+    worker.send(time.sleep, 30)
+    worker.kill()  # it carries the name it was taken under
+    with pytest.raises(
+        WorkerFailed, match=r"^release 'x': .*\(killed or out of memory\?\); the hint"
+    ):
+        worker.result()
+    prestart(("fractions",))
+    worker = take("import check", ("fractions",))
+    worker.send(eval, "'fractions' in __import__('sys').modules")
+    assert worker.result() is True
+    assert workers() == [] and discard_prestarted() == 0
+
+
+def test_a_worker_is_started_when_none_ahead_has_its_imports_or_lives() -> None:
+    prestart(("fractions",))
+    [ahead] = workers()
+    other = take("other imports", ("decimal",))
+    assert other.proc.pid != ahead.pid
+    other.send(eval, "'fractions' in __import__('sys').modules")
+    assert other.result() is False
+    ahead.kill()  # dies before it is taken: a new one answers instead
+    ahead.wait(timeout=10)
+    worker = take("after a death", ("fractions",))
+    assert worker.proc.pid != ahead.pid
+    worker.send(math.factorial, 10)
+    assert worker.result() == math.factorial(10)
+    assert workers() == [] and workers_module._prestarted == []
+
+
+def test_workers_started_ahead_and_never_taken_are_killed() -> None:
+    prestart(("fractions",), count=2)
+    assert len(workers()) == 2
+    assert discard_prestarted() == 2
+    assert workers() == [] and discard_prestarted() == 0
 
 
 def test_progress_counted_there_is_counted_here() -> None:

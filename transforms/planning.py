@@ -10,7 +10,10 @@ thread, in config order, as before. The hierarchies are resolved once (the same 
 every release of one summary) before the planning.
 
 A worker is a fresh ``python`` (``privpipe.workers``: no fork of the threaded Beam
-worker, no re-import of the caller's ``__main__``, no Beam import): it reads the pickled
+worker, no re-import of the caller's ``__main__``), started with this module's imports
+(``PLANNING_WARM``: Beam, through ``privpipe.transforms``, pandas and the pure cores,
+~1.2 s); a graph that plans ahead starts its workers while it is built
+(``prestart_ahead``), so those imports overlap the read. It reads the pickled
 call (``plan_one`` with the summary, hierarchies and spec) from its stdin (a pipe: the
 summary never touches the disk) and writes the pickled plan, or the exception, to its
 stdout. The summary is pickled straight into each worker's pipe as the worker reads it:
@@ -59,7 +62,9 @@ from privpipe.transforms.context import (
     column_counts,
     make_context,
 )
-from privpipe.workers import Worker, WorkerFailed, available_cores
+from privpipe.workers import Worker, WorkerFailed, available_cores, prestart, take
+
+PLANNING_WARM = (__name__,)  # what a search's worker imports before its call arrives
 
 # expected search effort by kind (measured on the demo at 1M: t=0.3 115 s, recursive l
 # 18 s, Mondrian 10 s, k=5 8 s); only the order matters
@@ -191,6 +196,15 @@ def _schedule(
     if errors:
         raise errors[min(errors)]
     return results
+
+
+def prestart_ahead(count: int) -> None:
+    """Start the worker processes of ``count`` releases to be planned ahead now (a graph
+    that plans ahead, while it is built): their interpreters and imports are ready by the
+    time the summary is (``privpipe.workers.prestart``; ``discard_prestarted`` ends those
+    never taken)."""
+    if count > 0:
+        prestart(PLANNING_WARM, count)
 
 
 def ahead_releases(specs: Sequence[AnonymizationSpec], cores: int | None = None) -> list[str]:
@@ -337,7 +351,7 @@ class _Workers:
             if self.killed or self.shared is None:
                 raise WorkerFailed(f"release {spec.name!r}: planning abandoned")
             freq, resolver = self.shared
-            worker = Worker(f"release {spec.name!r}", hint="run with fewer releases")
+            worker = take(f"release {spec.name!r}", PLANNING_WARM, "run with fewer releases")
             self.started.append(worker)
         try:
             worker.send(plan_one, freq, spec, resolver, self.slim)
