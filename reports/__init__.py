@@ -8,7 +8,13 @@ Pure core (pandas, numpy, matplotlib; never Beam). For a finished run directory:
     write_reports(run_dir, audit)                 # audit.json, report.md, report.html
 
 ``compare_runs([audit, ...])`` combines several runs' audits (releases as series).
+
+``render_html`` and ``render_markdown`` are imported on first use (PEP 562): the renderer
+brings in matplotlib (~0.3-0.6 s), which a process that only reads releases, such as the
+publication attacks' worker process, never needs.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from privpipe.reports.audit import (
     AUDIT_FORMAT,
@@ -20,7 +26,6 @@ from privpipe.reports.audit import (
     normalise_attacks,
     release_entry,
 )
-from privpipe.reports.render import render_html, render_markdown
 from privpipe.reports.run import (
     Release,
     Run,
@@ -38,6 +43,11 @@ from privpipe.reports.utility import (
     score,
 )
 from privpipe.reports.workload import CountQuery, Truth, Workload, build_workload, true_answers
+
+if TYPE_CHECKING:
+    from privpipe.reports.render import render_html, render_markdown
+
+_RENDERED = ("render_html", "render_markdown")
 
 __all__ = [
     "AUDIT_FORMAT",
@@ -68,3 +78,12 @@ __all__ = [
     "true_answers",
     "write_reports",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The renderer's functions, imported when first asked for (with matplotlib)."""
+    if name in _RENDERED:
+        from privpipe.reports import render
+
+        return getattr(render, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

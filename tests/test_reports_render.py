@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, ClassVar
@@ -632,3 +634,24 @@ def test_plain_labels_per_category_equal_the_per_row_strings() -> None:
             assert labels.tolist() == per_row(column), (values, column.dtype)
     assert _plain(pd.Series(pd.Categorical([None, None], categories=["a"]))).tolist() == ["", ""]
     assert np.asarray(_plain(pd.Series([], dtype="category"))).size == 0
+
+
+def test_reading_releases_does_not_load_the_renderer() -> None:
+    """``privpipe.reports`` imports the renderer (and matplotlib) only when its functions
+    are asked for: the publication attacks' worker reads releases without them."""
+    code = (
+        "import sys, privpipe.reports as r, privpipe.pipelines.pubattacks\n"
+        "assert 'matplotlib' not in sys.modules and 'privpipe.reports.render' not in sys.modules\n"
+        "from privpipe.reports import render_html, render_markdown\n"
+        "from privpipe.reports import render\n"
+        "assert (render_html, render_markdown) == (render.render_html, render.render_markdown)\n"
+        "assert 'matplotlib' in sys.modules\n"
+        "try:\n"
+        "    r.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    assert 'no_such_name' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('an unknown name resolved')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
