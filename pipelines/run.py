@@ -179,8 +179,10 @@ def build_graph(
     input_bytes: int | None = None,  # the inputs' size, None when unknown (remote)
     plan_ahead: bool = False,  # the runner runs one stage at a time in this process
     recode_from_tables: bool | None = None,  # None: as ``plan_ahead``
-) -> None:
+) -> int:
     """Read batches once; profile, anonymise, aggregate DP cells, perturb local DP reports.
+    Returns how many releases the graph plans ahead in worker processes (their workers
+    are the run's to start, ``planning.prestart_ahead``: building a graph starts nothing).
 
     With ``attacks.control.holdout`` the batches are split right after each read by the
     run's ``holdout_key``: members feed everything, the controls only the attacks.
@@ -264,12 +266,13 @@ def build_graph(
         )  # fmt: skip
 
     searched: list[beam.PCollection] = []  # the search steps that plan ahead
+    planned_ahead = 0  # releases planned ahead, in worker processes
     summaries: dict[tuple[str, ...], beam.PCollection] = {}  # by counted columns
     for shared_columns, group in sharing.items():
         summary = batches | f"Summarise[{group[0].name}]" >> Summarise(group[0])
         summaries[shared_columns] = summary
         ahead = ahead_releases(group) if plan_ahead and len(group) > 1 else []
-        prestart_ahead(len(ahead))  # their workers' imports overlap the read
+        planned_ahead += len(ahead)
         contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(group, resolver, ahead)
         now = [a for a in group if a.name not in ahead]  # config order
         if ahead:  # DP and local DP bound once this step has started the long searches
@@ -328,6 +331,7 @@ def build_graph(
         | "RejectedColumns" >> beam.Map(lambda df: df[list(REJECTED_COLUMNS)])
         | "WriteRejected" >> WriteTable(str(out.internal), "rejected", REJECTED_COLUMNS)
     )
+    return planned_ahead
 
 
 def exact_columns(plan: Plan) -> list[str]:
@@ -499,11 +503,12 @@ def _run(
                 # the whole graph first: every check made while building it (specs, hierarchies,
                 # levels) runs before the local DP charge below
                 with stage("graph"), handing_over(plans_ahead(options)):
-                    build_graph(
+                    ahead = build_graph(
                         p, spec, columns, plan, out, [*jobs, *sweep_jobs], insecure_seed, ljobs,
                         cjobs, holdout_key, input_size(stamps, plan.input_paths),
                         plans_ahead(options),
                     )  # fmt: skip
+                prestart_ahead(ahead)  # those searches' workers: their imports overlap the read
                 if lpub and ledger is not None:  # local noise is drawn while reading: charge now
                     charge_local(ledger, run_id, lpub, log)
                 if lcands and sweep_ledger is not None:
@@ -678,7 +683,7 @@ def _run(
         raise
     finally:  # the audit's frequency tables hold the run's tables: not past the run
         forget_summaries()
-        discard_prestarted()  # a graph that failed to build started search workers
+        discard_prestarted()  # search workers started before a failure ahead of the pipeline
         if side is not None:  # done, or not needed after an error
             side.kill()
     return RunResult(run_id=run_id, output_dir=plan.output_dir, manifest=manifest)

@@ -180,13 +180,22 @@ def test_a_run_collects_the_plan_after_the_other_releases_are_written(
 def test_a_run_plans_ahead_in_the_worker_it_started_while_building_its_graph(
     project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """l2's worker is started with the graph (its imports overlap the read) and is the one
-    that plans l2; a graph that fails after starting it leaves none running."""
+    """l2's worker is started once the graph is built (its imports overlap the read; the
+    graph's building starts none) and is the one that plans l2; a run that fails after
+    starting it leaves none running."""
+    from privpipe.pipelines import run as run_module
+
     project.cfg["releases"] = RELEASES
     project.save()
     started: list[workers_module.Worker] = []
     taken: list[workers_module.Worker] = []
-    prestart, take = workers_module.prestart, planning.take
+    built: list[tuple[int, int]] = []  # (releases planned ahead, workers alive) per graph
+    prestart, take, build = workers_module.prestart, planning.take, run_module.build_graph
+
+    def recorded_build(*args: Any, **kwargs: Any) -> int:
+        ahead: int = build(*args, **kwargs)
+        built.append((ahead, len(workers())))
+        return ahead
 
     def recorded_prestart(warm: Any, count: int = 1) -> None:
         prestart(warm, count)
@@ -198,15 +207,16 @@ def test_a_run_plans_ahead_in_the_worker_it_started_while_building_its_graph(
 
     monkeypatch.setattr(planning, "prestart", recorded_prestart)
     monkeypatch.setattr(planning, "take", recorded_take)
+    monkeypatch.setattr(run_module, "build_graph", recorded_build)
     assert run(project, tmp_path / "out", 2, monkeypatch) == 0
+    assert built == [(1, 0)]  # l2 planned ahead; no worker started by building the graph
     assert len(started) == 1 and taken == started  # l2's, started ahead, then taken
     assert started[0].warm == planning.PLANNING_WARM
     assert workers() == [] and workers_module._prestarted == []
-    from privpipe.pipelines import run as run_module
 
     def failing(count: int) -> None:
         planning.prestart_ahead(count)
-        raise ConfigError("the graph failed after its workers started (test)")
+        raise ConfigError("the run failed after its search workers started (test)")
 
     monkeypatch.setattr(run_module, "prestart_ahead", failing)
     assert run(project, tmp_path / "failed", 2, monkeypatch) == 2

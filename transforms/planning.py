@@ -12,7 +12,7 @@ every release of one summary) before the planning.
 A worker is a fresh ``python`` (``privpipe.workers``: no fork of the threaded Beam
 worker, no re-import of the caller's ``__main__``), started with this module's imports
 (``PLANNING_WARM``: Beam, through ``privpipe.transforms``, pandas and the pure cores,
-~1.2 s); a graph that plans ahead starts its workers while it is built
+~1.2 s); a run whose graph plans ahead starts their workers once the graph is built
 (``prestart_ahead``), so those imports overlap the read. It reads the pickled
 call (``plan_one`` with the summary, hierarchies and spec) from its stdin (a pipe: the
 summary never touches the disk) and writes the pickled plan, or the exception, to its
@@ -199,10 +199,10 @@ def _schedule(
 
 
 def prestart_ahead(count: int) -> None:
-    """Start the worker processes of ``count`` releases to be planned ahead now (a graph
-    that plans ahead, while it is built): their interpreters and imports are ready by the
-    time the summary is (``privpipe.workers.prestart``; ``discard_prestarted`` ends those
-    never taken)."""
+    """Start the worker processes of ``count`` releases to be planned ahead now (a run,
+    once its graph is built, before the read): their interpreters and imports are ready by
+    the time the summary is (``privpipe.workers.prestart``; ``discard_prestarted`` ends
+    those never taken)."""
     if count > 0:
         prestart(PLANNING_WARM, count)
 
