@@ -829,8 +829,13 @@ def write_audit(
     # the publication as a whole: what the published set gives together (and, marked
     # hypothetical, what publishing a candidate beside it would give)
     if publication is not None:
+        from privpipe.reports.render import render_figures
+
+        with stage("report"):  # the plots read no key still to come: drawn while it comes
+            figures = render_figures(audit)
         audit["publication_attacks"] = publication.result()
     else:
+        figures = None
         with stage("publication_attacks"):
             audit["publication_attacks"] = publication_attacks(
                 plan, releases, raw, hierarchies, pub, targets
@@ -838,7 +843,7 @@ def write_audit(
     audit.setdefault("findings", []).extend(breach_findings(audit["publication_attacks"]))
     forget_summaries()
     with stage("report"):
-        return write_reports(into or staging, audit)
+        return write_reports(into or staging, audit, figures)
 
 
 def release_charge(release: Release) -> dict[str, Any] | None:

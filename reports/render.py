@@ -17,6 +17,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import matplotlib
@@ -29,8 +30,10 @@ from privpipe.reports.decide import points as decide_points
 
 __all__ = [
     "GLOSSARY",
+    "LATE_KEYS",
     "MAX_TABLE_COLUMNS",
     "SECTIONS",
+    "Figures",
     "attack_svg",
     "distribution_svg",
     "fmt_count",
@@ -38,6 +41,7 @@ __all__ = [
     "fmt_one_in",
     "fmt_rate",
     "kind_group",
+    "render_figures",
     "render_html",
     "render_markdown",
     "text_box",
@@ -1078,8 +1082,31 @@ TRADEOFF_CAPTION: Final = (
 )
 
 
-def _tradeoff_html(audit: Mapping[str, Any]) -> str:
-    svg = tradeoff_svg(audit)
+LATE_KEYS: Final = ("publication_attacks", "findings")
+"""Audit keys the plots never read: a run fills them last (the publication attacks, which
+may run in a worker process, and the findings they add), so ``render_figures`` can draw
+the plots while they are still coming."""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The report's matplotlib plots as inline SVG (``render_figures``): the trade-off
+    figure and each attack's bars (None where there is nothing to plot)."""
+
+    tradeoff: str | None
+    attacks: tuple[tuple[str, str | None], ...]
+
+
+def render_figures(audit: Mapping[str, Any]) -> Figures:
+    """The plots of ``render_html``, drawn from the audit without its ``LATE_KEYS`` (so the
+    same whether drawn before or after those are filled, and always drawn so)."""
+    early = {k: v for k, v in audit.items() if k not in LATE_KEYS}
+    return Figures(
+        tradeoff_svg(early), tuple((a, attack_svg(early, a)) for a in _attack_names(early))
+    )
+
+
+def _tradeoff_html(svg: str | None) -> str:
     if not svg:
         return (
             "<p>No release has both a common workload error and a common attacker's "
@@ -1088,28 +1115,30 @@ def _tradeoff_html(audit: Mapping[str, Any]) -> str:
     return f"<figure>{svg}<figcaption>{_e(TRADEOFF_CAPTION)}</figcaption></figure>"
 
 
-def _attacks_html(audit: Mapping[str, Any], attacks: Sequence[str]) -> str:
+def _attacks_html(figures: Figures) -> str:
     parts = [
         "<p>Each attack below is specific to a kind of release and measures something "
         "different; compare releases with the common measures above.</p>"
     ]
-    for a in attacks:
-        svg = attack_svg(audit, a)
+    for a, svg in figures.attacks:
         if svg:
             parts.append(f'<figure class="attack" data-attack="{_e(a)}">{svg}<figcaption>{_e(a)}: '
                          "headline rate per release with its Wilson 95% interval; red bars mark "
                          "the theoretical bound of the guarantee, diamonds the bounded quantity."
                          "</figcaption></figure>")  # fmt: skip
-    if not attacks:
+    if not figures.attacks:
         parts.append("<p>No attack results.</p>")
     return "".join(parts)
 
 
-def render_html(audit: Mapping[str, Any]) -> str:
-    """The self-contained report.html (a str; same audit -> same bytes)."""
+def render_html(audit: Mapping[str, Any], figures: Figures | None = None) -> str:
+    """The self-contained report.html (a str; same audit -> same bytes). ``figures``: its
+    plots drawn already (``render_figures`` of this audit, e.g. while its ``LATE_KEYS``
+    were still coming); drawn here when None."""
     title = _title(audit)
     run = audit.get("run") or {}
     attacks = _attack_names(audit)
+    figures = render_figures(audit) if figures is None else figures
     parts = [
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -1128,12 +1157,12 @@ def render_html(audit: Mapping[str, Any]) -> str:
         "findings": findings + "</ul>",
         "dataset": _dataset_html(audit.get("dataset") or {}),
         "summary": _summary_table(audit, attacks),
-        "tradeoff": _tradeoff_html(audit),
+        "tradeoff": _tradeoff_html(figures.tradeoff),
         "budget": _budget_html(audit),
         "generalisation": _generalisation_html(audit),
         "distributions": _distributions_html(audit),
         "publication-attacks": _publication_attacks_html(audit),
-        "attacks": _attacks_html(audit, attacks),
+        "attacks": _attacks_html(figures),
         "releases": "".join(_release_html(n, e) for n, e in _entries(audit)),
         "glossary": _glossary_html(audit),
         "methodology": _methodology_html(audit.get("methodology") or {}),

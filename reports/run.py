@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,9 @@ import pandas as pd
 from privpipe.attacks.matching import WEIGHT, mark_distinct, read_coded
 from privpipe.dp.noise import planned_guarantee
 from privpipe.formulas import unescape, unescape_column
+
+if TYPE_CHECKING:  # the renderer (matplotlib) is imported where a report is rendered
+    from privpipe.reports.render import Figures
 
 __all__ = [
     "Release",
@@ -359,8 +362,11 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def write_reports(run_dir: str | os.PathLike[str], audit: Mapping[str, Any]) -> dict[str, Path]:
+def write_reports(
+    run_dir: str | os.PathLike[str], audit: Mapping[str, Any], figures: Figures | None = None
+) -> dict[str, Path]:
     """Write audit.json, report.md and report.html into ``run_dir``; returns their paths.
+    ``figures``: the report's plots drawn already (``render.render_figures`` of this audit).
 
     Everything is rendered first, then each file goes through a temporary file and
     ``os.replace``, so a reader never sees a half-written report.
@@ -372,7 +378,7 @@ def write_reports(run_dir: str | os.PathLike[str], audit: Mapping[str, Any]) -> 
     texts = {
         "audit.json": dumps_audit(audit),
         "report.md": render_markdown(audit),
-        "report.html": render_html(audit),
+        "report.html": render_html(audit, figures),
     }
     paths: dict[str, Path] = {}
     for name, text in texts.items():

@@ -58,6 +58,38 @@ def test_the_worker_finds_what_the_call_in_line_finds(
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("in_a_worker")
+def test_the_plots_are_drawn_while_the_worker_attacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report's plots are drawn once, before the driver waits for the worker's
+    entries, and they are the report's plots."""
+    from privpipe.reports import render
+
+    events: list[str] = []
+    drawn: list[render.Figures] = []
+    draw, result = render.render_figures, audit.PublicationAttacks.result
+
+    def drawing(view: Any) -> render.Figures:
+        events.append("drawn")
+        drawn.append(draw(view))
+        return drawn[-1]
+
+    def awaited(self: audit.PublicationAttacks) -> Any:
+        events.append("awaited")
+        return result(self)
+
+    monkeypatch.setattr(render, "render_figures", drawing)
+    monkeypatch.setattr(audit.PublicationAttacks, "result", awaited)
+    assert main(["demo", "--rows", "400", "--output", str(tmp_path / "d")]) == 0
+    assert events == ["drawn", "awaited"]
+    html = internal_file(tmp_path / "d", "report.html").read_text(encoding="utf-8")
+    plots = [drawn[0].tradeoff, *(svg for _, svg in drawn[0].attacks)]
+    assert len([p for p in plots if p]) >= 2 and all(p in html for p in plots if p)
+    assert workers() == []
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("in_a_worker")
 def test_a_run_failing_after_the_work_was_sent_leaves_no_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -655,3 +655,26 @@ def test_reading_releases_does_not_load_the_renderer() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_plots_drawn_before_the_late_keys_are_the_plots_drawn_after(
+    report: dict[str, Any],
+) -> None:
+    """``render_figures`` reads no ``LATE_KEYS``: plots drawn while the publication attacks
+    are still coming are the report's plots, and ``render_html`` uses the figures it is
+    given instead of drawing them again."""
+    from privpipe.reports.render import LATE_KEYS, Figures, render_figures
+
+    audit = report["audit"]
+    html = render_html(audit)
+    assert html == report["texts"]["report.html"]
+    early = {k: v for k, v in audit.items() if k not in LATE_KEYS}
+    figures = render_figures(early)
+    assert figures.attacks and all(svg for _, svg in figures.attacks)
+    assert render_html(audit, figures) == html
+    changed = {**audit, "findings": ["another finding"], "publication_attacks": {"x": []}}
+    assert render_figures(changed) == figures
+    given = Figures("<svg>given trade-off</svg>", (("homogeneity", "<svg>given bars</svg>"),))
+    drawn = render_html(audit, given)
+    assert "<svg>given trade-off</svg>" in drawn and "<svg>given bars</svg>" in drawn
+    assert all(svg not in drawn for _, svg in figures.attacks if svg)
