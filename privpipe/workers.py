@@ -187,12 +187,9 @@ def take(what: str, warm: Sequence[str] = (), hint: str = "") -> Worker:
     """A worker for one call: one started ahead with the same ``warm`` modules and still
     alive, named ``what``, or else a new one."""
     with _prestart_lock:
-        for i, worker in enumerate(_prestarted):
-            if worker.warm == tuple(warm):
-                del _prestarted[i]
-                break
-        else:
-            worker = None
+        worker = next((w for w in _prestarted if w.warm == tuple(warm)), None)
+        if worker is not None:
+            _prestarted.remove(worker)
     if worker is not None:
         if worker.proc.poll() is None:
             worker.what, worker.hint = what, hint

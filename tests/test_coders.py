@@ -114,7 +114,7 @@ _COLUMNS = {  # one column of n rows per kind a batch may carry
     rows=st.integers(0, 40),
     cut=st.integers(0, 40),
 )
-def test_a_batchs_estimate_is_what_memory_usage_sums(kinds: list[str], rows: int, cut: int) -> None:
+def test_a_batchs_estimate_is_its_columns_nbytes(kinds: list[str], rows: int, cut: int) -> None:
     """``frame_bytes``: the sum of the columns' ``nbytes``, for every kind of column
     (several of one dtype share a block), and for a slice of rows."""
     frame = pd.DataFrame({f"{i}:{kind}": _COLUMNS[kind](rows) for i, kind in enumerate(kinds)})

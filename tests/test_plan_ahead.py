@@ -177,7 +177,7 @@ def test_a_run_collects_the_plan_after_the_other_releases_are_written(
 
 
 @pytest.mark.slow
-def test_a_run_plans_ahead_in_the_worker_it_started_while_building_its_graph(
+def test_a_run_plans_ahead_in_the_worker_it_started_after_building_its_graph(
     project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """l2's worker is started once the graph is built (its imports overlap the read; the
