@@ -79,6 +79,7 @@ from privpipe.timing import stage
 from privpipe.transforms.anonymize import (
     AnonymizeRelease,
     AwaitPlan,
+    PublishAhead,
     SearchReleases,
     Summarise,
     counted_columns,
@@ -265,6 +266,15 @@ def build_graph(
             str(out.work) if audited else None,
         )  # fmt: skip
 
+    def publish_ahead(group: list[AnonymizationSpec], name: str) -> PublishAhead:
+        """What the worker searching release ``name`` ahead needs to publish it as
+        ``anonymize`` would, from the rows of the table it searched (``rows_again``)."""
+        return PublishAhead(
+            tuple(counted_columns(group[0])), dict(spec.column_types), spec.batch_rows,
+            str(out.releases / name), plan.config.output.format,
+            str(out.work) if audited else None,
+        )  # fmt: skip
+
     searched: list[beam.PCollection] = []  # the search steps that plan ahead
     planned_ahead = 0  # releases planned ahead, in worker processes
     summaries: dict[tuple[str, ...], beam.PCollection] = {}  # by counted columns
@@ -273,18 +283,24 @@ def build_graph(
         summaries[shared_columns] = summary
         ahead = ahead_releases(group) if plan_ahead and len(group) > 1 else []
         planned_ahead += len(ahead)
-        contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(group, resolver, ahead)
+        # rows from the table: the worker searching a release ahead publishes it there too
+        publish = {name: publish_ahead(group, name) for name in ahead} if from_tables else {}
+        contexts = summary | f"Search[{group[0].name}]" >> SearchReleases(
+            group, resolver, ahead, publish
+        )
         now = [a for a in group if a.name not in ahead]  # config order
         if ahead:  # DP and local DP bound once this step has started the long searches
             searched.append(contexts[str(now[0].name)])
         rows = rows_again(summary, group[0], [contexts[str(now[0].name)]])
         done = [anonymize(a, rows, contexts[str(a.name)]) for a in now]
         # the releases planned ahead: their plans collected once the others are written
+        # (those published by their worker: collected, and so awaited, there)
         later = [a for a in group if a.name in ahead]
         plans = [contexts[str(a.name)] | f"AwaitPlan[{a.name}]" >> AwaitPlan(done) for a in later]
-        if later:
-            rows = rows_again(summary, group[0], plans, "Ahead")
-        for aspec, context in zip(later, plans, strict=True):
+        recoded = [(a, c) for a, c in zip(later, plans, strict=True) if a.name not in publish]
+        if recoded:
+            rows = rows_again(summary, group[0], [c for _, c in recoded], "Ahead")
+        for aspec, context in recoded:
             anonymize(aspec, rows, context)
     if audited:
         # the truth for the audit, the attacker's targets and the publication check: the

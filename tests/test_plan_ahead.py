@@ -34,9 +34,10 @@ from privpipe.transforms.planning import (
     plan_with_ahead,
     start_ahead,
 )
-from tests.conftest import ADULT_QIS, ARX, Project
+from tests.conftest import ADULT_QIS, ADULT_SA, ARX, Project
 from tests.layout import internal_file
 from tests.test_planning import (
+    QIS,
     SPECS,
     Loaded,
     adult_freq,
@@ -153,26 +154,34 @@ def test_a_run_collects_the_plan_after_the_other_releases_are_written(
     project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The release planned ahead (l2, the longer search) is collected only once k2's
-    release.json is written, and the run publishes what the sequential run does."""
+    release.json is written; its worker, which searched it, publishes it too (the rows
+    come from the table it searched), and the run publishes what the sequential run
+    does, with l2's stage timings from that worker."""
     project.cfg["releases"] = RELEASES
     project.save()
     assert run(project, tmp_path / "one", 1, monkeypatch) == 0
     written_before: list[list[str]] = []
+    collected: list[planning.Planned] = []
     collect = planning.collect_ahead
 
     def watched(ticket: planning.Ticket) -> planning.Planned:
         out = tmp_path / "two"
         written_before.append(sorted(p.parent.name for p in out.rglob("release.json")))
-        return collect(ticket)
+        collected.append(collect(ticket))
+        return collected[-1]
 
     monkeypatch.setattr(anonymize, "collect_ahead", watched)
     assert run(project, tmp_path / "two", 2, monkeypatch) == 0
-    assert written_before == [["k2"]]  # one ticket (l2), after k2 was written
+    assert len(written_before) == 1 and "k2" in written_before[0]  # l2's, after k2's
+    (l2,) = collected  # published where it was searched: its stages came back with it
+    assert isinstance(l2, planning.Published)
+    assert {"recode:l2", "verify:l2", "write:l2"} <= set(l2.stages)
     for r in RELEASES:
         one, two = published(tmp_path / "one", r["name"]), published(tmp_path / "two", r["name"])
         assert two == one and two[1]["verified"] is True
     manifest = json.loads(internal_file(tmp_path / "two", "manifest.json").read_text())
-    assert {"search", "search:k2", "search:l2"} <= set(manifest["timings"]["stages"])
+    stages = set(manifest["timings"]["stages"])
+    assert {"search", "search:k2", "search:l2", "verify:l2", "write:l2"} <= stages
     assert workers() == [] and planning._AHEAD == {}
 
 
@@ -256,3 +265,72 @@ def test_a_run_that_fails_while_a_search_runs_ahead_leaves_no_worker(
     assert abandoned == [1]  # l2's worker pool was still registered when the step failed
     assert planning._AHEAD == {} and workers() == []
     assert not internal_file(tmp_path / "out", "manifest.json").exists()
+
+
+def job_for(out: Path, name: str) -> anonymize.PublishAhead:
+    """Publication of release ``name`` of Adult's table into ``out / name`` (CSV)."""
+    return anonymize.PublishAhead(
+        (*QIS, ADULT_SA), {}, 5_000, str(out / name), "csv", str(out / "work")
+    )
+
+
+def table(out: Path, name: str) -> pd.DataFrame:
+    return pd.read_csv(out / name / "data.csv", dtype=str, keep_default_na=False)
+
+
+def test_a_release_published_from_its_table_is_the_plans_verified_release(
+    freq: pd.DataFrame, tmp_path: Path
+) -> None:
+    """``PublishAhead``, called where the plan is made, publishes the plan's release from
+    the summary's rows: verified, every input row written once (the suppressed ones starred)
+    and recoded to the plan's labels, and the audit's counts of it; its stages timed."""
+    k5 = SPECS[0]
+    got = job_for(tmp_path, "k5")(freq, k5, Loaded())
+    assert isinstance(got, planning.Published)
+    want = plan_releases(freq, [k5], Loaded(), cores=1)["k5"].context
+    assert figures(full(got.context)) == figures(want.without_tuples())
+    doc = json.loads((tmp_path / "k5" / "release.json").read_text())
+    assert doc["verified"] is True and doc["name"] == "k5"
+    rows = table(tmp_path, "k5")
+    assert len(rows) == int(freq["count"].sum())  # suppressed rows are starred, not dropped
+    starred = (rows[list(QIS)] == "*").all(axis=1)
+    assert int(starred.sum()) == want.plan.suppressed_records > 0
+    labels = set(map(tuple, want.plan.recoding.labels.tolist()))
+    assert set(map(tuple, rows.loc[~starred, list(QIS)].to_numpy().tolist())) <= labels
+    assert list((tmp_path / "work").iterdir())  # the published counts for the audit
+    assert {"expand", "recode:k5", "verify:k5", "write:k5"} <= set(got.stages)
+    assert all(ms >= 0 for ms in got.stages.values())
+
+
+def test_a_refusal_while_publishing_from_the_table_is_raised_as_itself(
+    freq: pd.DataFrame, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal in the worker's pipeline comes out with its own type (so its exit code,
+    4), also once pickled back from the worker; no release.json is written."""
+
+    def failing(*args: Any) -> Any:
+        raise PrivacyRefusal("release 'k5': the independent check failed (test)")
+
+    monkeypatch.setattr(anonymize, "verify_and_document", failing)
+    with pytest.raises(PrivacyRefusal, match="the independent check failed") as caught:
+        job_for(tmp_path, "k5")(freq, SPECS[0], Loaded())
+    assert type(pickle.loads(pickle.dumps(caught.value))) is PrivacyRefusal
+    assert not (tmp_path / "k5" / "release.json").exists()
+    assert anonymize._HELD == {}  # the table and plan it held for its pipeline: let go
+
+
+@pytest.mark.slow
+def test_a_ticket_to_publish_collected_in_another_process_publishes_there(
+    freq: pd.DataFrame, tmp_path: Path
+) -> None:
+    """A ticket whose worker would also publish, collected where its workers are unknown:
+    its call runs there, so the release is still published (never only planned)."""
+    l3 = SPECS[1]
+    calls = {"l3": job_for(tmp_path, "l3")}
+    (ticket,) = start_ahead(freq, [l3], planning.Resolved(Loaded()({})), calls)
+    elsewhere = pickle.loads(pickle.dumps(ticket))
+    abandon_ahead()
+    assert workers() == [] and not (tmp_path / "l3").exists()
+    got = collect_ahead(elsewhere)
+    assert isinstance(got, planning.Published) and "verify:l3" in got.stages
+    assert json.loads((tmp_path / "l3" / "release.json").read_text())["verified"] is True

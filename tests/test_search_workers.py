@@ -30,9 +30,9 @@ def run(project: Project, out: Path, cores: int, monkeypatch: pytest.MonkeyPatch
     in_workers: list[str] = []
     plan = planning._Workers.plan
 
-    def counted(self: Any, spec: AnonymizationSpec) -> planning.Planned:
+    def counted(self: Any, spec: AnonymizationSpec, call: Any = None) -> planning.Planned:
         in_workers.append(str(spec.name))
-        return plan(self, spec)
+        return plan(self, spec, call)
 
     monkeypatch.setattr(planning, "available_cores", lambda: cores)
     monkeypatch.setattr(planning._Workers, "plan", counted)

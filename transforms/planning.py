@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -77,6 +77,19 @@ class Planned:
 
     context: ReleaseContext | SlimContext
     seconds: float
+
+
+@dataclass(frozen=True)
+class Published(Planned):
+    """A release planned and then published where it was planned (``PlanCall``): its plan,
+    and the stage timings (``{stage: ms}``) of its publication there."""
+
+    stages: dict[str, int]
+
+
+# what a worker runs for a release planned ahead instead of ``plan_one`` (summary, spec,
+# resolved hierarchies → its plan): e.g. plan it and then publish it there
+PlanCall = Callable[[pd.DataFrame, AnonymizationSpec, Resolver], Planned]
 
 
 def expected_effort(spec: AnonymizationSpec) -> int:
@@ -223,19 +236,27 @@ class Ticket:
     spec: AnonymizationSpec
     freq: pd.DataFrame
     resolver: Resolver
+    call: PlanCall | None = None  # run instead of ``plan_one`` (wherever it runs)
 
 
 class _Ahead:
     """The releases of one search step being planned in worker processes."""
 
     def __init__(
-        self, freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
+        self,
+        freq: pd.DataFrame,
+        specs: Sequence[AnonymizationSpec],
+        resolver: Resolver,
+        calls: Mapping[str, PlanCall],
     ) -> None:
         # the summary is dropped once every worker has read it: this process keeps
         # running the pipeline while the searches go on (the tickets carry their own copy)
         self.workers = _Workers((freq, resolver), slim=True, feeds=len(specs))
         self.pool = ThreadPoolExecutor(len(specs), thread_name_prefix="privpipe-plan-ahead")
-        self.futures = {str(s.name): self.pool.submit(self.workers.plan, s) for s in specs}
+        self.futures = {
+            str(s.name): self.pool.submit(self.workers.plan, s, calls.get(str(s.name)))
+            for s in specs
+        }
 
     def close(self) -> None:
         self.workers.kill()
@@ -247,16 +268,21 @@ _AHEAD_LOCK = threading.Lock()
 
 
 def start_ahead(
-    freq: pd.DataFrame, specs: Sequence[AnonymizationSpec], resolver: Resolver
+    freq: pd.DataFrame,
+    specs: Sequence[AnonymizationSpec],
+    resolver: Resolver,
+    calls: Mapping[str, PlanCall] | None = None,
 ) -> list[Ticket]:
-    """Start planning ``specs`` (slim plans), one worker process each; a ticket each."""
+    """Start planning ``specs`` (slim plans), one worker process each; a ticket each.
+    ``calls``: by release name, what its worker runs instead of ``plan_one``."""
     if not specs:
         return []
+    calls = dict(calls or {})
     token = uuid.uuid4().hex
-    ahead = _Ahead(freq, specs, resolver)
+    ahead = _Ahead(freq, specs, resolver, calls)
     with _AHEAD_LOCK:
         _AHEAD[token] = ahead
-    return [Ticket(token, s, freq, resolver) for s in specs]
+    return [Ticket(token, s, freq, resolver, calls.get(str(s.name))) for s in specs]
 
 
 def plan_with_ahead(
@@ -264,13 +290,15 @@ def plan_with_ahead(
     specs: Sequence[AnonymizationSpec],
     resolver: Resolver,
     ahead: Sequence[str],
+    calls: Mapping[str, PlanCall] | None = None,
 ) -> tuple[dict[str, Planned], list[Ticket]]:
-    """The releases named in ``ahead`` started in worker processes (tickets), the others
-    planned in this thread meanwhile, in config order (slim plans). Errors as
-    ``plan_releases``: when a release planned here fails, a release planned ahead that
-    comes before it in config order and fails too raises instead."""
+    """The releases named in ``ahead`` started in worker processes (tickets; ``calls``:
+    what their workers run instead of ``plan_one``, by name), the others planned in this
+    thread meanwhile, in config order (slim plans). Errors as ``plan_releases``: when a
+    release planned here fails, a release planned ahead that comes before it in config
+    order and fails too raises instead."""
     resolver = _resolved_once(freq, specs, resolver)
-    tickets = start_ahead(freq, [s for s in specs if s.name in ahead], resolver)
+    tickets = start_ahead(freq, [s for s in specs if s.name in ahead], resolver, calls)
     here: dict[str, Planned] = {}
     shared = SharedPlanning()
     earlier: list[Ticket] = []  # planned ahead, before the next release in config order
@@ -293,11 +321,14 @@ def plan_with_ahead(
 
 def collect_ahead(ticket: Ticket) -> Planned:
     """The plan of a release planned ahead: its worker's answer (waited for), or, when the
-    ticket's workers are not in this process, planned here. Its error, as in-process."""
+    ticket's workers are not in this process, planned here (by the ticket's ``call``, if
+    it has one). Its error, as in-process."""
     with _AHEAD_LOCK:
         ahead = _AHEAD.get(ticket.token)
         future = None if ahead is None else ahead.futures.pop(str(ticket.spec.name), None)
     if future is None:
+        if ticket.call is not None:
+            return ticket.call(ticket.freq, ticket.spec, ticket.resolver)
         return plan_one(ticket.freq, ticket.spec, ticket.resolver, slim=True)
     try:
         return future.result()
@@ -345,8 +376,9 @@ class _Workers:
         self.started: list[Worker] = []
         self.killed = False
 
-    def plan(self, spec: AnonymizationSpec) -> Planned:
-        """Plan ``spec`` in a new worker process (called from a pool thread)."""
+    def plan(self, spec: AnonymizationSpec, call: PlanCall | None = None) -> Planned:
+        """Plan ``spec`` in a new worker process (called from a pool thread); with ``call``,
+        run that there instead of ``plan_one``."""
         with self.lock:
             if self.killed or self.shared is None:
                 raise WorkerFailed(f"release {spec.name!r}: planning abandoned")
@@ -354,7 +386,10 @@ class _Workers:
             worker = take(f"release {spec.name!r}", PLANNING_WARM, "run with fewer releases")
             self.started.append(worker)
         try:
-            worker.send(plan_one, freq, spec, resolver, self.slim)
+            if call is None:
+                worker.send(plan_one, freq, spec, resolver, self.slim)
+            else:
+                worker.send(call, freq, spec, resolver)
         finally:
             del freq, resolver
             self._fed()
