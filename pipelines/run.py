@@ -190,7 +190,9 @@ def build_graph(
 
     The anonymised releases recode the rows of their frequency table (``ExpandTable``)
     when ``recode_from_tables`` (a runner in this process, which holds the table for the
-    search anyway); otherwise they read the file again, in parallel on a runner's workers."""
+    search anyway); otherwise they read the file again, in parallel on a runner's workers.
+    From the tables, a release planned ahead is published by the worker that searched it
+    (``PublishAhead``), beside the steps this process runs meanwhile."""
     s = plan.config.schema_
     counted = list(s.quasi_identifiers) + ([s.sensitive] if s.sensitive else [])
     read = p | "Read" >> ReadMicrodata(spec)

@@ -37,7 +37,10 @@ and a ticket per release planned ahead, the other releases' recode, verify and w
 steps run meanwhile, and a later step collects the plan (``collect_ahead``). The ticket
 carries the summary, so a step that runs where the ticket's workers are unknown (another
 process) plans the release itself: the same plan, later. ``abandon_ahead`` kills every
-worker still running (a failed or interrupted pipeline).
+worker still running (a failed or interrupted pipeline). A release planned ahead can
+have its worker run another call in place of ``plan_one`` (``PlanCall``; the ticket
+carries it too): ``anonymize.PublishAhead`` plans the release and then publishes it in
+that worker, returning the plan with its publication's stage timings (``Published``).
 """
 
 from __future__ import annotations
