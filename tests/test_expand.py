@@ -160,9 +160,13 @@ def test_a_runner_in_this_process_reads_the_file_once(tmp_path: Path, demo_data:
     from_tables = _labels(plan, tmp_path / "a", True)
     again = _labels(plan, tmp_path / "b", False)
     assert not any("ReadAgain" in t for t in from_tables)
-    assert any(t.startswith("RowsAhead[") for t in from_tables)  # t=0.3, planned ahead
+    assert any(t.startswith("Rows[") for t in from_tables)
+    # t=0.3, planned ahead: its search's worker expands the table and publishes it there
+    assert not any(t.startswith(("RowsAhead[", "Release[t03]")) for t in from_tables)
+    assert "AwaitPlan[t03]" in from_tables
     assert any("ReadAgain/" in t for t in again) and any("ReadAgainAhead/" in t for t in again)
     assert not any(t.startswith("Rows[") for t in again)
+    assert "Release[t03]" in again  # read again: published by this graph
 
 
 def _published(out: Path, name: str, output_format: str) -> tuple[list[str], list[tuple]]:
