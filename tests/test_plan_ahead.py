@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +298,13 @@ def test_a_release_published_from_its_table_is_the_plans_verified_release(
     assert int(starred.sum()) == want.plan.suppressed_records > 0
     labels = set(map(tuple, want.plan.recoding.labels.tolist()))
     assert set(map(tuple, rows.loc[~starred, list(QIS)].to_numpy().tolist())) <= labels
+    # the attacker reading the rows in order: shuffled, as the driver's tables are, not in
+    # the order of the table they were expanded from (equal rows next to each other)
+    keys = list(map(tuple, rows.to_numpy().tolist()))
+    together = sum(a == b for a, b in pairwise(keys))
+    sizes = rows.value_counts().to_numpy()
+    shuffled = float((sizes * (sizes - 1)).sum()) / len(keys)  # expected under a shuffle
+    assert together < 1.5 * shuffled < len(keys) - len(sizes)  # ~92 ± 10 against 16,488
     assert list((tmp_path / "work").iterdir())  # the published counts for the audit
     assert {"expand", "recode:k5", "verify:k5", "write:k5"} <= set(got.stages)
     assert all(ms >= 0 for ms in got.stages.values())
