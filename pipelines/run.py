@@ -73,13 +73,13 @@ from privpipe.pipelines.publication import (
     split_document,
     uncharged_ledger,
 )
+from privpipe.pipelines.publish_ahead import PublishAhead
 from privpipe.pipelines.rejections import NO_ROWS, all_rejected
 from privpipe.pipelines.runner import check_runner, new_pipeline, plans_ahead
 from privpipe.timing import stage
 from privpipe.transforms.anonymize import (
     AnonymizeRelease,
     AwaitPlan,
-    PublishAhead,
     SearchReleases,
     Summarise,
     counted_columns,

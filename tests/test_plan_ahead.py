@@ -23,6 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from privpipe import workers as workers_module
 from privpipe.errors import ConfigError, PrivacyRefusal
+from privpipe.pipelines import publish_ahead
 from privpipe.pipelines.cli import main
 from privpipe.pipelines.runner import plans_ahead
 from privpipe.transforms import anonymize, planning
@@ -268,9 +269,9 @@ def test_a_run_that_fails_while_a_search_runs_ahead_leaves_no_worker(
     assert not internal_file(tmp_path / "out", "manifest.json").exists()
 
 
-def job_for(out: Path, name: str) -> anonymize.PublishAhead:
+def job_for(out: Path, name: str) -> publish_ahead.PublishAhead:
     """Publication of release ``name`` of Adult's table into ``out / name`` (CSV)."""
-    return anonymize.PublishAhead(
+    return publish_ahead.PublishAhead(
         (*QIS, ADULT_SA), {}, 5_000, str(out / name), "csv", str(out / "work")
     )
 
@@ -324,7 +325,7 @@ def test_a_refusal_while_publishing_from_the_table_is_raised_as_itself(
         job_for(tmp_path, "k5")(freq, SPECS[0], Loaded())
     assert type(pickle.loads(pickle.dumps(caught.value))) is PrivacyRefusal
     assert not (tmp_path / "k5" / "release.json").exists()
-    assert anonymize._HELD == {}  # the table and plan it held for its pipeline: let go
+    assert publish_ahead._HELD == {}  # the table and plan it held for its pipeline: let go
 
 
 @pytest.mark.slow

@@ -22,9 +22,9 @@ stage at a time in-process, the longest searches are planned ahead (``SearchRele
 ahead=...)``, ``AwaitPlan``; ``transforms.planning``): the other releases are recoded,
 verified and written while those searches run, and the releases planned ahead get their
 own rows to recode. Where those rows would come from the table (a runner in this process),
-the worker that searched a release planned ahead also publishes it (``PublishAhead``): the
-same composite (``ExpandTable`` and ``AnonymizeRelease``) in a pipeline of its own, while
-this process recodes the other releases and bounds the DP contributions. The published table
+the worker that searched a release planned ahead also publishes it
+(``pipelines.publish_ahead``): this composite in a pipeline of its own, while this
+process recodes the other releases and bounds the DP contributions. The published table
 is verified by `anonymity.verify` — code separate from the search's — on exactly
 the rows that are written; a failed check raises PrivacyRefusal and nothing is
 published (the run's staging folder is discarded). The table is written in a uniformly
@@ -34,8 +34,6 @@ per release and per run: row positions link nothing across releases or to the in
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +63,7 @@ from privpipe.anonymity.summary import group_rows, unit_hashes
 from privpipe.anonymity.verify import verify_counts, verify_grid_labels
 from privpipe.errors import PrivacyRefusal
 from privpipe.timing import NAMESPACE
-from privpipe.transforms.coders import HandOverCoder, handing_over, hands_over, use_batch_coder
+from privpipe.transforms.coders import HandOverCoder, hands_over
 from privpipe.transforms.context import (  # noqa: F401 (re-exported: the composites' contexts)
     COUNT,
     RecodeContext,
@@ -75,21 +73,19 @@ from privpipe.transforms.context import (  # noqa: F401 (re-exported: the compos
     _value_counts,
     make_context,
 )
-from privpipe.transforms.expand import ExpandTable
-from privpipe.transforms.io import ColumnType
 from privpipe.transforms.memory import release_free_memory
 from privpipe.transforms.order import after
 from privpipe.transforms.overlap import OverlappedCombineFn
 from privpipe.transforms.planning import (
+    PlanCall,
     Published,
     Ticket,
     collect_ahead,
-    plan_one,
     plan_releases,
     plan_with_ahead,
 )
 from privpipe.transforms.sink import WriteTable, write_json_step
-from privpipe.transforms.timing import TimedDoFn, stage_counters, stage_ms, timed
+from privpipe.transforms.timing import TimedDoFn, stage_ms, timed
 
 
 class _HashDictionary:
@@ -586,8 +582,9 @@ class SearchReleases(beam.PTransform):  # type: ignore[misc]
 
     ``ahead``: releases planned ahead (``planning.plan_with_ahead``): the step returns once
     the others are planned, and for each of these a ``planning.Ticket`` instead of a
-    context (``AwaitPlan`` turns it into the context later). ``publish``: those of them
-    that their worker also publishes (``PublishAhead``), by name.
+    context (``AwaitPlan`` turns it into the context later). ``publish``: by name, what
+    the workers of some of them run instead of planning only (e.g. plan and publish:
+    ``pipelines.publish_ahead.PublishAhead``).
 
     Stage timings: ``search`` is the time the pipeline waited for searches (this step and
     every ``AwaitPlan``), ``search:<release>`` the seconds each release's planning took
@@ -598,15 +595,13 @@ class SearchReleases(beam.PTransform):  # type: ignore[misc]
         specs: Sequence[AnonymizationSpec],
         resolver: Resolver,
         ahead: Sequence[str] = (),
-        publish: Mapping[str, PublishAhead] | None = None,
+        publish: Mapping[str, PlanCall] | None = None,
     ) -> None:
         super().__init__()
         self.specs = list(specs)
         self.resolver = resolver
         self.ahead = list(ahead)
         self.publish = dict(publish or {})
-        if not set(self.publish) <= set(self.ahead):
-            raise ValueError(f"published ahead but not planned ahead: {sorted(self.publish)}")
 
     def expand(self, freq: beam.PCollection) -> dict[str, beam.PCollection]:
         names = [str(s.name) for s in self.specs]
@@ -649,7 +644,7 @@ def _search_releases(
     specs: Sequence[AnonymizationSpec],
     resolver: Resolver,
     ahead: Sequence[str] = (),
-    publish: Mapping[str, PublishAhead] | None = None,
+    publish: Mapping[str, PlanCall] | None = None,
 ) -> Iterator[tuple[str, ReleaseContext | SlimContext | Ticket]]:
     tickets: list[Ticket] = []
     with stage_ms("search"):
@@ -746,73 +741,3 @@ class AnonymizeRelease(beam.PTransform):  # type: ignore[misc]
             )
             | "WriteRelease" >> beam.Map(write_json_step, path)
         )
-
-
-@dataclass(frozen=True)
-class PublishAhead:
-    """A release planned ahead that the worker process which searched it also publishes,
-    from the same frequency table: what ``AnonymizeRelease`` and ``ExpandTable`` are given
-    in the run's own graph (``pipelines.run.build_graph``). Called (in that worker) in place
-    of ``planning.plan_one``: the plan, then the release written, verified and documented
-    by that composite in a pipeline of the worker's own (``publish_from_table``).
-
-    Only where the run's graph would recode that table's rows in this process anyway
-    (``recode_from_tables``): the worker publishes what this process would have, from the
-    same rows, while this process goes on with the other releases and the DP steps."""
-
-    columns: tuple[str, ...]  # the table's counted columns, expanded into rows
-    column_types: Mapping[str, ColumnType]
-    batch_rows: int
-    directory: str  # releases/<name> in the run's staging folder
-    output_format: str
-    counts_dir: str | None  # the audit's counts of the published rows (private work folder)
-
-    def __call__(
-        self, freq: pd.DataFrame, spec: AnonymizationSpec, resolver: Resolver
-    ) -> Published:
-        planned = plan_one(freq, spec, resolver, slim=True)
-        stages = publish_from_table(freq, spec, planned.context, self)
-        return Published(planned.context, planned.seconds, stages)
-
-
-_HELD: dict[str, Any] = {}  # what a pipeline of this process reads (publish_from_table)
-
-
-def _held(_: Any, key: str) -> Any:
-    return _HELD[key]
-
-
-def publish_from_table(
-    freq: pd.DataFrame,
-    spec: AnonymizationSpec,
-    context: ReleaseContext | SlimContext,
-    job: PublishAhead,
-) -> dict[str, int]:
-    """``spec``'s release recoded with ``context`` from the rows of ``freq`` (its summary),
-    verified and written as ``job`` says, by the same composite as in a run's graph, on
-    Beam's in-process runner; its stage timings (``{stage: ms}``). A refusal or error is
-    raised as the runner raises it (a privpipe error keeps its type, so its exit code)."""
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-    use_batch_coder()
-    table_key, context_key = uuid.uuid4().hex, uuid.uuid4().hex
-    _HELD[table_key], _HELD[context_key] = freq, context  # read in this process, not pickled
-    try:
-        with handing_over(True):  # every stage runs here
-            p = beam.Pipeline(runner=FnApiRunner())
-            start = p | "Start" >> beam.Impulse()
-            table = start | "Table" >> beam.Map(_held, table_key)
-            plan = start | "Plan" >> beam.Map(_held, context_key)
-            rows = table | "Rows" >> ExpandTable(job.columns, job.column_types, job.batch_rows)
-            _ = rows | f"Release[{spec.name}]" >> AnonymizeRelease(
-                spec, plan, job.directory, job.output_format, job.counts_dir
-            )
-        try:  # a step's error comes out as its own type (Beam adds the step to its text)
-            result = p.run()
-            result.wait_until_finish()
-        finally:
-            shutil.rmtree(p.local_tempdir, ignore_errors=True)
-        return stage_counters(result)
-    finally:
-        _HELD.pop(table_key, None)
-        _HELD.pop(context_key, None)

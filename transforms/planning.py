@@ -39,7 +39,7 @@ carries the summary, so a step that runs where the ticket's workers are unknown 
 process) plans the release itself: the same plan, later. ``abandon_ahead`` kills every
 worker still running (a failed or interrupted pipeline). A release planned ahead can
 have its worker run another call in place of ``plan_one`` (``PlanCall``; the ticket
-carries it too): ``anonymize.PublishAhead`` plans the release and then publishes it in
+carries it too): ``pipelines.publish_ahead.PublishAhead`` plans the release and then publishes it in
 that worker, returning the plan with its publication's stage timings (``Published``).
 """
 
@@ -52,6 +52,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 
 import pandas as pd
 
@@ -330,9 +331,8 @@ def collect_ahead(ticket: Ticket) -> Planned:
         ahead = _AHEAD.get(ticket.token)
         future = None if ahead is None else ahead.futures.pop(str(ticket.spec.name), None)
     if future is None:
-        if ticket.call is not None:
-            return ticket.call(ticket.freq, ticket.spec, ticket.resolver)
-        return plan_one(ticket.freq, ticket.spec, ticket.resolver, slim=True)
+        call = ticket.call or partial(plan_one, slim=True)
+        return call(ticket.freq, ticket.spec, ticket.resolver)
     try:
         return future.result()
     finally:
@@ -389,10 +389,7 @@ class _Workers:
             worker = take(f"release {spec.name!r}", PLANNING_WARM, "run with fewer releases")
             self.started.append(worker)
         try:
-            if call is None:
-                worker.send(plan_one, freq, spec, resolver, self.slim)
-            else:
-                worker.send(call, freq, spec, resolver)
+            worker.send(call or partial(plan_one, slim=self.slim), freq, spec, resolver)
         finally:
             del freq, resolver
             self._fed()
