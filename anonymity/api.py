@@ -36,6 +36,7 @@ import copy
 import math
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -45,6 +46,7 @@ import pandas as pd
 
 from privpipe.anonymity.arrays import sorted_unique
 from privpipe.anonymity.hierarchy import Hierarchy
+from privpipe.anonymity.models import PrivacyModel
 from privpipe.anonymity.mondrian import mondrian
 from privpipe.anonymity.quality import measure_recoding, summary_rows
 from privpipe.anonymity.recoding import Recoding
@@ -305,7 +307,8 @@ def plan_recoding(
 
     ``baselines``: the input's own scores (``input_baseline``) already measured, by summary
     (the releases of one summary share them); this summary's is measured here if absent,
-    after the search as always, and added.
+    on a thread beside the search (numpy's sorts and gathers run without the GIL), and
+    added.
 
     Raises PrivacyRefusal (exit 4) with the numbers when the guarantee is unreachable
     (k above |D|, l above the distinct SA values, or no transformation within the
@@ -315,6 +318,52 @@ def plan_recoding(
     distinct_sa = int((summary.sa_counts() > 0).sum()) if summary.has_sa else None
     spec.check_feasible(summary.n_units, distinct_sa)
     models = spec.models(sa_hierarchy)
+    baseline = None if baselines is None else baselines.get(summary)
+    if baseline is None:  # the input's scores on a thread of their own, beside the search
+        # leaving the block waits for the thread, whatever the search raised
+        with ThreadPoolExecutor(1, thread_name_prefix="privpipe-baseline") as pool:
+            measuring = pool.submit(input_baseline, summary, hierarchies)
+            recoding, info = _search_recoding(summary, spec, hierarchies, models)
+        baseline = measuring.result()
+        if baselines is not None:
+            baselines[summary] = baseline
+    else:
+        recoding, info = _search_recoding(summary, spec, hierarchies, models)
+    with ThreadPoolExecutor(1, thread_name_prefix="privpipe-persons") as pool:
+        # risk per person (1 / persons in the class), counted beside the output's metrics
+        persons = pool.submit(person_class_sizes, recoding, summary) if summary.has_units else None
+        metrics_output, output_sizes = measure_recoding(
+            recoding, summary, hierarchies, numeric=spec.numeric
+        )
+    suppressed = summary.n_records - int(output_sizes.sum())
+    if suppressed != info["suppressed_records"]:
+        raise PrivacyRefusal(
+            f"the recoding suppresses {suppressed} records but the {info['algorithm']} "
+            f"result reports {info['suppressed_records']}; nothing is published"
+        )
+    info["unit"] = spec.unit
+    if persons is not None:
+        output_sizes = persons.result()
+    return RecodingPlan(
+        recoding,
+        info,
+        copy.deepcopy(baseline.metrics),  # each plan its own: the baseline may be shared
+        _plain(metrics_output),
+        _risk(baseline.sizes, 0, spec.unit),
+        _risk(output_sizes, suppressed, spec.unit),
+        summary.n_records,
+        input_sa_distribution(summary),
+    )
+
+
+def _search_recoding(
+    summary: Summary,
+    spec: AnonymizationSpec,
+    hierarchies: Mapping[str, Hierarchy],
+    models: Sequence[PrivacyModel],
+) -> tuple[Recoding, dict[str, Any]]:
+    """The recoding ``spec`` asks for (Mondrian, or the lattice search's optimum) and the
+    figures of how it was found; the privacy refusals of the search are raised here."""
     started = time.perf_counter()
     info: dict[str, Any]
     if spec.algorithm == "mondrian":
@@ -364,35 +413,7 @@ def plan_recoding(
         }
         del evaluator, result  # free the search's per-row caches before measuring
     info["total_seconds"] = time.perf_counter() - started
-    baseline = None if baselines is None else baselines.get(summary)
-    if baseline is None:
-        # a full-domain recoding is keyed by exactly the summary's sorted distinct tuples
-        tuples = recoding.codes if spec.algorithm != "mondrian" else None
-        baseline = input_baseline(summary, hierarchies, tuples)
-        if baselines is not None:
-            baselines[summary] = baseline
-    metrics_output, output_sizes = measure_recoding(
-        recoding, summary, hierarchies, numeric=spec.numeric
-    )
-    suppressed = summary.n_records - int(output_sizes.sum())
-    if suppressed != info["suppressed_records"]:
-        raise PrivacyRefusal(
-            f"the recoding suppresses {suppressed} records but the {info['algorithm']} "
-            f"result reports {info['suppressed_records']}; nothing is published"
-        )
-    info["unit"] = spec.unit
-    if summary.has_units:  # risk per person: 1 / persons in the class
-        output_sizes = person_class_sizes(recoding, summary)
-    return RecodingPlan(
-        recoding,
-        info,
-        copy.deepcopy(baseline.metrics),  # each plan its own: the baseline may be shared
-        _plain(metrics_output),
-        _risk(baseline.sizes, 0, spec.unit),
-        _risk(output_sizes, suppressed, spec.unit),
-        summary.n_records,
-        input_sa_distribution(summary),
-    )
+    return recoding, info
 
 
 # --------------------------------------------------------------------------- publishing

@@ -9,6 +9,8 @@ can never be published. Run with ``-s`` to print the Adult results.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -330,6 +332,78 @@ def test_steps_in_batches_match_anonymize(
     document = release_document(s, plan, verification)
     assert document["verified"] is True
     assert document["transformation"] == whole.document["transformation"]
+
+
+def _threads(prefix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+@pytest.mark.parametrize("algorithm", ["optimal", "mondrian"])
+def test_the_input_baseline_beside_the_search_is_the_baseline_measured_alone(
+    small: tuple[pd.DataFrame, dict[str, Hierarchy]], algorithm: str
+) -> None:
+    """The input's scores measured on their thread during the search are the ones measured
+    on their own (``input_baseline``), and are kept for the next release of the summary."""
+    df, hierarchies = small
+    per_person = {"unit": "person", "unit_column": "id"}
+    s = spec(kind="l_diversity", l=2, suppression_limit=0.3, **per_person)
+    if algorithm == "mondrian":
+        s = spec(k=2, algorithm="mondrian", numeric=("age",), **per_person)
+    summary = Summary.from_frame(df, s.qis, s.sensitive, hierarchies, unit="id")
+    alone = api.input_baseline(summary, hierarchies)
+    kept: dict[Summary, api.InputBaseline] = {}
+    plan = plan_recoding(summary, s, hierarchies, baselines=kept)
+    assert plan.metrics_input == alone.metrics
+    assert plan.risk_input == api._risk(alone.sizes, 0, s.unit)
+    assert np.array_equal(kept[summary].sizes, alone.sizes)
+    again = plan_recoding(summary, s, hierarchies, baselines=kept)  # reused, not measured
+    assert again.metrics_input == plan.metrics_input and list(kept) == [summary]
+    assert not _threads("privpipe-baseline") and not _threads("privpipe-persons")
+
+
+def test_a_refused_search_is_raised_once_the_baseline_thread_ended(
+    small: tuple[pd.DataFrame, dict[str, Hierarchy]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search's refusal is what the caller gets (not the baseline's outcome), and the
+    baseline's thread has finished by then; an error of the baseline itself is raised."""
+    df, hierarchies = small
+    summary = Summary.from_frame(df, QIS, "disease", hierarchies)
+    no_generalisation = {"zip": 0, "age": 0, "sex": 0}
+    measured: list[threading.Thread] = []
+    real = api.input_baseline
+
+    def slow_baseline(*args: Any) -> api.InputBaseline:
+        measured.append(threading.current_thread())
+        time.sleep(0.2)  # still measuring when the search refuses
+        return real(*args)
+
+    monkeypatch.setattr(api, "input_baseline", slow_baseline)
+    with pytest.raises(PrivacyRefusal, match="needs 100% suppression"):
+        plan_recoding(summary, spec(k=2, max_levels=no_generalisation), hierarchies)
+    assert len(measured) == 1 and measured[0].name.startswith("privpipe-baseline")
+    assert not measured[0].is_alive()
+
+    def broken(*args: Any) -> api.InputBaseline:
+        raise RuntimeError("baseline broke")
+
+    monkeypatch.setattr(api, "input_baseline", broken)
+    with pytest.raises(RuntimeError, match="baseline broke"):
+        plan_recoding(summary, spec(k=2), hierarchies)
+
+
+def test_the_person_sizes_beside_the_metrics_are_the_ones_counted_alone(
+    small: tuple[pd.DataFrame, dict[str, Hierarchy]],
+) -> None:
+    df, hierarchies = small
+    df = df.assign(id=["a", "b", "a", "c", "d", "c", "b", "e", "e"])  # persons with 2 rows
+    s = spec(k=2, suppression_limit=0.3, unit="person", unit_column="id")
+    summary = Summary.from_frame(df, s.qis, s.sensitive, hierarchies, unit="id")
+    plan = plan_recoding(summary, s, hierarchies)
+    sizes = api.person_class_sizes(plan.recoding, summary)
+    records = api.measure_recoding(plan.recoding, summary, hierarchies)[1]
+    assert sorted(sizes) != sorted(records)  # persons, not records, are the risk's classes
+    suppressed = plan.risk_output["suppressed_records"]
+    assert plan.risk_output == api._risk(sizes, suppressed, s.unit)
 
 
 def test_mondrian_small(small: tuple[pd.DataFrame, dict[str, Hierarchy]]) -> None:
