@@ -307,8 +307,7 @@ def plan_recoding(
 
     ``baselines``: the input's own scores (``input_baseline``) already measured, by summary
     (the releases of one summary share them); this summary's is measured here if absent,
-    on a thread beside the search (numpy's sorts and gathers run without the GIL), and
-    added.
+    after the search, on a thread beside the output's metrics, and added.
 
     Raises PrivacyRefusal (exit 4) with the numbers when the guarantee is unreachable
     (k above |D|, l above the distinct SA values, or no transformation within the
@@ -318,23 +317,26 @@ def plan_recoding(
     distinct_sa = int((summary.sa_counts() > 0).sum()) if summary.has_sa else None
     spec.check_feasible(summary.n_units, distinct_sa)
     models = spec.models(sa_hierarchy)
+    recoding, info = _search_recoding(summary, spec, hierarchies, models)
     baseline = None if baselines is None else baselines.get(summary)
-    if baseline is None:  # the input's scores on a thread of their own, beside the search
-        # leaving the block waits for the thread, whatever the search raised
-        with ThreadPoolExecutor(1, thread_name_prefix="privpipe-baseline") as pool:
-            measuring = pool.submit(input_baseline, summary, hierarchies)
-            recoding, info = _search_recoding(summary, spec, hierarchies, models)
-        baseline = measuring.result()
-        if baselines is not None:
-            baselines[summary] = baseline
-    else:
-        recoding, info = _search_recoding(summary, spec, hierarchies, models)
-    with ThreadPoolExecutor(1, thread_name_prefix="privpipe-persons") as pool:
-        # risk per person (1 / persons in the class), counted beside the output's metrics
+    # once the search's caches are freed: the input's scores (if not measured yet) and the
+    # output's person class sizes on threads beside the output's metrics (numpy's sorts and
+    # gathers run without the GIL); leaving the block waits for both, whatever was raised
+    with ThreadPoolExecutor(2, thread_name_prefix="privpipe-measures") as pool:
+        measuring = None
+        if baseline is None:
+            # a full-domain recoding is keyed by exactly the summary's sorted distinct tuples
+            tuples = recoding.codes if spec.algorithm != "mondrian" else None
+            measuring = pool.submit(input_baseline, summary, hierarchies, tuples)
         persons = pool.submit(person_class_sizes, recoding, summary) if summary.has_units else None
         metrics_output, output_sizes = measure_recoding(
             recoding, summary, hierarchies, numeric=spec.numeric
         )
+    if measuring is not None:
+        baseline = measuring.result()
+        if baselines is not None:
+            baselines[summary] = baseline
+    assert baseline is not None
     suppressed = summary.n_records - int(output_sizes.sum())
     if suppressed != info["suppressed_records"]:
         raise PrivacyRefusal(

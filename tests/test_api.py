@@ -339,11 +339,12 @@ def _threads(prefix: str) -> list[threading.Thread]:
 
 
 @pytest.mark.parametrize("algorithm", ["optimal", "mondrian"])
-def test_the_input_baseline_beside_the_search_is_the_baseline_measured_alone(
+def test_the_input_baseline_on_its_thread_is_the_baseline_measured_alone(
     small: tuple[pd.DataFrame, dict[str, Hierarchy]], algorithm: str
 ) -> None:
-    """The input's scores measured on their thread during the search are the ones measured
-    on their own (``input_baseline``), and are kept for the next release of the summary."""
+    """The input's scores measured on their thread beside the output's are the ones measured
+    on their own (``input_baseline`` without the recoding's tuples), and are kept for the
+    next release of the summary."""
     df, hierarchies = small
     per_person = {"unit": "person", "unit_column": "id"}
     s = spec(kind="l_diversity", l=2, suppression_limit=0.3, **per_person)
@@ -358,37 +359,32 @@ def test_the_input_baseline_beside_the_search_is_the_baseline_measured_alone(
     assert np.array_equal(kept[summary].sizes, alone.sizes)
     again = plan_recoding(summary, s, hierarchies, baselines=kept)  # reused, not measured
     assert again.metrics_input == plan.metrics_input and list(kept) == [summary]
-    assert not _threads("privpipe-baseline") and not _threads("privpipe-persons")
+    assert not _threads("privpipe-measures")
 
 
-def test_a_refused_search_is_raised_once_the_baseline_thread_ended(
+def test_a_refused_search_measures_nothing_and_a_broken_baseline_is_raised(
     small: tuple[pd.DataFrame, dict[str, Hierarchy]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The search's refusal is what the caller gets (not the baseline's outcome), and the
-    baseline's thread has finished by then; an error of the baseline itself is raised."""
+    """The search's refusal comes before any measure is started; an error of the input's
+    measures on their thread is raised to the caller, once the threads have ended."""
     df, hierarchies = small
     summary = Summary.from_frame(df, QIS, "disease", hierarchies)
     no_generalisation = {"zip": 0, "age": 0, "sex": 0}
     measured: list[threading.Thread] = []
-    real = api.input_baseline
-
-    def slow_baseline(*args: Any) -> api.InputBaseline:
-        measured.append(threading.current_thread())
-        time.sleep(0.2)  # still measuring when the search refuses
-        return real(*args)
-
-    monkeypatch.setattr(api, "input_baseline", slow_baseline)
-    with pytest.raises(PrivacyRefusal, match="needs 100% suppression"):
-        plan_recoding(summary, spec(k=2, max_levels=no_generalisation), hierarchies)
-    assert len(measured) == 1 and measured[0].name.startswith("privpipe-baseline")
-    assert not measured[0].is_alive()
 
     def broken(*args: Any) -> api.InputBaseline:
+        measured.append(threading.current_thread())
+        time.sleep(0.2)  # still measuring when the output's metrics are done
         raise RuntimeError("baseline broke")
 
     monkeypatch.setattr(api, "input_baseline", broken)
+    with pytest.raises(PrivacyRefusal, match="needs 100% suppression"):
+        plan_recoding(summary, spec(k=2, max_levels=no_generalisation), hierarchies)
+    assert not measured
     with pytest.raises(RuntimeError, match="baseline broke"):
         plan_recoding(summary, spec(k=2), hierarchies)
+    assert len(measured) == 1 and measured[0].name.startswith("privpipe-measures")
+    assert not measured[0].is_alive()
 
 
 def test_the_person_sizes_beside_the_metrics_are_the_ones_counted_alone(
