@@ -103,6 +103,33 @@ def test_value_counts_summed_over_many_batches_stay_exact() -> None:
         assert got == {str(k): int(v) for k, v in expected.items()}, col
 
 
+def test_counted_columns_keep_no_hashes_their_value_counts_give_the_distinct_count() -> None:
+    """A counted column's distinct count is the number of values its exact counts hold:
+    no per-batch hashes of it are kept (sorted and merged for nothing before). Floats
+    -0.0 and 0.0 are one value, as pandas counts them; a column of nothing but missing
+    values has none. A column that is not counted (the unit here) keeps its hashes."""
+    df = pd.DataFrame(
+        {
+            "pid": ["a", "b", "c", "d", "e", "f"],
+            "zip": ["1", "1", "2", None, "3", "3"],
+            "w": [0.0, -0.0, 1.5, np.nan, 1.5, 2.0],
+            "none": pd.array([None] * 6, dtype="str"),
+        }
+    )
+    fn = ProfileFn(list(df.columns), ["zip"], ["zip", "w", "none"], exact=["pid", "w", "none"])
+    acc = fn.create_accumulator()
+    for part in (df.iloc[:4], df.iloc[4:]):
+        acc = fn.add_input(acc, part.reset_index(drop=True))
+    assert not {"zip", "w", "none"} & set(acc.hashes)
+    assert "pid" in acc.hashes
+    public, _ = split_internal(fn.extract_output(fn.merge_accumulators([acc])))
+    cols = public["columns"]
+    assert (cols["zip"]["distinct"], cols["zip"]["missing"]) == (3, 1)
+    assert (cols["w"]["distinct"], cols["w"]["missing"]) == (3, 1)  # 0.0, 1.5, 2.0
+    assert (cols["none"]["distinct"], cols["none"]["missing"]) == (0, 6)
+    assert cols["pid"]["distinct"] == 6 and all(c["exact"] for c in cols.values())
+
+
 def test_unique_persons_count_a_person_once() -> None:
     """Two visits of one person share a QI combination: that person is still unique."""
     df = pd.DataFrame(

@@ -10,7 +10,8 @@ collision bound. With a privacy unit, a person with several rows is one person:
 the profile also counts persons whose QI combination no other person shares.
 Value counts of the QIs and the sensitive attribute are kept exactly: they are
 bounded by the attributes' domains and are needed to check the hierarchies. They
-are internal (never published): they can hold small counts.
+are internal (never published): they can hold small counts. Those columns' distinct
+counts are the number of values their counts hold (no hashes of them are kept).
 
 Exact distinct counts are kept only for the columns that matter (``exact``: the QIs,
 the sensitive attribute, the privacy unit, the DP releases' columns); every other
@@ -229,6 +230,8 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
             if self.exact is not None and col not in self.exact and col != self.unit:
                 registers = acc.sketches.setdefault(col, np.zeros(_HLL_M, dtype=np.uint8))
                 hll_update(registers, _hash(series[~missing]) if missing.any() else hashed(col))
+            elif col in self.counted and col != self.unit:
+                continue  # its distinct values: the keys of its exact value counts
             elif col != self.unit or not self.qis:
                 acc.hashes.setdefault(col, []).append(sorted_unique(hashed(col)))
         if self.qis:
@@ -268,13 +271,19 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         return out
 
     def extract_output(self, acc: ProfileAccumulator) -> dict[str, Any]:
-        return profile_from(acc, self.columns, self.qis, self.unit)
+        return profile_from(acc, self.columns, self.qis, self.unit, self.counted)
 
 
 def profile_from(
-    acc: ProfileAccumulator, columns: Sequence[str], qis: Sequence[str], unit: str | None = None
+    acc: ProfileAccumulator,
+    columns: Sequence[str],
+    qis: Sequence[str],
+    unit: str | None = None,
+    counted: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The published profile (counts only, no values) plus internal value counts."""
+    """The published profile (counts only, no values) plus internal value counts.
+    ``counted``: the columns whose exact value counts were kept; their distinct count is
+    how many values those counts hold (no hashes of them were kept)."""
     acc.fold_counts()
     cols: dict[str, dict[str, Any]] = {}
     for col in columns:
@@ -283,6 +292,14 @@ def profile_from(
                 "distinct": hll_estimate(acc.sketches[col]),
                 "missing": int(acc.missing.get(col, 0)),
                 "exact": False,
+            }
+            continue
+        if col in counted and col != unit:
+            counts = acc.value_counts.get(col)
+            cols[col] = {
+                "distinct": 0 if counts is None else int((counts > 0).sum()),
+                "missing": int(acc.missing.get(col, 0)),
+                "exact": True,
             }
             continue
         parts = _compact_unique(acc.hashes.get(col, []))
