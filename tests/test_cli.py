@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from privpipe.errors import ConfigError
-from privpipe.pipelines.cli import main
+from privpipe.pipelines import cli
+from privpipe.pipelines.cli import HUGEPAGE_SETTING, main
 from tests.conftest import ROWS, Project
 from tests.layout import internal_file
 from tests.ledgers import open_config_ledger, provision_ledger
@@ -333,6 +334,45 @@ def test_the_command_skips_beams_mongodb_libraries_and_beam_still_runs() -> None
     assert done.returncode == 0, done.stderr
     assert done.stdout.split().count("None") == 3 and {"1", "2", "3"} <= set(done.stdout.split())
     assert "bson" not in done.stderr
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(None, "False False"), ("1", "True True")])
+def test_the_command_asks_numpy_for_no_huge_pages_unless_the_user_did(
+    setting: str | None, expected: str
+) -> None:
+    """Before numpy is imported, ``no_huge_page_stalls`` turns numpy's madvise of huge
+    pages off in the command's process and in the processes it starts (the environment);
+    a user's own ``NUMPY_MADVISE_HUGEPAGE`` is kept."""
+    probe = "from numpy._core import multiarray; print(multiarray._get_madvise_hugepage())"
+    code = (
+        "import subprocess, sys\n"
+        "from privpipe.pipelines.cli import no_huge_page_stalls\n"
+        "no_huge_page_stalls()\n"
+        "from numpy._core import multiarray\n"
+        f"child = subprocess.run([sys.executable, '-c', {probe!r}], capture_output=True,"
+        " text=True)\n"
+        "print(multiarray._get_madvise_hugepage(), child.stdout.strip())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != HUGEPAGE_SETTING}
+    if setting is not None:
+        env[HUGEPAGE_SETTING] = setting
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == expected
+
+
+def test_entry_sets_the_huge_page_setting_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[str | None] = []
+    monkeypatch.delenv(HUGEPAGE_SETTING, raising=False)
+    monkeypatch.setattr(cli, "main", lambda: seen.append(os.environ.get(HUGEPAGE_SETTING)) or 0)
+    monkeypatch.setattr(cli, "_quick_exit", lambda: None)
+    with pytest.raises(SystemExit) as ended:
+        cli.entry()
+    assert ended.value.code == 0 and seen == ["0"]
 
 
 @pytest.mark.slow
