@@ -42,6 +42,10 @@ PACKAGES := anonymity attacks dp pipelines privpipe reports transforms
 pyc: | $(PY)
 	@$(PY) -m compileall -q -j0 $(PACKAGES)
 
+## numpy without transparent huge pages in the tests and in-process benchmarks too, as the
+## privpipe command itself runs (pipelines/cli.py: no_huge_page_stalls); a set value is kept
+export NUMPY_MADVISE_HUGEPAGE ?= 0
+
 ## make run: set up .venv and run the demo (generated microdata through configs/demo.yaml)
 run: $(STAMP) pyc
 	$(VENV)/bin/privpipe demo --output $(OUT)
