@@ -944,13 +944,13 @@ def no_huge_page_stalls() -> None:
     """In the ``privpipe`` command's own process, before numpy is imported, and so in every
     worker process it starts (they inherit the environment): numpy allocates its large
     arrays without ``madvise(MADV_HUGEPAGE)`` (``NUMPY_MADVISE_HUGEPAGE=0``) unless the
-    user set that variable. With transparent huge pages in ``madvise`` mode and the
-    kernel's default ``defrag`` of ``madvise``, the first touch of such an array can stall
-    in the kernel while it compacts memory for a 2 MB page; a run allocates and frees
-    arrays of millions of elements at every step. Measured on this project's 2-core
-    machine: the 1M-row k=5 run's system time 2.39 -> 1.37 s and its wall 7.28 -> 6.20 s
-    (three ABBA rounds, every pair faster). Not for callers in the same process (tests,
-    notebooks): numpy is imported there already."""
+    user set that variable. Where transparent huge pages are in ``madvise`` mode (this
+    project's VM) that request puts a run's large arrays on 2 MB pages: a few hundred
+    huge-page faults per 1M-row run, each far costlier here than clearing 2 MB. Measured
+    on the 1M-row k=5 run: system time 2.39 -> 1.37 s and wall 7.28 -> 6.20 s in three
+    ABBA rounds, though at other moments only 0.1-0.2 s (RESULTS.md, thirty-seventh
+    round). Not for callers in the same process (tests, notebooks): numpy is imported
+    there already."""
     os.environ.setdefault(HUGEPAGE_SETTING, "0")
 
 
