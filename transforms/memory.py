@@ -34,10 +34,43 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
+TRIM_FROM_BYTES = 512 << 20
+"""Free bytes glibc must hold before ``release_free_memory`` trims its heap. Trimming is
+quick (4-14 ms), but every page it returns is faulted in again by the next step's
+allocations: at 1M demo rows the single-release run held 122-324 MB free at its five
+trims, and trimming them all cost 0.44 s of its ~6 s (sys 1.42 against 1.13 s, three ABBA
+rounds) for 86 MB less peak; at 10M rows gigabytes are held and still returned."""
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (2.33+): the heap's figures over every arena."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def free_heap_bytes(libc: ctypes.CDLL) -> int | None:
+    """Bytes glibc holds free in its arenas (``mallinfo2().fordblks``); None if unknown."""
+    try:
+        info = libc.mallinfo2
+    except AttributeError:
+        return None
+    info.restype = _MallInfo2
+    return int(info().fordblks)
+
+
 def release_free_memory() -> None:
-    """Return freed but retained memory (Arrow's pool, glibc's heap) to the OS."""
+    """Return freed but retained memory (Arrow's pool, glibc's heap) to the OS; glibc's
+    heap only once it holds ``TRIM_FROM_BYTES`` free (or when that is unknown)."""
     with contextlib.suppress(Exception):
         pa.default_memory_pool().release_unused()
     libc = _libc()
     if libc is not None:
-        libc.malloc_trim(0)
+        free = free_heap_bytes(libc)
+        if free is None or free >= TRIM_FROM_BYTES:
+            libc.malloc_trim(0)
