@@ -130,6 +130,20 @@ def test_counted_columns_keep_no_hashes_their_value_counts_give_the_distinct_cou
     assert cols["pid"]["distinct"] == 6 and all(c["exact"] for c in cols.values())
 
 
+def test_a_counted_column_is_exact_even_when_exact_leaves_it_out() -> None:
+    """Its exact value counts are kept anyway: no HyperLogLog estimate is made of it."""
+    df = table(3, 300)
+    fn = ProfileFn(list(df.columns), ["zip"], ["zip", "disease"], exact=[])
+    acc = fn.add_input(fn.create_accumulator(), df)
+    assert "disease" not in acc.sketches and "age" in acc.sketches
+    public, _ = split_internal(fn.extract_output(acc))
+    assert public["columns"]["disease"] == {
+        "distinct": df["disease"].nunique(dropna=True),
+        "missing": int(df["disease"].isna().sum()),
+        "exact": True,
+    }
+
+
 def test_unique_persons_count_a_person_once() -> None:
     """Two visits of one person share a QI combination: that person is still unique."""
     df = pd.DataFrame(

@@ -201,8 +201,9 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         self.qis = list(quasi_identifiers)
         self.counted = list(counted)  # columns whose exact value counts are kept
         self.unit = privacy_unit
-        # columns whose distinct count is exact (None: all); the others are estimated
-        self.exact = None if exact is None else sorted(set(exact) | set(self.qis))
+        # columns whose distinct count is exact (None: all); the others are estimated.
+        # Counted columns are exact whatever ``exact`` says: their value counts are kept
+        self.exact = None if exact is None else sorted({*exact, *self.qis, *self.counted})
 
     def create_accumulator(self) -> ProfileAccumulator:
         return ProfileAccumulator()
@@ -287,29 +288,20 @@ def profile_from(
     acc.fold_counts()
     cols: dict[str, dict[str, Any]] = {}
     for col in columns:
+        missing = int(acc.missing.get(col, 0))
         if col in acc.sketches:  # an estimate: the column matters to no release
-            cols[col] = {
-                "distinct": hll_estimate(acc.sketches[col]),
-                "missing": int(acc.missing.get(col, 0)),
-                "exact": False,
-            }
-            continue
-        if col in counted and col != unit:
+            distinct = hll_estimate(acc.sketches[col])
+        elif col in counted and col != unit:  # the values its exact counts hold
             counts = acc.value_counts.get(col)
-            cols[col] = {
-                "distinct": 0 if counts is None else int((counts > 0).sum()),
-                "missing": int(acc.missing.get(col, 0)),
-                "exact": True,
-            }
-            continue
-        parts = _compact_unique(acc.hashes.get(col, []))
-        distinct = len(parts[0]) if parts else 0
-        if acc.missing.get(col, 0):
-            distinct -= 1  # missing is not a value
+            distinct = 0 if counts is None else int((counts > 0).sum())
+        else:
+            parts = _compact_unique(acc.hashes.get(col, []))
+            # missing is not a value
+            distinct = max((len(parts[0]) if parts else 0) - (1 if missing else 0), 0)
         cols[col] = {
-            "distinct": int(max(distinct, 0)),
-            "missing": int(acc.missing.get(col, 0)),
-            "exact": True,
+            "distinct": int(distinct),
+            "missing": missing,
+            "exact": col not in acc.sketches,
         }
     combos = _compact_counts(acc.combos)
     n_combos = len(combos[0][0]) if combos else 0
