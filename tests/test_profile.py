@@ -271,3 +271,73 @@ def test_a_batch_of_nothing_but_missing_text_counts_no_extra_value() -> None:
     fn = ProfileFn(["dx"], [], [])
     public, _ = split_internal(run_combine(fn, batches, 2))
     assert public["columns"]["dx"] == {"distinct": 3, "missing": 3, "exact": True}
+
+
+def _frequency_table(batches: list[pd.DataFrame], columns: list[str], unit: str | None):
+    """The summary's frequency table of ``batches`` (person ids hashed as the run does)."""
+    from privpipe.transforms.anonymize import FrequencyTable, hash_units
+
+    fn = FrequencyTable(columns, categorical=True, hashed=[unit] if unit else [])
+    acc = fn.create_accumulator()
+    for b in batches:
+        acc = fn.add_input(acc, hash_units(b, unit) if unit else b)
+    return fn.extract_output(fn.merge_accumulators([acc]))
+
+
+def people(seed: int, n: int) -> pd.DataFrame:
+    """Persons with one to several rows; missing values in a QI and the sensitive one."""
+    df = table(seed, n)
+    rng = np.random.default_rng(seed + 1)
+    df["pid"] = pd.array([f"p{i}" for i in rng.integers(0, max(n // 2, 1), n)], dtype="str")
+    df["salary"] = rng.integers(0, 60, n)
+    df.loc[rng.random(n) < 0.1, "sex"] = None
+    return df
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 500),
+    parts=st.integers(1, 6),
+    unit=st.booleans(),
+)
+def test_a_profile_from_the_frequency_table_is_the_profile_of_every_batch(
+    seed: int, n: int, parts: int, unit: bool
+) -> None:
+    """The QIs', the sensitive attribute's and the persons' figures taken from the
+    summary's frequency table (``from_table``) are those counted batch by batch: distinct
+    values, missing cells, combinations, unique rows and persons, and the value counts
+    (as the strings the table compares)."""
+    from privpipe.transforms.profile import table_figures
+
+    df = people(seed, n)
+    bounds = np.linspace(0, n, parts + 1).astype(int)
+    batches = [df.iloc[a:b].reset_index(drop=True) for a, b in itertools.pairwise(bounds) if b > a]
+    qis, counted = ["zip", "age", "sex"], ["zip", "age", "sex", "disease"]
+    pid = "pid" if unit else None
+    columns = list(df.columns)
+    every = ProfileFn(columns, qis, counted, pid, exact=[*counted, "pid"])
+    want, want_counts = split_internal(run_combine(every, batches, parts // 2))
+    fn = ProfileFn(columns, qis, counted, pid, exact=[*counted, "pid"], from_table=True)
+    freq = _frequency_table(batches, [*counted, *(["pid"] if unit else [])], pid)
+    partial = run_combine(fn, batches, parts // 2)
+    got, got_counts = split_internal(fn.with_table(partial, table_figures(freq, qis, counted, pid)))
+    assert got == want
+    if unit:
+        assert got["qi_combinations"]["persons"] == df["pid"].nunique()
+    assert set(got_counts) == set(want_counts) == set(counted)
+    for col in counted:
+        expected = {str(k): int(v) for k, v in want_counts[col].items()}
+        assert {str(k): int(v) for k, v in got_counts[col].items()} == expected
+
+
+def test_a_profile_from_the_table_does_not_hash_the_columns_the_table_holds() -> None:
+    """With ``from_table`` a batch adds no hashes, counts, combinations or pairs of the
+    QIs, the sensitive attribute or the person: only rows, missing cells and the rest."""
+    df = people(4, 300)
+    qis, counted = ["zip", "age", "sex"], ["zip", "age", "sex", "disease"]
+    fn = ProfileFn(list(df.columns), qis, counted, "pid", exact=counted, from_table=True)
+    acc = fn.add_input(fn.create_accumulator(), df)
+    assert acc.combos == [] and acc.pairs == [] and acc.pending_counts == {}
+    assert set(acc.hashes) == set() and set(acc.sketches) == {"salary"}
+    assert acc.missing["sex"] == int(df["sex"].isna().sum()) and acc.rows == 300

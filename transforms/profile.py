@@ -19,6 +19,14 @@ column gets a HyperLogLog estimate (2^14 one-byte registers of the same 64-bit h
 relative standard error about 0.8%, exact-enough below ~40k values by linear counting)
 and ``"exact": false`` in its entry: a column of a million distinct floats that no
 release uses costs 16 KiB and no sort instead of millions of hashes.
+
+When an anonymised release's frequency table holds the QIs, the sensitive attribute
+and the person id (``FrequencyTable``: the distinct tuples and their rows), the figures
+of those columns come from it (``table_figures``) instead of from every batch: their
+value counts, distinct counts, the QI combinations and the persons per combination are
+the same numbers, from a table bounded by the distinct tuples, and the summary built
+it anyway. The batches then give only the rows, the missing cells and the other
+columns' distinct counts (``ProfileFn(from_table=True)``).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pandas as pd
+from apache_beam.pvalue import AsSingleton
 
 from privpipe.anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
 from privpipe.hashing import (
@@ -39,11 +48,14 @@ from privpipe.hashing import (
     string_hashes_and_codes,
     string_hashes_by_value,
 )
+from privpipe.transforms.context import COUNT
 from privpipe.transforms.memory import release_free_memory
 from privpipe.transforms.overlap import OverlappedCombineFn
 from privpipe.transforms.sink import write_json_step
+from privpipe.transforms.timing import timed
 
 _FOLD_COUNTS = 32  # batches' value counts summed at once
+_KEY_LIMIT = 1 << 62  # packed combination keys stay below this
 _SAMPLE = 4096  # rows whose distinct count picks how a string column is hashed
 
 
@@ -196,6 +208,7 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         counted: Sequence[str],
         privacy_unit: str | None = None,
         exact: Sequence[str] | None = None,
+        from_table: bool = False,
     ) -> None:
         self.columns = list(columns)
         self.qis = list(quasi_identifiers)
@@ -204,11 +217,19 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         # columns whose distinct count is exact (None: all); the others are estimated.
         # Counted columns are exact whatever ``exact`` says: their value counts are kept
         self.exact = None if exact is None else sorted({*exact, *self.qis, *self.counted})
+        # the QIs, the counted columns and the unit figured from a frequency table
+        # (``table_figures``): of those, the batches give only the missing cells
+        self.from_table = from_table
+        self.tabled = frozenset(
+            [*self.qis, *self.counted, *([privacy_unit] if privacy_unit else [])]
+        )
 
     def create_accumulator(self) -> ProfileAccumulator:
         return ProfileAccumulator()
 
     def add_input(self, acc: ProfileAccumulator, batch: pd.DataFrame) -> ProfileAccumulator:
+        if self.from_table:
+            return self._add_untabled(acc, batch)
         acc.rows += len(batch)
         hashes: dict[str, np.ndarray] = {}
         for col in self.counted:  # text: hashes and value counts from one encoding
@@ -246,6 +267,24 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         acc.maybe_compact()
         return acc
 
+    def _add_untabled(self, acc: ProfileAccumulator, batch: pd.DataFrame) -> ProfileAccumulator:
+        """A batch's rows, missing cells and the distinct values of the columns the
+        frequency table does not hold (the others: ``table_figures``)."""
+        acc.rows += len(batch)
+        for col in self.columns:
+            series = batch[col]
+            missing = series.isna()
+            acc.missing[col] = acc.missing.get(col, 0) + int(missing.sum())
+            if col in self.tabled:
+                continue
+            if self.exact is not None and col not in self.exact:
+                registers = acc.sketches.setdefault(col, np.zeros(_HLL_M, dtype=np.uint8))
+                hll_update(registers, _hash(series[~missing]) if missing.any() else _hash(series))
+            else:
+                acc.hashes.setdefault(col, []).append(sorted_unique(_hash(series)))
+        acc.maybe_compact()
+        return acc
+
     def compact(self, acc: ProfileAccumulator) -> ProfileAccumulator:
         """Before a partial profile is encoded and shipped: merge its pending parts."""
         acc.maybe_compact(force=True)
@@ -271,8 +310,91 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         out.maybe_compact()
         return out
 
-    def extract_output(self, acc: ProfileAccumulator) -> dict[str, Any]:
+    def extract_output(self, acc: ProfileAccumulator) -> Any:
+        if self.from_table:  # completed by ``with_table`` once the table's figures are in
+            acc.maybe_compact(force=True)
+            return acc
         return profile_from(acc, self.columns, self.qis, self.unit, self.counted)
+
+    def with_table(self, acc: ProfileAccumulator, table: TableFigures) -> dict[str, Any]:
+        """The profile of ``from_table`` batches completed by the frequency table's figures."""
+        return profile_from(acc, self.columns, self.qis, self.unit, self.counted, table)
+
+
+@dataclass(frozen=True)
+class TableFigures:
+    """The profile's figures of the columns a frequency table holds (``table_figures``)."""
+
+    value_counts: dict[str, pd.Series]  # rows per value of each counted column, no missing
+    combinations: int  # distinct QI combinations
+    unique_combinations: int  # combinations of one row
+    persons: int | None  # distinct persons (None without a unit)
+    unique_persons: int | None  # combinations of one person
+
+
+def table_figures(
+    freq: pd.DataFrame, qis: Sequence[str], counted: Sequence[str], unit: str | None
+) -> TableFigures:
+    """What the profile counts of the QIs, the counted columns and the person id, from a
+    ``FrequencyTable`` of (at least) those columns: distinct tuples with their rows in
+    ``count``, values as strings (a Categorical, a missing value as code -1) and the unit
+    as 64-bit hashes. The same numbers as counting every batch: values are told apart as
+    the table tells them (by their strings, missing is no value), combinations by their
+    values with missing as one more."""
+    weights = freq[COUNT].to_numpy(dtype=np.int64)
+    codes: dict[str, np.ndarray] = {}
+    value_counts: dict[str, pd.Series] = {}
+    for col in dict.fromkeys([*qis, *counted]):
+        column = freq[col]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            raw, labels = np.asarray(column.cat.codes, dtype=np.int64), column.cat.categories
+        else:
+            raw, labels = pd.factorize(column.astype("str"), use_na_sentinel=True)
+            raw = np.asarray(raw, dtype=np.int64)
+        codes[col] = raw + 1  # 0: missing
+        sums = np.bincount(codes[col], weights=weights, minlength=len(labels) + 1)
+        rows = np.rint(sums[1:]).astype(np.int64)
+        present = rows > 0
+        index = pd.Index(np.asarray(labels, dtype=object)[present], dtype="str", name=col)
+        if col in counted:  # in value order, as the search's column counts
+            value_counts[col] = pd.Series(rows[present], index=index, name="count").sort_index()
+    combo, n_combos = _combinations([codes[q] for q in qis])
+    per_combo = np.rint(np.bincount(combo, weights=weights, minlength=n_combos))
+    persons = unique_persons = None
+    if unit is not None:  # a combination of one person: its least and greatest id agree
+        ids = _unit_ids(freq[unit])
+        persons = len(pd.unique(ids))
+        least = np.full(n_combos, np.iinfo(np.int64).max, dtype=np.int64)
+        most = np.full(n_combos, np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(least, combo, ids)
+        np.maximum.at(most, combo, ids)
+        unique_persons = int(np.count_nonzero(least == most))
+    return TableFigures(
+        value_counts, n_combos, int(np.count_nonzero(per_combo == 1)), persons, unique_persons
+    )
+
+
+def _combinations(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
+    """Each row's combination of the non-negative code ``columns`` as an id 0..n-1 (in no
+    particular order: hashed, not sorted) and n."""
+    key = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
+    span = 1
+    for column in columns:
+        radix = int(column.max(initial=0)) + 1
+        if span * radix >= _KEY_LIMIT:  # densify the partial key first
+            partial, uniques = pd.factorize(key)
+            key, span = np.asarray(partial, dtype=np.int64), max(len(uniques), 1)
+        key = key * radix + column
+        span *= radix
+    ids, uniques = pd.factorize(key)
+    return np.asarray(ids, dtype=np.int64), len(uniques)
+
+
+def _unit_ids(column: pd.Series) -> np.ndarray:
+    """A table's person column as int64: its 64-bit hashes, or its codes (a Categorical)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return np.asarray(column.cat.codes, dtype=np.int64)
+    return np.ascontiguousarray(column.to_numpy()).view(np.int64)
 
 
 def profile_from(
@@ -281,19 +403,24 @@ def profile_from(
     qis: Sequence[str],
     unit: str | None = None,
     counted: Sequence[str] = (),
+    table: TableFigures | None = None,
 ) -> dict[str, Any]:
     """The published profile (counts only, no values) plus internal value counts.
     ``counted``: the columns whose exact value counts were kept; their distinct count is
-    how many values those counts hold (no hashes of them were kept)."""
+    how many values those counts hold (no hashes of them were kept). ``table``: those
+    counts, the QI combinations and the persons from a frequency table instead."""
     acc.fold_counts()
+    value_counts = acc.value_counts if table is None else table.value_counts
     cols: dict[str, dict[str, Any]] = {}
     for col in columns:
         missing = int(acc.missing.get(col, 0))
         if col in acc.sketches:  # an estimate: the column matters to no release
             distinct = hll_estimate(acc.sketches[col])
         elif col in counted and col != unit:  # the values its exact counts hold
-            counts = acc.value_counts.get(col)
+            counts = value_counts.get(col)
             distinct = 0 if counts is None else int((counts > 0).sum())
+        elif table is not None and col == unit:
+            distinct = table.persons or 0
         else:
             parts = _compact_unique(acc.hashes.get(col, []))
             # missing is not a value
@@ -303,9 +430,12 @@ def profile_from(
             "missing": missing,
             "exact": col not in acc.sketches,
         }
-    combos = _compact_counts(acc.combos)
-    n_combos = len(combos[0][0]) if combos else 0
-    uniques = int((combos[0][1] == 1).sum()) if combos else 0
+    if table is None:
+        combos = _compact_counts(acc.combos)
+        n_combos = len(combos[0][0]) if combos else 0
+        uniques = int((combos[0][1] == 1).sum()) if combos else 0
+    else:
+        n_combos, uniques = table.combinations, table.unique_combinations
     rows = acc.rows
     combos_out: dict[str, Any] = {
         "distinct": n_combos,
@@ -313,7 +443,19 @@ def profile_from(
         "unique_share_of_rows": (uniques / rows) if rows else 0.0,
         "unique_share_of_combinations": (uniques / n_combos) if n_combos else 0.0,
     }
-    pairs = _compact_pairs(acc.pairs) if unit is not None else []
+    pairs = _compact_pairs(acc.pairs) if unit is not None and table is None else []
+    if table is not None and unit is not None:
+        persons = table.persons or 0
+        if unit in columns:
+            cols[unit] = {
+                "distinct": persons,
+                "missing": int(acc.missing.get(unit, 0)),
+                "exact": True,
+            }
+        if persons and table.unique_persons is not None:
+            combos_out["persons"] = persons
+            combos_out["unique_persons"] = table.unique_persons
+            combos_out["unique_share_of_persons"] = table.unique_persons / persons
     if unit is not None and unit in columns and pairs and unit not in acc.hashes:
         distinct = len(sorted_unique(pairs[0][0])) - (1 if acc.missing.get(unit, 0) else 0)
         cols[unit] = {
@@ -336,8 +478,7 @@ def profile_from(
         "quasi_identifiers": list(qis),
         "qi_combinations": combos_out,
         "_value_counts": {
-            col: [[_plain(v), int(n)] for v, n in vc.items()]
-            for col, vc in acc.value_counts.items()
+            col: [[_plain(v), int(n)] for v, n in vc.items()] for col, vc in value_counts.items()
         },
     }
 
@@ -358,7 +499,11 @@ def split_internal(profile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, p
 
 
 class ProfileMicrodata(beam.PTransform):  # type: ignore[misc]
-    """PCollection[pd.DataFrame] -> writes the profile as JSON to `path` (one element: path)."""
+    """PCollection[pd.DataFrame] -> writes the profile as JSON to `path` (one element: path).
+
+    ``table``: a one-element PCollection of a ``FrequencyTable`` of (at least) the QIs,
+    the counted columns and the unit; their figures then come from it (``table_figures``)
+    and the batches give the rest."""
 
     def __init__(
         self,
@@ -368,15 +513,21 @@ class ProfileMicrodata(beam.PTransform):  # type: ignore[misc]
         counted: Sequence[str],
         privacy_unit: str | None = None,
         exact: Sequence[str] | None = None,
+        table: beam.PCollection | None = None,
     ) -> None:
         super().__init__()
         self.path = path
-        self.fn = ProfileFn(columns, quasi_identifiers, counted, privacy_unit, exact)
+        self.table = table
+        self.fn = ProfileFn(
+            columns, quasi_identifiers, counted, privacy_unit, exact, from_table=table is not None
+        )
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
-        path = self.path
-        return (
-            batches
-            | "Profile" >> beam.CombineGlobally(OverlappedCombineFn("profile", self.fn))
-            | "WriteProfile" >> beam.Map(write_json_step, path)
-        )
+        fn = self.fn
+        profile = batches | "Profile" >> beam.CombineGlobally(OverlappedCombineFn("profile", fn))
+        if self.table is not None:
+            figures = self.table | "TableFigures" >> beam.Map(
+                timed("profile", table_figures), fn.qis, fn.counted, fn.unit
+            )
+            profile = profile | "WithTable" >> beam.Map(fn.with_table, AsSingleton(figures))
+        return profile | "WriteProfile" >> beam.Map(write_json_step, self.path)
