@@ -51,7 +51,12 @@ def sorted_unique(values: ArrayT) -> ArrayT:
 def unique_first_inverse(values: ArrayT) -> tuple[ArrayT, IntArray, IntArray]:
     """``np.unique(values, return_index=True, return_inverse=True)`` of a 1-D array:
     the sorted distinct values, the first position of each, and the index of each
-    element's value among them."""
+    element's value among them. Values already in order (a summary's rows grouped by
+    their leading columns) are not sorted again: one comparison pass instead."""
+    if values.shape[0] > 1 and bool(np.all(values[1:] >= values[:-1])):
+        starts = _starts(values)
+        at = np.flatnonzero(starts).astype(np.int64, copy=False)
+        return cast(ArrayT, values[at]), at, np.cumsum(starts, dtype=np.int64) - 1
     order = np.argsort(values).astype(np.int64, copy=False)  # not stable: first = min below
     ordered = values[order]
     starts = _starts(ordered)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Final, NamedTuple, TypeAlias, cast
 
 import numpy as np
@@ -164,6 +164,8 @@ class Summary:
     sa_fixed: bool = False
     qi_domains: tuple[int, ...] = ()
     unit_codes: IntArray | None = None
+    owned: InitVar[bool] = False
+    """The arrays are fresh, the summary's own (``from_codes``): kept, not copied."""
     n_records: int = field(init=False)
     _dense_units: DenseUnits | None = field(init=False, default=None, repr=False, compare=False)
     _sa_units: IntArray | None = field(init=False, default=None, repr=False, compare=False)
@@ -171,10 +173,11 @@ class Summary:
         init=False, default=None, repr=False, compare=False
     )
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, owned: bool) -> None:
         names = tuple(self.qi_names)
-        codes = np.array(self.qi_codes, dtype=np.int64, copy=True)
-        counts = np.array(self.counts, dtype=np.int64, copy=True).ravel()
+        copy = None if owned else True  # a caller's arrays are copied: it may change them
+        codes = np.array(self.qi_codes, dtype=np.int64, copy=copy)
+        counts = np.array(self.counts, dtype=np.int64, copy=copy).ravel()
         if codes.ndim != 2 or codes.shape[1] != len(names):
             raise ValueError(
                 f"qi_codes must have shape (n_distinct, {len(names)}), got {codes.shape}"
@@ -187,7 +190,7 @@ class Summary:
             raise ValueError("qi_codes must be raw codes >= 0 (encode unknown values first)")
         sa = None
         if self.sa_codes is not None:
-            sa = np.array(self.sa_codes, dtype=np.int64, copy=True).ravel()
+            sa = np.array(self.sa_codes, dtype=np.int64, copy=copy).ravel()
             if sa.shape[0] != codes.shape[0]:
                 raise ValueError("sa_codes must have one entry per distinct tuple")
             if sa.size and (int(sa.min()) < 0 or int(sa.max()) >= self.sa_domain):
@@ -212,7 +215,7 @@ class Summary:
         object.__setattr__(self, "sa_values", values)
         object.__setattr__(self, "qi_domains", tuple(int(d) for d in self.qi_domains))
         if self.unit_codes is not None:
-            units = np.array(self.unit_codes, dtype=np.int64, copy=True).ravel()
+            units = np.array(self.unit_codes, dtype=np.int64, copy=copy).ravel()
             if units.shape[0] != codes.shape[0]:
                 raise ValueError("unit_codes must have one entry per distinct tuple")
             object.__setattr__(self, "unit_codes", _readonly(units))
@@ -402,14 +405,15 @@ class Summary:
         if sa is not None:
             columns.append(sa)
             radices.append(max(domain, 1))
+        dense = None
         if units is not None:  # hashes: densify to non-negative codes for the packed key
-            distinct, dense = np.unique(units, return_inverse=True)
-            columns.append(dense.ravel().astype(np.int64))
+            distinct, _, dense = unique_first_inverse(units)
+            columns.append(dense)
             radices.append(max(int(distinct.shape[0]), 1))
         group, first = group_rows(columns, radices)
         n_groups = first.shape[0]
         summed = np.rint(np.bincount(group, weights=weights, minlength=n_groups))
-        return cls(
+        summary = cls(
             names,
             codes[first],
             None if sa is None else sa[first],
@@ -420,7 +424,15 @@ class Summary:
             sa_fixed,
             tuple(qi_domains),
             None if units is None else units[first],
+            owned=True,
         )
+        if dense is not None:  # the units' dense ids are known: no second sort of them
+            ids = dense[first]
+            first_rows = np.full(int(distinct.shape[0]), n_groups, dtype=np.int64)
+            np.minimum.at(first_rows, ids, np.arange(n_groups, dtype=np.int64))
+            dense_units = DenseUnits(int(distinct.shape[0]), _readonly(ids), _readonly(first_rows))
+            object.__setattr__(summary, "_dense_units", dense_units)
+        return summary
 
     @classmethod
     def from_frame(

@@ -23,6 +23,10 @@ def test_matches_numpy_unique(values: list[int], small: bool) -> None:
     want = np.unique(array, return_index=True, return_inverse=True)
     for got, expected in zip((uniq, first, inverse), want, strict=True):
         assert got.dtype == expected.dtype and np.array_equal(got, expected)
+    ordered = np.sort(array)  # in order already: no sort, the same answer
+    in_order = np.unique(ordered, return_index=True, return_inverse=True)
+    for got, expected in zip(unique_first_inverse(ordered), in_order, strict=True):
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
     assert np.array_equal(sorted_unique(array), np.unique(array))
     hashes = array.astype(np.uint64)
     assert np.array_equal(sorted_unique(hashes), np.unique(hashes))
@@ -91,3 +95,33 @@ def test_rows_too_wide_for_a_key_are_refused() -> None:
         assert "63 bits" in str(e)
     else:
         raise AssertionError("63 bits were packed into a 62-bit key")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 2), st.integers(-9, 9)),
+        min_size=1,
+        max_size=120,
+    )
+)
+def test_a_summary_of_persons_knows_its_dense_units_as_if_counted_again(
+    rows: list[tuple[int, int, int, int]],
+) -> None:
+    """``from_codes`` hands its summary the persons' dense ids it grouped by: the ids and
+    first rows a fresh count of the summary's unit hashes gives."""
+    from privpipe.anonymity.summary import Summary
+
+    table = np.array(rows, dtype=np.int64)
+    summary = Summary.from_codes(
+        ("a", "b"), table[:, :2], table[:, 2], sa_domain=3, unit_codes=table[:, 3] * 7919
+    )
+    given_units = summary.dense_units()
+    fresh = Summary(
+        summary.qi_names, summary.qi_codes, summary.sa_codes, summary.counts, 3,
+        unit_codes=summary.unit_codes,
+    )  # fmt: skip
+    counted = fresh.dense_units()
+    assert given_units.n_units == counted.n_units == len(set(table[:, 3].tolist()))
+    assert np.array_equal(given_units.ids, counted.ids)
+    assert np.array_equal(given_units.first_rows, counted.first_rows)
