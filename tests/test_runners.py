@@ -254,6 +254,35 @@ def test_direct_runner_makes_no_prism_download_folder(monkeypatch: pytest.Monkey
     assert runner_for(pipeline_options([], "PortableRunner")) is None
 
 
+def test_bundles_run_here_sample_their_state_every_20_ms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DirectRunner's bundles sample every 20 ms, so a bundle's end waits at most that
+    long for its sampler (Beam's 200 ms: up to 0.2 s idle per stage); the samplers a
+    pipeline run here starts are those. A Beam with another default is left alone."""
+    import apache_beam as beam
+    from apache_beam.runners.worker import statesampler
+
+    from privpipe.pipelines.run import pipeline_options
+    from privpipe.pipelines.runner import SAMPLING_PERIOD_MS, runner_for, shorter_state_sampling
+
+    init = statesampler.StateSampler.__init__
+    monkeypatch.setattr(init, "__defaults__", (statesampler.DEFAULT_SAMPLING_PERIOD_MS,))
+    periods: list[int] = []
+    started = statesampler.StateSampler.start
+
+    def start(self: Any) -> None:
+        periods.append(self.sampling_period_ms)
+        started(self)
+
+    monkeypatch.setattr(statesampler.StateSampler, "start", start)
+    options = pipeline_options([], None)
+    with beam.Pipeline(runner=runner_for(options), options=options) as p:
+        _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x + 1)
+    assert periods and set(periods) == {SAMPLING_PERIOD_MS} and SAMPLING_PERIOD_MS == 20
+    monkeypatch.setattr(init, "__defaults__", (150,))  # another Beam's default: kept
+    shorter_state_sampling()
+    assert init.__defaults__ == (150,)
+
+
 @pytest.mark.parametrize("fails", ["graph", "run", "none"])
 def test_a_run_leaves_no_beam_pipeline_folder_in_tmp(
     project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str
