@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privpipe.anonymity import api
 from privpipe.anonymity.api import (
@@ -498,3 +500,63 @@ def test_adult_known_optimum(adult: Adult) -> None:
         "workclass": 0,
         "salary-class": 0,
     }
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["47677", "47678", "47602", "13053"]),
+            st.integers(0, 99),
+            st.sampled_from(["Male", "Female"]),
+            st.sampled_from(["flu", "ulcer", "cold"]),
+            st.integers(0, 12),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    persons=st.booleans(),
+)
+def test_the_input_baseline_in_closed_form_is_the_measured_one(
+    rows: list[tuple[str, int, str, str, int]], persons: bool
+) -> None:
+    """Level 0 being the identity, the input's scores come without a recoding: the same
+    metrics, exactly, as measuring the identity recoding, and the same class sizes (records,
+    or persons per class), in any order."""
+    df = pd.DataFrame(rows, columns=["zip", "age", "sex", "disease", "id"])
+    hierarchies = {
+        "zip": build_mask("zip", df["zip"]),
+        "age": build_intervals("age", df["age"], [10, 20], lower=0, upper=120),
+        "sex": Hierarchy("sex", np.array([["Male", "*"], ["Female", "*"]], dtype=object)),
+    }
+    summary = Summary.from_frame(df, QIS, "disease", hierarchies, unit="id" if persons else None)
+    assert api._level_zero_is_identity(summary, hierarchies)
+    closed = api.input_baseline(summary, hierarchies)
+    measured = api.measured_baseline(summary, hierarchies)
+    assert json.dumps(closed.metrics) == json.dumps(measured.metrics)
+    assert sorted(closed.sizes.tolist()) == sorted(measured.sizes.tolist())
+
+
+def test_a_level_zero_that_merges_values_is_measured() -> None:
+    """A hierarchy whose level 0 gave two raw values one label (``Hierarchy`` refuses such
+    tables today: the guard is for any other kind of hierarchy) is measured, not taken in
+    closed form, which holds only when each value is a class of its own at level 0."""
+    plain = Hierarchy("x", np.array([["1", "*"], ["2", "*"]], dtype=object))
+    summary = Summary.from_frame(
+        pd.DataFrame({"x": ["1", "2", "2"], "d": ["u", "v", "u"]}), ["x"], "d", {"x": plain}
+    )
+    assert api._level_zero_is_identity(summary, {"x": plain})
+
+    class Merged:  # level 0 as a table with "1" and "2" under one label would read
+        domain_size = 2
+
+        def label_ids(self, level: int) -> np.ndarray:
+            return np.array([0, 0])
+
+        def label_names(self, level: int) -> np.ndarray:
+            return np.array(["1|2"], dtype=object)
+
+        def leaves_under(self, level: int) -> np.ndarray:
+            return np.array([2, 2])
+
+    assert not api._level_zero_is_identity(summary, {"x": Merged()})  # type: ignore[dict-item]
