@@ -444,14 +444,8 @@ def profile_from(
         "unique_share_of_combinations": (uniques / n_combos) if n_combos else 0.0,
     }
     pairs = _compact_pairs(acc.pairs) if unit is not None and table is None else []
-    if table is not None and unit is not None:
+    if table is not None and unit is not None:  # the unit's entry: from the table above
         persons = table.persons or 0
-        if unit in columns:
-            cols[unit] = {
-                "distinct": persons,
-                "missing": int(acc.missing.get(unit, 0)),
-                "exact": True,
-            }
         if persons and table.unique_persons is not None:
             combos_out["persons"] = persons
             combos_out["unique_persons"] = table.unique_persons
