@@ -525,10 +525,13 @@ class Evaluator:
             if self.n_units < summary.n_records:
                 self.units = dense.ids
                 tuple_of_row, _ = self.qi_tuples()
-                n_tuples = int(tuple_of_row.max()) + 1
-                _, unit_tuples = group_rows([self.units, tuple_of_row], [self.n_units, n_tuples])
-                tuples_per_unit = np.bincount(self.units[unit_tuples], minlength=self.n_units)
-                single = tuples_per_unit[self.units] == 1
+                # a person of one QI tuple: their least and greatest tuple agree (no sort
+                # of (person, tuple) pairs)
+                least = np.full(self.n_units, np.iinfo(np.int64).max, dtype=np.int64)
+                most = np.full(self.n_units, -1, dtype=np.int64)
+                np.minimum.at(least, self.units, tuple_of_row)
+                np.maximum.at(most, self.units, tuple_of_row)
+                single = (least == most)[self.units]
                 first = np.zeros(summary.n_distinct, dtype=np.int64)
                 first[dense.first_rows] = 1
                 self._single = single.astype(np.int64)
