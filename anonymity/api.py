@@ -438,7 +438,8 @@ def _search_recoding(
             "suppressed_records": int(outcome.suppressed_records),
         }
     else:
-        evaluator = Evaluator(summary, hierarchies)
+        # models blind to the SA (k-anonymity) count classes without SA cells
+        evaluator = Evaluator(summary, hierarchies, use_sa=any(m.needs_sa for m in models))
         resolved = resolve_hierarchies(spec.qis, hierarchies)
         lattice = evaluator.lattice(
             [spec.min_levels.get(q, 0) for q in spec.qis],

@@ -560,3 +560,29 @@ def test_a_level_zero_that_merges_values_is_measured() -> None:
             return np.array([2, 2])
 
     assert not api._level_zero_is_identity(summary, {"x": Merged()})  # type: ignore[dict-item]
+
+
+def test_a_search_blind_to_the_sensitive_attribute_counts_classes_without_its_cells(
+    small: tuple[pd.DataFrame, dict[str, Hierarchy]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """k-anonymity needs no SA: its search's evaluator counts classes without SA cells
+    (fewer cells, the same optimum); l-diversity's counts them."""
+    df, hierarchies = small
+    made: list[bool] = []
+    original = api.Evaluator
+
+    def evaluator(*args: Any, **kwargs: Any) -> Any:
+        ev = original(*args, **kwargs)
+        made.append(ev.use_sa)
+        return ev
+
+    monkeypatch.setattr(api, "Evaluator", evaluator)
+    summary = Summary.from_frame(df, QIS, "disease", hierarchies)
+    k = plan_recoding(summary, spec(k=3, name="k3"), hierarchies)
+    assert made == [False]
+    plan_recoding(summary, spec(kind="l_diversity", l=2, suppression_limit=0.3), hierarchies)
+    assert made == [False, True]
+    monkeypatch.setattr(api, "Evaluator", lambda s, h, **kw: original(s, h))  # with SA cells
+    with_cells = plan_recoding(summary, spec(k=3, name="k3"), hierarchies)
+    assert with_cells.search["transformation"] == k.search["transformation"]
+    assert with_cells.metrics_output == k.metrics_output
