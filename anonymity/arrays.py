@@ -138,7 +138,10 @@ def pack_rows(codes: CodeArray, widths: list[int]) -> IntArray:
 def unpack_rows(keys: IntArray, widths: list[int]) -> CodeArray:
     """The rows ``pack_rows`` packed into ``keys`` (int32 codes, one column per width)."""
     n, q = keys.shape[0], len(widths)
-    codes = np.empty((n, q), dtype=np.int32)
+    # column-major: each column is written, and read by every caller, as one contiguous
+    # run (row-major, the column writes and reads were strided: twice as long here, and
+    # every column taken out was gathered again)
+    codes = np.empty((n, q), dtype=np.int32, order="F")
     for a in range(0, n, _CHUNK):
         key, block = keys[a : a + _CHUNK].copy(), codes[a : a + _CHUNK]
         for j in range(q - 1, -1, -1):
