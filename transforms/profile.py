@@ -228,11 +228,12 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
         return ProfileAccumulator()
 
     def add_input(self, acc: ProfileAccumulator, batch: pd.DataFrame) -> ProfileAccumulator:
-        if self.from_table:
-            return self._add_untabled(acc, batch)
+        """A batch's rows, missing cells and distinct values; the counted columns' value
+        counts and the QI combinations, unless a frequency table gives those
+        (``from_table``: of its columns, only the missing cells are counted here)."""
         acc.rows += len(batch)
         hashes: dict[str, np.ndarray] = {}
-        for col in self.counted:  # text: hashes and value counts from one encoding
+        for col in [] if self.from_table else self.counted:  # hashes and counts, one encoding
             series = batch[col]
             if is_text(series):
                 hashes[col], counts = _hash_and_count(series)
@@ -249,6 +250,8 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
             series = batch[col]
             missing = series.isna()
             acc.missing[col] = acc.missing.get(col, 0) + int(missing.sum())
+            if self.from_table and col in self.tabled:
+                continue  # its figures: ``table_figures``
             if self.exact is not None and col not in self.exact and col != self.unit:
                 registers = acc.sketches.setdefault(col, np.zeros(_HLL_M, dtype=np.uint8))
                 hll_update(registers, _hash(series[~missing]) if missing.any() else hashed(col))
@@ -256,7 +259,7 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
                 continue  # its distinct values: the keys of its exact value counts
             elif col != self.unit or not self.qis:
                 acc.hashes.setdefault(col, []).append(sorted_unique(hashed(col)))
-        if self.qis:
+        if self.qis and not self.from_table:
             qi_hash = combine_hashes([hashed(q) for q in self.qis])
             keys, counts = unique_counts(qi_hash)
             acc.combos.append((keys, counts.astype(np.int64)))
@@ -264,24 +267,6 @@ class ProfileFn(beam.CombineFn):  # type: ignore[misc]
                 person = hashed(self.unit)
                 _, first = unique_first(combine_hashes([qi_hash, person]))
                 acc.pairs.append((person[first], qi_hash[first]))
-        acc.maybe_compact()
-        return acc
-
-    def _add_untabled(self, acc: ProfileAccumulator, batch: pd.DataFrame) -> ProfileAccumulator:
-        """A batch's rows, missing cells and the distinct values of the columns the
-        frequency table does not hold (the others: ``table_figures``)."""
-        acc.rows += len(batch)
-        for col in self.columns:
-            series = batch[col]
-            missing = series.isna()
-            acc.missing[col] = acc.missing.get(col, 0) + int(missing.sum())
-            if col in self.tabled:
-                continue
-            if self.exact is not None and col not in self.exact:
-                registers = acc.sketches.setdefault(col, np.zeros(_HLL_M, dtype=np.uint8))
-                hll_update(registers, _hash(series[~missing]) if missing.any() else _hash(series))
-            else:
-                acc.hashes.setdefault(col, []).append(sorted_unique(_hash(series)))
         acc.maybe_compact()
         return acc
 
