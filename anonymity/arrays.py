@@ -18,6 +18,7 @@ import numpy.typing as npt
 __all__ = [
     "KEY_BITS",
     "bit_widths",
+    "one_value_each",
     "pack_rows",
     "small_key_order",
     "sorted_unique",
@@ -97,6 +98,17 @@ def sum_by_key(keys: ArrayT, weights: IntArray) -> tuple[ArrayT, IntArray]:
         return cast(ArrayT, ordered), weights[:0].astype(np.int64)
     sums = np.add.reduceat(weights[order].astype(np.int64, copy=False), at)
     return cast(ArrayT, ordered[at]), sums
+
+
+def one_value_each(groups: IntArray, values: IntArray, n_groups: int) -> npt.NDArray[np.bool_]:
+    """Whether each group ``0..n_groups-1`` holds one value only among its rows (``groups``
+    and ``values`` one per row): its least and greatest agree, no sort of the (group,
+    value) pairs. A group of no rows holds none (False)."""
+    least = np.full(n_groups, np.iinfo(np.int64).max, dtype=np.int64)
+    most = np.full(n_groups, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(least, groups, values)
+    np.maximum.at(most, groups, values)
+    return np.equal(least, most)
 
 
 def small_key_order(keys: npt.NDArray[np.integer[Any]], bound: int) -> npt.NDArray[np.intp]:

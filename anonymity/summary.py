@@ -67,18 +67,13 @@ _KEY_LIMIT: Final = 1 << 62  # packed keys stay below this (int64 with room to s
 _EXAMPLES: Final = 5
 
 
-def group_rows(
-    columns: Sequence[npt.NDArray[np.integer[Any]]], radices: Sequence[int]
-) -> tuple[IntArray, IntArray]:
-    """Group rows of non-negative integer columns: (group id per row, first row per group).
-
-    Group ids are dense (0..n_groups-1) and follow the lexicographic order of the columns
-    (first column most significant). Columns are packed into one int64 key (``radices[i]`` bounds
-    column ``i``); when the key space would overflow, the partial key is re-densified
-    first, so any number of columns works.
-    """
+def packed_key(columns: Sequence[npt.NDArray[np.integer[Any]]], radices: Sequence[int]) -> IntArray:
+    """One int64 key per row of non-negative integer columns: equal where the rows are
+    equal, ordered as they are lexicographically (first column most significant).
+    ``radices[i]`` bounds column ``i``; when the key space would overflow, the partial key
+    is re-densified first (its ranks), so any number of columns works."""
     if not columns:
-        raise ValueError("group_rows needs at least one column")
+        raise ValueError("packed_key needs at least one column")
     key = np.asarray(columns[0], dtype=np.int64)
     span = max(int(radices[0]), 1)
     for column, radix in zip(columns[1:], radices[1:], strict=True):
@@ -89,7 +84,20 @@ def group_rows(
             span = max(int(distinct.shape[0]), 1)
         key = key * radix + np.asarray(column, dtype=np.int64)
         span *= radix
-    _, first, inverse = unique_first_inverse(key)
+    return key
+
+
+def group_rows(
+    columns: Sequence[npt.NDArray[np.integer[Any]]], radices: Sequence[int]
+) -> tuple[IntArray, IntArray]:
+    """Group rows of non-negative integer columns: (group id per row, first row per group).
+
+    Group ids are dense (0..n_groups-1) and follow the lexicographic order of the columns
+    (first column most significant): the sorted distinct ``packed_key``s.
+    """
+    if not columns:
+        raise ValueError("group_rows needs at least one column")
+    _, first, inverse = unique_first_inverse(packed_key(columns, radices))
     return inverse.astype(np.int64, copy=False).ravel(), first.astype(np.int64, copy=False)
 
 

@@ -60,7 +60,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.anonymity.arrays import sorted_unique
+from privpipe.anonymity.arrays import one_value_each, sorted_unique
 from privpipe.anonymity.bases import (
     Base,
     cell_sums,
@@ -525,13 +525,7 @@ class Evaluator:
             if self.n_units < summary.n_records:
                 self.units = dense.ids
                 tuple_of_row, _ = self.qi_tuples()
-                # a person of one QI tuple: their least and greatest tuple agree (no sort
-                # of (person, tuple) pairs)
-                least = np.full(self.n_units, np.iinfo(np.int64).max, dtype=np.int64)
-                most = np.full(self.n_units, -1, dtype=np.int64)
-                np.minimum.at(least, self.units, tuple_of_row)
-                np.maximum.at(most, self.units, tuple_of_row)
-                single = (least == most)[self.units]
+                single = one_value_each(self.units, tuple_of_row, self.n_units)[self.units]
                 first = np.zeros(summary.n_distinct, dtype=np.int64)
                 first[dense.first_rows] = 1
                 self._single = single.astype(np.int64)

@@ -125,3 +125,23 @@ def test_a_summary_of_persons_knows_its_dense_units_as_if_counted_again(
     assert given_units.n_units == counted.n_units == len(set(table[:, 3].tolist()))
     assert np.array_equal(given_units.ids, counted.ids)
     assert np.array_equal(given_units.first_rows, counted.first_rows)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 6), st.integers(-(2**62), 2**62)), max_size=80),
+    spare=st.integers(0, 3),
+)
+def test_one_value_each_is_a_group_of_one_distinct_value(
+    pairs: list[tuple[int, int]], spare: int
+) -> None:
+    """A group holds one value only where its distinct values number one (a group of no
+    rows: none)."""
+    from privpipe.anonymity.arrays import one_value_each
+
+    n = 7 + spare
+    groups = np.array([g for g, _ in pairs], dtype=np.int64)
+    values = np.array([v for _, v in pairs], dtype=np.int64)
+    got = one_value_each(groups, values, n)
+    want = [len({v for g, v in pairs if g == k}) == 1 for k in range(n)]
+    assert got.tolist() == want

@@ -40,7 +40,14 @@ import numpy as np
 import pandas as pd
 from apache_beam.pvalue import AsSingleton
 
-from privpipe.anonymity.arrays import sorted_unique, sum_by_key, unique_counts, unique_first
+from privpipe.anonymity.arrays import (
+    one_value_each,
+    sorted_unique,
+    sum_by_key,
+    unique_counts,
+    unique_first,
+)
+from privpipe.anonymity.summary import packed_key, unit_hashes
 from privpipe.hashing import (
     combine_hashes,
     is_text,
@@ -48,14 +55,13 @@ from privpipe.hashing import (
     string_hashes_and_codes,
     string_hashes_by_value,
 )
-from privpipe.transforms.context import COUNT
+from privpipe.transforms.context import COUNT, column_counts
 from privpipe.transforms.memory import release_free_memory
 from privpipe.transforms.overlap import OverlappedCombineFn
 from privpipe.transforms.sink import write_json_step
 from privpipe.transforms.timing import timed
 
 _FOLD_COUNTS = 32  # batches' value counts summed at once
-_KEY_LIMIT = 1 << 62  # packed combination keys stay below this
 _SAMPLE = 4096  # rows whose distinct count picks how a string column is hashed
 
 
@@ -322,64 +328,35 @@ def table_figures(
 ) -> TableFigures:
     """What the profile counts of the QIs, the counted columns and the person id, from a
     ``FrequencyTable`` of (at least) those columns: distinct tuples with their rows in
-    ``count``, values as strings (a Categorical, a missing value as code -1) and the unit
-    as 64-bit hashes. The same numbers as counting every batch: values are told apart as
-    the table tells them (by their strings, missing is no value), combinations by their
-    values with missing as one more."""
-    weights = freq[COUNT].to_numpy(dtype=np.int64)
-    codes: dict[str, np.ndarray] = {}
-    value_counts: dict[str, pd.Series] = {}
-    for col in dict.fromkeys([*qis, *counted]):
-        column = freq[col]
-        if isinstance(column.dtype, pd.CategoricalDtype):
-            raw, labels = np.asarray(column.cat.codes, dtype=np.int64), column.cat.categories
-        else:
-            raw, labels = pd.factorize(column.astype("str"), use_na_sentinel=True)
-            raw = np.asarray(raw, dtype=np.int64)
-        codes[col] = raw + 1  # 0: missing
-        sums = np.bincount(codes[col], weights=weights, minlength=len(labels) + 1)
-        rows = np.rint(sums[1:]).astype(np.int64)
-        present = rows > 0
-        index = pd.Index(np.asarray(labels, dtype=object)[present], dtype="str", name=col)
-        if col in counted:  # in value order, as the search's column counts
-            value_counts[col] = pd.Series(rows[present], index=index, name="count").sort_index()
-    combo, n_combos = _combinations([codes[q] for q in qis])
+    ``count``, values as strings and the unit as 64-bit hashes. The same numbers as
+    counting every batch: values are told apart as the table tells them (by their
+    strings; missing is no value), combinations by their values (missing one more), and
+    the value counts are the ones the search's hierarchies are resolved from
+    (``column_counts``)."""
+    every = column_counts(freq, skip=unit)
+    value_counts = {c: every[c][every[c].index.notna()] for c in counted}
+    codes = [_codes(freq[q]) + 1 for q in qis]  # 0: missing
+    # each row's combination (hashed, in no order: only their number and sizes count)
+    combo, distinct = pd.factorize(packed_key(codes, [int(c.max()) + 1 for c in codes]))
+    n_combos = len(distinct)
+    weights = freq[COUNT].to_numpy(dtype=np.float64)
     per_combo = np.rint(np.bincount(combo, weights=weights, minlength=n_combos))
     persons = unique_persons = None
-    if unit is not None:  # a combination of one person: its least and greatest id agree
-        ids = _unit_ids(freq[unit])
+    if unit is not None:
+        ids = unit_hashes(freq[unit], unit)
         persons = len(pd.unique(ids))
-        least = np.full(n_combos, np.iinfo(np.int64).max, dtype=np.int64)
-        most = np.full(n_combos, np.iinfo(np.int64).min, dtype=np.int64)
-        np.minimum.at(least, combo, ids)
-        np.maximum.at(most, combo, ids)
-        unique_persons = int(np.count_nonzero(least == most))
+        alone = one_value_each(np.asarray(combo, dtype=np.int64), ids, n_combos)
+        unique_persons = int(np.count_nonzero(alone))
     return TableFigures(
         value_counts, n_combos, int(np.count_nonzero(per_combo == 1)), persons, unique_persons
     )
 
 
-def _combinations(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
-    """Each row's combination of the non-negative code ``columns`` as an id 0..n-1 (in no
-    particular order: hashed, not sorted) and n."""
-    key = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
-    span = 1
-    for column in columns:
-        radix = int(column.max(initial=0)) + 1
-        if span * radix >= _KEY_LIMIT:  # densify the partial key first
-            partial, uniques = pd.factorize(key)
-            key, span = np.asarray(partial, dtype=np.int64), max(len(uniques), 1)
-        key = key * radix + column
-        span *= radix
-    ids, uniques = pd.factorize(key)
-    return np.asarray(ids, dtype=np.int64), len(uniques)
-
-
-def _unit_ids(column: pd.Series) -> np.ndarray:
-    """A table's person column as int64: its 64-bit hashes, or its codes (a Categorical)."""
+def _codes(column: pd.Series) -> np.ndarray:
+    """A table column's value codes, -1 where missing: a Categorical's own, else factorised."""
     if isinstance(column.dtype, pd.CategoricalDtype):
         return np.asarray(column.cat.codes, dtype=np.int64)
-    return np.ascontiguousarray(column.to_numpy()).view(np.int64)
+    return np.asarray(pd.factorize(column)[0], dtype=np.int64)
 
 
 def profile_from(
