@@ -337,7 +337,7 @@ def table_figures(
     value_counts = {c: every[c][every[c].index.notna()] for c in counted}
     codes = [_codes(freq[q]) + 1 for q in qis]  # 0: missing
     # each row's combination (hashed, in no order: only their number and sizes count)
-    combo, distinct = pd.factorize(packed_key(codes, [int(c.max()) + 1 for c in codes]))
+    combo, distinct = pd.factorize(packed_key(codes, [int(c.max(initial=0)) + 1 for c in codes]))
     n_combos = len(distinct)
     weights = freq[COUNT].to_numpy(dtype=np.float64)
     per_combo = np.rint(np.bincount(combo, weights=weights, minlength=n_combos))
