@@ -372,9 +372,10 @@ def plan_recoding(
     models = spec.models(sa_hierarchy)
     recoding, info = _search_recoding(summary, spec, hierarchies, models)
     baseline = None if baselines is None else baselines.get(summary)
-    # once the search's caches are freed: the input's scores (if not measured yet) and the
-    # output's person class sizes on threads beside the output's metrics (numpy's sorts and
-    # gathers run without the GIL); leaving the block waits for both, whatever was raised
+    # once the search's caches are freed: the input's scores (if not measured yet), the
+    # output's person class sizes and the input's SA shares on threads beside the output's
+    # metrics (numpy's sorts and gathers run without the GIL); leaving the block waits for
+    # them all, whatever was raised
     with ThreadPoolExecutor(2, thread_name_prefix="privpipe-measures") as pool:
         measuring = None
         if baseline is None:
@@ -382,6 +383,7 @@ def plan_recoding(
             tuples = recoding.codes if spec.algorithm != "mondrian" else None
             measuring = pool.submit(input_baseline, summary, hierarchies, tuples)
         persons = pool.submit(person_class_sizes, recoding, summary) if summary.has_units else None
+        sa_shares = pool.submit(input_sa_distribution, summary)
         metrics_output, output_sizes = measure_recoding(
             recoding, summary, hierarchies, numeric=spec.numeric
         )
@@ -407,7 +409,7 @@ def plan_recoding(
         _risk(baseline.sizes, 0, spec.unit),
         _risk(output_sizes, suppressed, spec.unit),
         summary.n_records,
-        input_sa_distribution(summary),
+        sa_shares.result(),
     )
 
 

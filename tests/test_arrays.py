@@ -127,6 +127,38 @@ def test_a_summary_of_persons_knows_its_dense_units_as_if_counted_again(
     assert np.array_equal(given_units.first_rows, counted.first_rows)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 4), st.integers(-9, 9), st.integers(1, 3)),
+        min_size=1,
+        max_size=120,
+    ),
+    grid=st.booleans(),
+)
+def test_persons_per_sensitive_value_are_the_distinct_persons_with_it(
+    rows: list[tuple[int, int, int, int]], grid: bool
+) -> None:
+    """``sa_unit_counts``: per SA code, the distinct persons with a row of it, whether the
+    (SA, person) pairs are marked on a grid or sorted (a grid too large for the rows)."""
+    import pytest
+
+    from privpipe.anonymity import summary as module
+
+    table = np.array(rows, dtype=np.int64)
+    with pytest.MonkeyPatch.context() as patch:
+        if not grid:
+            patch.setattr(module, "_PAIR_GRID_FACTOR", 0)
+            patch.setattr(module, "_DENSE_MIN_CELLS", 0)
+        summary = module.Summary.from_codes(
+            ("a",), table[:, :1], table[:, 1], table[:, 3], sa_domain=6,
+            unit_codes=table[:, 2] * 7919,
+        )  # fmt: skip
+        got = summary.sa_unit_counts()
+    want = [len({p for _, s, p, _ in rows if s == code}) for code in range(6)]
+    assert got.dtype == np.int64 and got.tolist() == want
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     pairs=st.lists(st.tuples(st.integers(0, 6), st.integers(-(2**62), 2**62)), max_size=80),
