@@ -133,7 +133,11 @@ def recoding_from_search(
     """The recoding of a full-domain search result: every distinct raw QI tuple of the
     summary gets its labels at the chosen levels; tuples in suppressed classes are ``*``."""
     codes = _distinct_tuples(summary)
-    index = result.classes.classify(codes)
+    classes = result.classes
+    if classes.evaluator.summary is summary:  # the tuples are rows of the evaluator's summary
+        index = classes.row_classes(summary.qi_groups()[1])
+    else:
+        index = classes.classify(codes)
     if (index < 0).any():
         raise RuntimeError("a QI tuple of the summary is in no class of the search result")
     suppressed = result.assessment.suppressed[index]

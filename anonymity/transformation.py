@@ -349,14 +349,15 @@ class EquivalenceClasses:
         """Index of each class's first cell."""
         return np.searchsorted(self.cell_class, np.arange(self.n_classes)).astype(np.int64)
 
-    def row_classes(self) -> IntArray:
-        """Class index of every summary row (rows of ``evaluator.summary``)."""
+    def row_classes(self, rows: IntArray | None = None) -> IntArray:
+        """Class index of every summary row (rows of ``evaluator.summary``), or of ``rows``
+        (positions among them) only."""
         ev = self.evaluator
         if self._class_keys is not None:
-            keys = ev.row_class_keys(self.levels)
+            keys = ev.row_class_keys(self.levels, rows)
             return np.searchsorted(self._class_keys, keys).astype(np.int64)
-        _, rows = ev.classes_with_rows(self.levels)
-        return rows
+        _, every = ev.classes_with_rows(self.levels)
+        return every if rows is None else every[rows]
 
     def classify(self, raw_codes: npt.ArrayLike) -> IntArray:
         """Class index of records given by raw QI codes (n, n_qi); -1 if in no class.
@@ -663,12 +664,7 @@ class Evaluator:
     def _multi_row_classes(self, classes: EquivalenceClasses) -> IntArray:
         """Class index of the summary rows of persons with several rows (packed mode)."""
         assert classes._class_keys is not None
-        rows = self._multi
-        keys = np.zeros(rows.shape[0], dtype=np.int64)
-        for j, level in enumerate(classes.levels):
-            stride = self.strides[j] // self.sa_radix
-            keys += np.multiply(self._labels_of_rows(j, level)[rows], stride, dtype=np.int64)
-        return np.searchsorted(classes._class_keys, keys).astype(np.int64)
+        return classes.row_classes(self._multi)
 
     def _units_from_pairs(self, classes: EquivalenceClasses, pairs: IntArray) -> EquivalenceClasses:
         """The person view from the carried single-row counts and the carried distinct
@@ -1348,9 +1344,16 @@ class Evaluator:
         order = np.argsort(keys)
         return self._merge_cells(node, classes, keys[order], order)
 
-    def row_class_keys(self, levels: Sequence[int]) -> IntArray:
-        """Packed class key of every summary row at ``levels`` (packed mode only)."""
-        keys = self._row_keys(self._check(levels), with_sa=False)
+    def row_class_keys(self, levels: Sequence[int], rows: IntArray | None = None) -> IntArray:
+        """Packed class key of every summary row at ``levels``, or of ``rows`` (positions
+        among them) only (packed mode only)."""
+        node = self._check(levels)
+        if rows is None:
+            return self._row_keys(node, with_sa=False)
+        keys = np.zeros(rows.shape[0], dtype=np.int64)
+        for j, level in enumerate(node):
+            stride = self.strides[j] // self.sa_radix
+            keys += np.multiply(self._labels_of_rows(j, level)[rows], stride, dtype=np.int64)
         return keys
 
     def qi_tuples(self) -> tuple[IntArray, IntArray]:

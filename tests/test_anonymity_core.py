@@ -674,6 +674,12 @@ def test_rollup_equals_direct_evaluation_and_unpacked_mode() -> None:
         np.testing.assert_array_equal(direct.labels, other.labels)
         np.testing.assert_array_equal(direct.cell_count, other.cell_count)
         np.testing.assert_array_equal(direct.row_classes(), other.row_classes())
+        some = np.arange(summary.n_distinct)[::-2]  # rows in any order, some of them
+        for classes in (direct, other):
+            np.testing.assert_array_equal(classes.row_classes(some), classes.row_classes()[some])
+            np.testing.assert_array_equal(
+                classes.row_classes(some), classes.classify(summary.qi_codes[some])
+            )
         np.testing.assert_array_equal(direct.lookup(direct.labels), np.arange(direct.n_classes))
         np.testing.assert_array_equal(other.lookup(other.labels), np.arange(other.n_classes))
         for j in range(len(node)):
