@@ -66,19 +66,28 @@ def test_labels_not_distinct_as_strings_stay_strings() -> None:
 @given(
     tuples=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=25),
     queries=st.lists(st.tuples(st.integers(-2, 7), st.integers(-1, 5)), max_size=40),
+    repeated=st.booleans(),
 )
 def test_tuple_index_locates_like_a_dictionary(
-    tuples: list[tuple[int, int]], queries: list[tuple[int, int]]
+    tuples: list[tuple[int, int]], queries: list[tuple[int, int]], repeated: bool
 ) -> None:
     """The row of each queried tuple, -1 for an absent one, whatever the order, repeats
-    and codes outside the indexed ranges (negative, or above a column's largest code)."""
-    distinct = list(dict.fromkeys(tuples))
-    index = _TupleIndex.build(np.array(distinct, dtype=np.int64))
-    expected = [distinct.index(q) if q in distinct else -1 for q in queries]
+    and codes outside the indexed ranges (negative, or above a column's largest code);
+    indexed tuples that repeat (sorted and searched) give the first row of each, distinct
+    ones (a hash table of their keys) the same after the index was pickled."""
+    import pickle
+
+    indexed = tuples if repeated else list(dict.fromkeys(tuples))
+    index = _TupleIndex.build(np.array(indexed, dtype=np.int64))
+    assert index.unique == (len(set(indexed)) == len(indexed))
+    expected = [indexed.index(q) if q in indexed else -1 for q in queries]
     array = np.array(queries, dtype=np.int64).reshape(-1, 2)
     assert index.locate(array).tolist() == expected
     columns = [np.ascontiguousarray(array[:, j]) for j in range(2)]  # a batch's codes
     assert index.locate_columns(columns, len(queries)).tolist() == expected
+    shipped = pickle.loads(pickle.dumps(index))  # as a side input: without the hash table
+    assert "_keys_index" not in shipped.__dict__
+    assert shipped.locate_columns(columns, len(queries)).tolist() == expected
 
 
 @settings(max_examples=60, deadline=None)
