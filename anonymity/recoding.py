@@ -91,7 +91,6 @@ class _TupleIndex:
             rows[~inside] = -1
         return rows.astype(np.int64)
 
-
     def _lookup(self) -> pd.Index:
         """The sorted keys as an index (its hash table built on first use, where the
         batches are recoded; not pickled with the side input)."""
