@@ -15,6 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privpipe.errors import ConfigError, InputDataError
 from privpipe.transforms.io import InputSpec, ReadMicrodata, inspect_input
@@ -618,3 +620,41 @@ def test_a_single_split_read_has_no_shuffle_or_newline_count(tmp_path: Path) -> 
     many = _leaf_labels(InputSpec(paths=(path,), split_bytes=64))
     assert [x for x in many if "Distribute" in x] and [x for x in many if "CountNewlines" in x]
     assert len(one) < len(many) - 5
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lines=st.lists(st.text(alphabet="ab,\r", max_size=12), min_size=1, max_size=30),
+    final_newline=st.booleans(),
+    split_bytes=st.integers(1, 40),
+)
+def test_each_split_holds_the_lines_starting_in_it_once_with_their_line_numbers(
+    tmp_path_factory: pytest.TempPathFactory,
+    lines: list[str],
+    final_newline: bool,
+    split_bytes: int,
+) -> None:
+    """``_aligned`` of every byte range of a file: the bytes of the lines that start in
+    it (the header skipped), whole, in order, from the offset it reports, and the first
+    line's number; together they are the file after its header, each line once."""
+    from privpipe.transforms.io import _ReadTextSplitFn, _text_splits
+
+    raw = ("h\n" + "\n".join(lines) + ("\n" if final_newline else "")).encode()
+    path = tmp_path_factory.mktemp("splits") / "a.csv"
+    path.write_bytes(raw)
+    spec = InputSpec(paths=(str(path),), split_bytes=split_bytes)
+    fn = _ReadTextSplitFn(spec, ("h",))
+    pieces = []
+    with open(path, "rb") as f:
+        for _, _, start, end, _ in _text_splits(str(path), len(raw), spec):
+            got = fn._aligned(f, start, end, raw[:start].count(b"\n"))
+            if got is None:
+                assert b"\n" not in raw[max(start - 1, 0) : end - 1]
+                continue
+            data, first, line = got
+            assert raw[first : first + len(data)] == data
+            assert first == 0 or raw[first - 1 : first] == b"\n"
+            assert not data or data.endswith(b"\n") or first + len(data) == len(raw)
+            assert line == 1 + raw[:first].count(b"\n") or (start == 0 and first == 2)
+            pieces.append(data)
+    assert b"".join(pieces) == raw[2:]

@@ -293,6 +293,21 @@ def _read_through_newline(f: BinaryIO, data: bytes, limit: int | None = None) ->
     return b"".join(parts)
 
 
+def _newline_at_or_after(f: BinaryIO, at: int, before: int) -> int:
+    """File offset of the first \n in [at, before - 1), -1 if none: a line starts after it
+    and before ``before``."""
+    f.seek(at)
+    while at < before - 1:
+        chunk = f.read(min(_HEAD_CHUNK, before - 1 - at))
+        if not chunk:
+            break
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return at + nl
+        at += len(chunk)
+    return -1
+
+
 def _read_line_rest(f: BinaryIO) -> bytes:
     """Read from the current position through the next newline (or to the end of file)."""
     parts: list[bytes] = []
@@ -1319,21 +1334,23 @@ class _ReadTextSplitFn(beam.DoFn):
     def _aligned(
         self, f: BinaryIO, start: int, end: int, newlines_before: int
     ) -> tuple[bytes, int, int] | None:
-        """The bytes of the lines that start in [start, end), their offset and first line."""
-        if start == 0:
-            data = _read_exact(f, end)
-            first, line = 0, 1
-        else:
-            f.seek(start - 1)
-            data = _read_exact(f, end - start + 1)
-            nl = data.find(b"\n")
-            if nl < 0 or start + nl >= end:
+        """The bytes of the lines that start in [start, end), their offset and first line.
+        The range's ends are found first and its bytes read once (no copy of a split cut
+        or grown afterwards)."""
+        first, line = 0, 1
+        if start > 0:
+            nl = _newline_at_or_after(f, start - 1, end)
+            if nl < 0:
                 return None  # no line starts in this range
-            first = start + nl
-            line = 1 + newlines_before + (1 if nl > 0 else 0)
-            data = data[nl + 1 :]
-        if data and not data.endswith(b"\n"):
-            data += _read_line_rest(f)  # the line containing byte end - 1 runs past `end`
+            first = nl + 1
+            line = 1 + newlines_before + (1 if nl > start - 1 else 0)
+        stop = end
+        if end > first:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":  # the line containing byte end - 1 runs past `end`
+                stop += len(_read_line_rest(f))
+        f.seek(first)
+        data = _read_exact(f, stop - first)
         skip = self._skip_preamble(data, start == 0)
         if skip:
             line += data.count(b"\n", 0, skip)
