@@ -46,6 +46,7 @@ from privpipe.anonymity.arrays import (
     sum_by_key,
     unique_counts,
     unique_first,
+    unique_first_inverse,
 )
 from privpipe.anonymity.summary import packed_key, unit_hashes
 from privpipe.hashing import (
@@ -336,9 +337,15 @@ def table_figures(
     every = column_counts(freq, skip=unit)
     value_counts = {c: every[c][every[c].index.notna()] for c in counted}
     codes = [_codes(freq[q]) + 1 for q in qis]  # 0: missing
-    # each row's combination (hashed, in no order: only their number and sizes count)
-    combo, distinct = pd.factorize(packed_key(codes, [int(c.max(initial=0)) + 1 for c in codes]))
-    n_combos = len(distinct)
+    # each row's combination (only their number and sizes count): runs of equal keys when
+    # the table is in the combinations' order (a summary's table, no missing QI), else hashed
+    key = packed_key(codes, [int(c.max(initial=0)) + 1 for c in codes])
+    if key.shape[0] > 1 and bool(np.all(key[1:] >= key[:-1])):
+        _, _, combo = unique_first_inverse(key)
+        n_combos = int(combo[-1]) + 1
+    else:
+        combo, distinct = pd.factorize(key)
+        n_combos = len(distinct)
     weights = freq[COUNT].to_numpy(dtype=np.float64)
     per_combo = np.rint(np.bincount(combo, weights=weights, minlength=n_combos))
     persons = unique_persons = None
