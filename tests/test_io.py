@@ -587,7 +587,8 @@ def test_pieces_cut_at_line_ends_with_their_line_numbers() -> None:
     buf = b"".join(f"line {i}\n".encode() for i in range(1, 200))
     pieces = _pieces(buf, 1000, 5, 64)
     assert len(pieces) > 10 and b"".join(p for p, _, _ in pieces) == buf
-    for piece, offset, line in pieces:
+    for view, offset, line in pieces:
+        piece = bytes(view)  # views of the buffer, not copies
         assert piece.endswith(b"\n") and buf[offset - 1000 :].startswith(piece)
         assert piece.startswith(f"line {line - 4}\n".encode())
     assert _pieces(b"a\nb", 0, 1, 1) == [(b"a\n", 0, 1), (b"b", 2, 2)]

@@ -102,6 +102,7 @@ _BOM = b"\xef\xbb\xbf"
 _TEXT_LIMIT = 200  # characters of the raw line kept in `rejected.text`
 _VALUE_LIMIT = 40  # characters of a bad value quoted in a reason
 _HEAD_CHUNK = 1 << 16
+_SAMPLE_BYTES = 1 << 20  # a split's average line length is taken over this much of it
 _MAX_HEADER_BYTES = 16 << 20
 _COUNT_CHUNK = 8 << 20
 _COMMON_DELIMITERS = (",", ";", "\t", "|")
@@ -1214,20 +1215,24 @@ def _text_splits(path: str, size: int, spec: InputSpec) -> list[TextSplit]:
     return [(path, i, bounds[i], bounds[i + 1], n) for i in range(n)]
 
 
-def _pieces(buf: bytes, offset: int, line: int, size: int) -> list[tuple[bytes, int, int]]:
+def _pieces(
+    buf: bytes, offset: int, line: int, size: int
+) -> list[tuple[bytes | memoryview, int, int]]:
     """A buffer of whole lines cut at line ends into pieces of about ``size`` bytes, each
     with its file offset and physical line number (pieces parse independently: a line, its
-    bytes and its rejection never span two)."""
-    out: list[tuple[bytes, int, int]] = []
+    bytes and its rejection never span two). Pieces are views of the buffer, not copies
+    made on the reading thread."""
+    out: list[tuple[bytes | memoryview, int, int]] = []
+    view = memoryview(buf)
     lo = 0
     while len(buf) - lo > size:
         nl = buf.find(b"\n", lo + size)
         if nl < 0 or nl + 1 >= len(buf):
             break
-        out.append((buf[lo : nl + 1], offset + lo, line))
+        out.append((view[lo : nl + 1], offset + lo, line))
         line += buf.count(b"\n", lo, nl + 1)
         lo = nl + 1
-    out.append((buf[lo:] if lo else buf, offset + lo, line))
+    out.append((view[lo:] if lo else buf, offset + lo, line))
     return out
 
 
@@ -1280,7 +1285,7 @@ class _ReadTextSplitFn(beam.DoFn):
         path, index, start, end, _ = split
         with _open(path) as f:
             if self.spec.multiline_records:
-                segments: Iterable[tuple[bytes, int, int]] = self._sequential(f)
+                segments: Iterable[tuple[bytes | memoryview, int, int]] = self._sequential(f)
             else:
                 one = self._aligned(f, start, end, 0)
                 segments = _pieces(*one, self._piece_size(one[0])) if one is not None else []
@@ -1291,14 +1296,16 @@ class _ReadTextSplitFn(beam.DoFn):
                     else:
                         yield out
 
-    def _parsed(self, segments: Iterable[tuple[bytes, int, int]], path: str) -> Iterator[list[Any]]:
+    def _parsed(
+        self, segments: Iterable[tuple[bytes | memoryview, int, int]], path: str
+    ) -> Iterator[list[Any]]:
         """The outputs of each segment, in order; with several threads the next segments are
         parsed in the pool while the caller hands this one downstream."""
         work = ((buf, offset, line) for buf, offset, line in segments if buf)
         threads = self.spec.threads
         if threads == 1:
             for buf, offset, line in work:
-                yield list(self._segment(buf, offset, line, path))
+                yield self._segment_list(buf, offset, line, path)
             return
         pool = _pool(threads)
         pending: deque[Future[list[Any]]] = deque()
@@ -1314,12 +1321,16 @@ class _ReadTextSplitFn(beam.DoFn):
                 fut.cancel()
 
     def _piece_size(self, buf: bytes) -> int:
-        """Bytes of about ``batch_rows`` average lines of the buffer (at most piece_bytes)."""
-        lines = max(buf.count(b"\n"), 1)
-        return max(1, min(self.spec.piece_bytes, len(buf) * self.spec.batch_rows // lines))
+        """Bytes of about ``batch_rows`` average lines of the buffer (at most piece_bytes),
+        the average taken over its first ``_SAMPLE_BYTES``."""
+        sample = min(len(buf), _SAMPLE_BYTES)
+        lines = max(buf.count(b"\n", 0, sample), 1)
+        return max(1, min(self.spec.piece_bytes, sample * self.spec.batch_rows // lines))
 
-    def _segment_list(self, buf: bytes, offset: int, line: int, path: str) -> list[Any]:
-        return list(self._segment(buf, offset, line, path))
+    def _segment_list(
+        self, buf: bytes | memoryview, offset: int, line: int, path: str
+    ) -> list[Any]:
+        return list(self._segment(bytes(buf), offset, line, path))
 
     def _skip_preamble(self, data: bytes, at_file_start: bool) -> int:
         """Bytes to skip at the start of a file: BOM, and the header line of a CSV."""
