@@ -77,31 +77,14 @@ class _TupleIndex:
                 within = (column >= 0) & (column < radix)
                 inside = within if inside is None else inside & within
                 checked[j] = np.where(within, column, 0)
-        keys = _pack(checked, self.radices, n)
-        if self.unique:  # a hash table of the keys, built once: no sort of the batch's keys
-            at = self._lookup().get_indexer(keys)
-            rows = np.where(at >= 0, self.rows[at], -1)
-        else:
-            # each distinct key once, in sorted order: the searches in the (large) sorted
-            # keys then stay local instead of one cache miss per level and row
-            distinct, inverse = np.unique(keys, return_inverse=True)
-            at = np.minimum(np.searchsorted(self.keys, distinct), self.keys.shape[0] - 1)
-            rows = np.where(self.keys[at] == distinct, self.rows[at], -1)[inverse]
+        # each distinct key once, in sorted order: the searches in the (large) sorted keys
+        # then stay local instead of one cache miss per level and row
+        distinct, inverse = np.unique(_pack(checked, self.radices, n), return_inverse=True)
+        at = np.minimum(np.searchsorted(self.keys, distinct), self.keys.shape[0] - 1)
+        rows = np.where(self.keys[at] == distinct, self.rows[at], -1)[inverse]
         if inside is not None:
             rows[~inside] = -1
         return rows.astype(np.int64)
-
-    def _lookup(self) -> pd.Index:
-        """The sorted keys as an index (its hash table built on first use, where the
-        batches are recoded; not pickled with the side input)."""
-        index: pd.Index | None = self.__dict__.get("_keys_index")
-        if index is None:
-            index = pd.Index(self.keys, copy=False)
-            object.__setattr__(self, "_keys_index", index)
-        return index
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_keys_index"}
 
 
 def _pack(columns: Sequence[npt.NDArray[np.integer[Any]]], radices: IntArray, n: int) -> IntArray:

@@ -63,8 +63,6 @@ class DenseUnits(NamedTuple):
     """The first summary row of each unit, by dense id."""
 
 
-_PAIR_GRID_FACTOR: Final = 32  # a (SA, unit) grid of up to 32 bytes per row is marked, not sorted
-_DENSE_MIN_CELLS: Final = 1 << 20
 _KEY_LIMIT: Final = 1 << 62  # packed keys stay below this (int64 with room to spare)
 _EXAMPLES: Final = 5
 
@@ -307,15 +305,9 @@ class Summary:
         if self._sa_units is None:
             units = self.dense_units()
             n = max(units.n_units, 1)
-            pairs = self.sa_codes * n + units.ids
-            if self.sa_domain * n <= max(_PAIR_GRID_FACTOR * pairs.shape[0], _DENSE_MIN_CELLS):
-                # the (SA, unit) grid marked where a pair occurs: no sort of the pairs
-                seen = np.zeros(self.sa_domain * n, dtype=bool)
-                seen[pairs] = True
-                counts = np.count_nonzero(seen.reshape(self.sa_domain, n), axis=1)
-            else:
-                counts = np.bincount(sorted_unique(pairs) // n, minlength=self.sa_domain)
-            object.__setattr__(self, "_sa_units", _readonly(counts.astype(np.int64)))
+            pairs = sorted_unique(self.sa_codes * n + units.ids)  # distinct (SA, unit)
+            counts = np.bincount(pairs // n, minlength=self.sa_domain).astype(np.int64)
+            object.__setattr__(self, "_sa_units", _readonly(counts))
         assert self._sa_units is not None
         return self._sa_units
 

@@ -351,11 +351,18 @@ class EquivalenceClasses:
 
     def row_classes(self, rows: IntArray | None = None) -> IntArray:
         """Class index of every summary row (rows of ``evaluator.summary``), or of ``rows``
-        (positions among them) only."""
+        (positions among them) only; for ``rows``, -1 where a row's key is in no class (a
+        node's classes hold every row: a -1 is an inconsistency for the caller to raise)."""
         ev = self.evaluator
         if self._class_keys is not None:
             keys = ev.row_class_keys(self.levels, rows)
-            return np.searchsorted(self._class_keys, keys).astype(np.int64)
+            at = np.searchsorted(self._class_keys, keys).astype(np.int64)
+            if rows is None:
+                return at
+            if self.n_classes == 0:
+                return np.full(keys.shape[0], -1, dtype=np.int64)
+            hit = self._class_keys[np.minimum(at, self.n_classes - 1)] == keys
+            return np.where(hit, at, -1)
         _, every = ev.classes_with_rows(self.levels)
         return every if rows is None else every[rows]
 

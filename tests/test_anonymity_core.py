@@ -11,6 +11,7 @@ Tables:
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 
@@ -680,6 +681,10 @@ def test_rollup_equals_direct_evaluation_and_unpacked_mode() -> None:
             np.testing.assert_array_equal(
                 classes.row_classes(some), classes.classify(summary.qi_codes[some])
             )
+        if direct._class_keys is not None and direct.n_classes > 1:  # a key in no class
+            dropped = copy.copy(direct)
+            dropped._class_keys = direct._class_keys[1:]
+            assert (dropped.row_classes(np.arange(summary.n_distinct)) == -1).any()
         np.testing.assert_array_equal(direct.lookup(direct.labels), np.arange(direct.n_classes))
         np.testing.assert_array_equal(other.lookup(other.labels), np.arange(other.n_classes))
         for j in range(len(node)):

@@ -134,28 +134,19 @@ def test_a_summary_of_persons_knows_its_dense_units_as_if_counted_again(
         min_size=1,
         max_size=120,
     ),
-    grid=st.booleans(),
 )
 def test_persons_per_sensitive_value_are_the_distinct_persons_with_it(
-    rows: list[tuple[int, int, int, int]], grid: bool
+    rows: list[tuple[int, int, int, int]],
 ) -> None:
-    """``sa_unit_counts``: per SA code, the distinct persons with a row of it, whether the
-    (SA, person) pairs are marked on a grid or sorted (a grid too large for the rows)."""
-    import pytest
-
-    from privpipe.anonymity import summary as module
+    """``sa_unit_counts``: per SA code, the distinct persons with a row of it."""
+    from privpipe.anonymity.summary import Summary
 
     table = np.array(rows, dtype=np.int64)
-    with pytest.MonkeyPatch.context() as patch:
-        if not grid:
-            patch.setattr(module, "_PAIR_GRID_FACTOR", 0)
-            patch.setattr(module, "_DENSE_MIN_CELLS", 0)
-        summary = module.Summary.from_codes(
-            ("a",), table[:, :1], table[:, 1], table[:, 3], sa_domain=6,
-            unit_codes=table[:, 2] * 7919,
-        )  # fmt: skip
-        got = summary.sa_unit_counts()
+    summary = Summary.from_codes(
+        ("a",), table[:, :1], table[:, 1], table[:, 3], sa_domain=6, unit_codes=table[:, 2] * 7919
+    )
     want = [len({p for _, s, p, _ in rows if s == code}) for code in range(6)]
+    got = summary.sa_unit_counts()
     assert got.dtype == np.int64 and got.tolist() == want
 
 
