@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -936,6 +938,50 @@ def skip_unused_connectors() -> None:
     logging.getLogger("apache_beam.io.mongodbio").addFilter(_DropBeamImportNoise())
 
 
+LAZY_HTTP_LIBRARIES = ("httplib2", "requests")
+"""HTTP client libraries ``import apache_beam`` loads for what a local run never does
+(Beam's artifact stager, GCE metadata): loaded when first used instead."""
+
+
+def lazy_http_libraries() -> None:
+    """In the ``privpipe`` command's own process, before Beam is imported: each of the
+    ``LAZY_HTTP_LIBRARIES`` that is installed is registered unexecuted (``_OnFirstUse``):
+    its code runs when one of its names is first used, so a run that never opens an HTTP
+    connection does not build httplib2's pyparsing grammar or load requests' stack (~0.07
+    s of every run's start-up on this machine). ``importlib.util.LazyLoader`` cannot do
+    this on Python 3.11: the ``import`` statement's own look at ``__spec__`` loads it. Not
+    for callers in the same process (notebooks, tests): they keep the libraries as loaded."""
+    for name in LAZY_HTTP_LIBRARIES:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        module.__class__ = _OnFirstUse
+        sys.modules[name] = module
+
+
+class _OnFirstUse(types.ModuleType):
+    """A module registered with its spec but not run: the first name looked up that it
+    does not have yet runs it, in place (under a lock: once, whichever thread asks)."""
+
+    _lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        with _OnFirstUse._lock:
+            if type(self) is _OnFirstUse:
+                spec = self.__spec__
+                assert spec is not None and spec.loader is not None
+                object.__setattr__(self, "__class__", types.ModuleType)
+                try:
+                    spec.loader.exec_module(self)
+                except BaseException:  # as a failed import: not left half-run
+                    sys.modules.pop(self.__name__, None)
+                    raise
+        return object.__getattribute__(self, name)
+
+
 HUGEPAGE_SETTING = "NUMPY_MADVISE_HUGEPAGE"
 """numpy's switch for asking the kernel for transparent huge pages on large arrays."""
 
@@ -957,10 +1003,12 @@ def no_huge_page_stalls() -> None:
 def entry() -> None:
     """The ``privpipe`` command: :func:`main`, then exit without the interpreter's last
     cyclic garbage collection (:func:`_quick_exit`); Beam's unused MongoDB connector's
-    libraries are skipped (:func:`skip_unused_connectors`), numpy's huge-page requests
-    too (:func:`no_huge_page_stalls`)."""
+    libraries are skipped (:func:`skip_unused_connectors`), its HTTP clients loaded only
+    if used (:func:`lazy_http_libraries`), numpy's huge-page requests skipped too
+    (:func:`no_huge_page_stalls`)."""
     no_huge_page_stalls()
     skip_unused_connectors()
+    lazy_http_libraries()
     code = main()
     _quick_exit()
     if code in (INTERRUPTED, TERMINATED):

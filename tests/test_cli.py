@@ -336,6 +336,33 @@ def test_the_command_skips_beams_mongodb_libraries_and_beam_still_runs() -> None
     assert "bson" not in done.stderr
 
 
+def test_the_command_loads_beams_http_clients_only_when_used() -> None:
+    """``entry`` registers httplib2 and requests unrun before Beam is imported: importing
+    Beam and running a pipeline runs neither (nor pyparsing, urllib3); the first use of a
+    name runs the library, once, and it then works as if imported."""
+    code = (
+        "import sys\n"
+        "from privpipe.pipelines.cli import lazy_http_libraries\n"
+        "lazy_http_libraries()\n"
+        "import apache_beam as beam\n"
+        "with beam.Pipeline() as p:\n"
+        "    _ = p | beam.Create([1, 2, 3]) | beam.Map(print)\n"
+        "print('unrun', type(sys.modules['httplib2']).__name__,\n"
+        "      type(sys.modules['requests']).__name__,\n"
+        "      'pyparsing' in sys.modules, 'urllib3' in sys.modules)\n"
+        "from apache_beam.internal.http_client import get_new_http\n"
+        "import requests\n"
+        "print('used', type(get_new_http()).__name__, requests.Request('GET', 'http://x').method,\n"
+        "      type(sys.modules['httplib2']).__name__, 'pyparsing' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines() if line}
+    assert lines["unrun"] == ["_OnFirstUse", "_OnFirstUse", "False", "False"]
+    assert lines["used"] == ["Http", "GET", "module", "True"]
+    assert {"1", "2", "3"} <= set(lines)
+
+
 @pytest.mark.parametrize(("setting", "expected"), [(None, "False False"), ("1", "True True")])
 def test_the_command_asks_numpy_for_no_huge_pages_unless_the_user_did(
     setting: str | None, expected: str
