@@ -294,34 +294,20 @@ def _read_through_newline(f: BinaryIO, data: bytes, limit: int | None = None) ->
     return b"".join(parts)
 
 
-def _newline_at_or_after(f: BinaryIO, at: int, before: int) -> int:
-    """File offset of the first \n in [at, before - 1), -1 if none: a line starts after it
-    and before ``before``."""
+def _line_end(f: BinaryIO, at: int, before: int | None = None) -> int:
+    """File offset just past the first \n at or after ``at`` and before ``before`` (None:
+    the end of the file); where there is none, the offset the search stopped at
+    (``before``, or the end of the file). Only offsets: no bytes are kept."""
     f.seek(at)
-    while at < before - 1:
-        chunk = f.read(min(_HEAD_CHUNK, before - 1 - at))
+    while before is None or at < before:
+        chunk = f.read(_HEAD_CHUNK if before is None else min(_HEAD_CHUNK, before - at))
         if not chunk:
             break
         nl = chunk.find(b"\n")
         if nl >= 0:
-            return at + nl
+            return at + nl + 1
         at += len(chunk)
-    return -1
-
-
-def _read_line_rest(f: BinaryIO) -> bytes:
-    """Read from the current position through the next newline (or to the end of file)."""
-    parts: list[bytes] = []
-    while True:
-        chunk = f.read(_HEAD_CHUNK)
-        if not chunk:
-            break
-        nl = chunk.find(b"\n")
-        if nl >= 0:
-            parts.append(chunk[: nl + 1])
-            break
-        parts.append(chunk)
-    return b"".join(parts)
+    return at
 
 
 @dataclass(frozen=True)
@@ -1350,16 +1336,12 @@ class _ReadTextSplitFn(beam.DoFn):
         or grown afterwards)."""
         first, line = 0, 1
         if start > 0:
-            nl = _newline_at_or_after(f, start - 1, end)
-            if nl < 0:
+            first = _line_end(f, start - 1, end)  # after the line that holds byte start - 1
+            if first >= end:
                 return None  # no line starts in this range
-            first = nl + 1
-            line = 1 + newlines_before + (1 if nl > start - 1 else 0)
-        stop = end
-        if end > first:
-            f.seek(end - 1)
-            if f.read(1) != b"\n":  # the line containing byte end - 1 runs past `end`
-                stop += len(_read_line_rest(f))
+            line = 1 + newlines_before + (1 if first > start else 0)
+        # through the end of the line that holds byte end - 1 (it may run past `end`)
+        stop = _line_end(f, end - 1) if end > first else end
         f.seek(first)
         data = _read_exact(f, stop - first)
         skip = self._skip_preamble(data, start == 0)
