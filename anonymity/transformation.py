@@ -1355,12 +1355,11 @@ class Evaluator:
         """Packed class key of every summary row at ``levels``, or of ``rows`` (positions
         among them) only (packed mode only)."""
         node = self._check(levels)
-        if rows is None:
-            return self._row_keys(node, with_sa=False)
-        keys = np.zeros(rows.shape[0], dtype=np.int64)
+        keys = np.zeros(self.summary.n_distinct if rows is None else rows.shape[0], np.int64)
         for j, level in enumerate(node):
+            labels = self._labels_of_rows(j, level)
             stride = self.strides[j] // self.sa_radix
-            keys += np.multiply(self._labels_of_rows(j, level)[rows], stride, dtype=np.int64)
+            keys += np.multiply(labels if rows is None else labels[rows], stride, dtype=np.int64)
         return keys
 
     def qi_tuples(self) -> tuple[IntArray, IntArray]:
@@ -1391,12 +1390,6 @@ class Evaluator:
             cached = table[info.row_index]
             self._row_labels[key] = cached
         return cached
-
-    def _row_keys(self, node: Node, *, with_sa: bool = True) -> IntArray:
-        keys = self._row_sa.copy() if with_sa else np.zeros(self.summary.n_distinct, np.int64)
-        for j, level in enumerate(node):
-            keys += np.multiply(self._labels_of_rows(j, level), self.strides[j], dtype=np.int64)
-        return keys if with_sa else keys // self.sa_radix
 
     def _merge_cells(
         self, node: Node, classes: EquivalenceClasses, keys: IntArray, order: IntArray
