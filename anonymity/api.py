@@ -44,7 +44,6 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from privpipe.anonymity.arrays import sorted_unique
 from privpipe.anonymity.hierarchy import Hierarchy
 from privpipe.anonymity.models import PrivacyModel
 from privpipe.anonymity.mondrian import mondrian
@@ -55,7 +54,12 @@ from privpipe.anonymity.search import SearchResult, search
 from privpipe.anonymity.spec import AnonymizationSpec
 from privpipe.anonymity.summary import Summary, group_rows, resolve_hierarchies
 from privpipe.anonymity.transformation import Evaluator
-from privpipe.anonymity.verify import Verification, verify_grid_labels, verify_table
+from privpipe.anonymity.verify import (
+    Verification,
+    persons_per_group,
+    verify_grid_labels,
+    verify_table,
+)
 from privpipe.dp.secure_random import RandomSource, SecureRandom
 from privpipe.errors import ConfigError, InputDataError, PrivacyRefusal
 
@@ -252,9 +256,7 @@ def _identity_baseline(summary: Summary) -> InputBaseline:
     sizes = records
     if summary.has_units:  # distinct persons per tuple
         units = summary.dense_units()
-        n_units = max(units.n_units, 1)
-        pairs = sorted_unique(tuple_of_row * n_units + units.ids)
-        sizes = np.bincount(pairs // n_units, minlength=n_tuples).astype(np.int64)
+        sizes = persons_per_group(tuple_of_row, n_tuples, units.ids, units.n_units)
     return InputBaseline(_plain(metrics), sizes)
 
 
@@ -315,9 +317,7 @@ def person_class_sizes(recoding: Recoding, summary: Summary) -> IntArray:
         return np.asarray(sizes[sizes > 0], dtype=np.int64)
     kept = kept_tuples[row]
     cls = rank[group][row][kept]
-    n_units = max(units.n_units, 1)
-    pairs = sorted_unique(cls * n_units + units.ids[kept])
-    sizes = np.bincount(pairs // n_units, minlength=first.shape[0])
+    sizes = persons_per_group(cls, first.shape[0], units.ids[kept], units.n_units)
     return np.asarray(sizes[sizes > 0], dtype=np.int64)
 
 

@@ -57,7 +57,14 @@ from privpipe.anonymity.grid import interval_grid
 from privpipe.anonymity.hierarchy import SUPPRESSED, Hierarchy, canonical_scalar
 from privpipe.anonymity.spec import AnonymizationSpec
 
-__all__ = ["MAX_FAILURES", "Verification", "verify_counts", "verify_grid_labels", "verify_table"]
+__all__ = [
+    "MAX_FAILURES",
+    "Verification",
+    "persons_per_group",
+    "verify_counts",
+    "verify_grid_labels",
+    "verify_table",
+]
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
 IntArray: TypeAlias = npt.NDArray[np.int64]
@@ -158,9 +165,7 @@ def _dense(key: IntArray) -> tuple[IntArray, int]:
     return ids, int(ids.max()) + 1 if ids.size else 0
 
 
-def _persons_per_group(
-    group: IntArray, n_groups: int, person: IntArray, n_persons: int
-) -> IntArray:
+def persons_per_group(group: IntArray, n_groups: int, person: IntArray, n_persons: int) -> IntArray:
     """How many distinct persons each group holds (a person's several rows in a group count
     once): the distinct (group, person) pairs, sorted as int64 keys (a sort of values, no
     hash table), counted by group."""
@@ -371,7 +376,7 @@ def verify_counts(
     if unit is not None:  # distinct persons: one (class, person) pair each
         person = _persons(frame[unit])
         n_persons = int(person.max()) + 1 if person.size else 0
-        sizes = _persons_per_group(class_of, n_classes, person, n_persons)
+        sizes = persons_per_group(class_of, n_classes, person, n_persons)
     what = "persons" if unit is not None else "records"
     first = _firsts(class_of, n_classes)
     names = _Names(qis, coded, first)
@@ -453,7 +458,7 @@ def _sa_cells(
     if person is None:
         n = np.bincount(pair, weights=counts, minlength=n_pairs)
     else:  # each (class, value, person) once
-        n = _persons_per_group(pair, n_pairs, person, n_persons)
+        n = persons_per_group(pair, n_pairs, person, n_persons)
     first = _firsts(pair, n_pairs)
     cls, value = class_of[first], codes[first]
     rank = np.empty(len(values), dtype=np.int64)

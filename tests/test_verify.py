@@ -542,12 +542,12 @@ def test_persons_per_group_counts_each_person_once(
 ) -> None:
     """Distinct persons per group, by sorted pair keys or (when groups x persons would pass
     2^62) by the hashed duplicates: both equal a plain groupby's nunique."""
-    from privpipe.anonymity.verify import _persons_per_group
+    from privpipe.anonymity.verify import persons_per_group
 
     group = np.array([g for g, _ in pairs], dtype=np.int64)
     person = np.array([p for _, p in pairs], dtype=np.int64)
     n_persons = 1 << 60 if huge else 10  # 7 x 2^60 passes 2^62: the hashed path
-    got = _persons_per_group(group, 7, person, n_persons)
+    got = persons_per_group(group, 7, person, n_persons)
     want = pd.Series(person).groupby(group).nunique().reindex(range(7), fill_value=0)
     assert got.tolist() == want.tolist()
 
