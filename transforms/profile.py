@@ -337,15 +337,12 @@ def table_figures(
     every = column_counts(freq, skip=unit)
     value_counts = {c: every[c][every[c].index.notna()] for c in counted}
     codes = [_codes(freq[q]) + 1 for q in qis]  # 0: missing
-    # each row's combination (only their number and sizes count): runs of equal keys when
-    # the table is in the combinations' order (a summary's table, no missing QI), else hashed
-    key = packed_key(codes, [int(c.max(initial=0)) + 1 for c in codes])
-    if key.shape[0] > 1 and bool(np.all(key[1:] >= key[:-1])):
-        _, _, combo = unique_first_inverse(key)
-        n_combos = int(combo[-1]) + 1
-    else:
-        combo, distinct = pd.factorize(key)
-        n_combos = len(distinct)
+    # each row's combination (only their number and sizes count): a summary's table without
+    # a missing QI is in the combinations' order, which unique_first_inverse takes unsorted
+    distinct, _, combo = unique_first_inverse(
+        packed_key(codes, [int(c.max(initial=0)) + 1 for c in codes])
+    )
+    n_combos = int(distinct.shape[0])
     weights = freq[COUNT].to_numpy(dtype=np.float64)
     per_combo = np.rint(np.bincount(combo, weights=weights, minlength=n_combos))
     persons = unique_persons = None
