@@ -317,21 +317,36 @@ def test_subprocess_exit_code_and_stderr(project: Project) -> None:
     assert "privpipe: error: config.yaml: input.batch_rows" in proc.stderr
 
 
+def _after_start_up(
+    step: str, then: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter that runs the command's start-up ``step`` (a function of
+    ``pipelines.cli``) before anything else is imported, then the code ``then``; it must
+    exit 0."""
+    code = f"import sys\nfrom privpipe.pipelines.cli import {step}\n{step}()\n{then}"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+_A_PIPELINE = (
+    "import apache_beam as beam\n"
+    "with beam.Pipeline() as p:\n"
+    "    _ = p | beam.Create([1, 2, 3]) | beam.Map(print)\n"
+)
+
+
 def test_the_command_skips_beams_mongodb_libraries_and_beam_still_runs() -> None:
     """``entry`` marks Beam's MongoDB client libraries absent before Beam is imported:
     they are never loaded, Beam's warning about them is dropped, and a pipeline runs."""
-    code = (
-        "import sys\n"
-        "from privpipe.pipelines.cli import skip_unused_connectors\n"
-        "skip_unused_connectors()\n"
-        "import apache_beam as beam\n"
+    done = _after_start_up(
+        "skip_unused_connectors",
         "from apache_beam.io import mongodbio\n"
-        "with beam.Pipeline() as p:\n"
-        "    _ = p | beam.Create([1, 2, 3]) | beam.Map(print)\n"
-        "print(sys.modules['pymongo'], sys.modules['bson'], mongodbio.MongoClient)\n"
+        + _A_PIPELINE
+        + "print(sys.modules['pymongo'], sys.modules['bson'], mongodbio.MongoClient)\n",
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
     assert done.stdout.split().count("None") == 3 and {"1", "2", "3"} <= set(done.stdout.split())
     assert "bson" not in done.stderr
 
@@ -340,23 +355,16 @@ def test_the_command_loads_beams_http_clients_only_when_used() -> None:
     """``entry`` registers httplib2 and requests unrun before Beam is imported: importing
     Beam and running a pipeline runs neither (nor pyparsing, urllib3); the first use of a
     name runs the library, once, and it then works as if imported."""
-    code = (
-        "import sys\n"
-        "from privpipe.pipelines.cli import lazy_http_libraries\n"
-        "lazy_http_libraries()\n"
-        "import apache_beam as beam\n"
-        "with beam.Pipeline() as p:\n"
-        "    _ = p | beam.Create([1, 2, 3]) | beam.Map(print)\n"
-        "print('unrun', type(sys.modules['httplib2']).__name__,\n"
+    done = _after_start_up(
+        "lazy_http_libraries",
+        _A_PIPELINE + "print('unrun', type(sys.modules['httplib2']).__name__,\n"
         "      type(sys.modules['requests']).__name__,\n"
         "      'pyparsing' in sys.modules, 'urllib3' in sys.modules)\n"
         "from apache_beam.internal.http_client import get_new_http\n"
         "import requests\n"
         "print('used', type(get_new_http()).__name__, requests.Request('GET', 'http://x').method,\n"
-        "      type(sys.modules['httplib2']).__name__, 'pyparsing' in sys.modules)\n"
+        "      type(sys.modules['httplib2']).__name__, 'pyparsing' in sys.modules)\n",
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
     lines = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines() if line}
     assert lines["unrun"] == ["_OnFirstUse", "_OnFirstUse", "False", "False"]
     assert lines["used"] == ["Http", "GET", "module", "True"]
@@ -371,22 +379,18 @@ def test_the_command_asks_numpy_for_no_huge_pages_unless_the_user_did(
     pages off in the command's process and in the processes it starts (the environment);
     a user's own ``NUMPY_MADVISE_HUGEPAGE`` is kept."""
     probe = "from numpy._core import multiarray; print(multiarray._get_madvise_hugepage())"
-    code = (
-        "import subprocess, sys\n"
-        "from privpipe.pipelines.cli import no_huge_page_stalls\n"
-        "no_huge_page_stalls()\n"
-        "from numpy._core import multiarray\n"
-        f"child = subprocess.run([sys.executable, '-c', {probe!r}], capture_output=True,"
-        " text=True)\n"
-        "print(multiarray._get_madvise_hugepage(), child.stdout.strip())\n"
-    )
     env = {k: v for k, v in os.environ.items() if k != HUGEPAGE_SETTING}
     if setting is not None:
         env[HUGEPAGE_SETTING] = setting
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    done = _after_start_up(
+        "no_huge_page_stalls",
+        "import subprocess\n"
+        "from numpy._core import multiarray\n"
+        f"child = subprocess.run([sys.executable, '-c', {probe!r}], capture_output=True,"
+        " text=True)\n"
+        "print(multiarray._get_madvise_hugepage(), child.stdout.strip())\n",
+        env,
     )
-    assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == expected
 
 
