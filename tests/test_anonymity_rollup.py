@@ -8,6 +8,7 @@ find the same optimum with it as by brute force (tests/test_units.py checks the 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -162,3 +163,30 @@ def test_person_class_sizes_of_persons_with_one_tuple_each(data: st.DataObject) 
             person_class_sizes(recoding, summary),
             _person_class_sizes_by_pandas(recoding, summary),
         )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_search_results_recoding_is_the_same_for_an_equal_summary(data: st.DataObject) -> None:
+    """``recoding_from_search`` classes the tuples of the evaluator's own summary by their
+    rows' keys, and those of any other summary by relabelling their raw codes: for an equal
+    summary (not the same object) both give the same recoding."""
+    df, hier = data.draw(person_tables(max_rows=20))
+    qis = qi_names(df)
+    summary = Summary.from_frame(df, qis, "S", hier, unit="P")
+    limit = data.draw(st.sampled_from([0.0, 0.5]))
+    try:
+        result = optimal(Evaluator(summary, hier), KAnonymity(2), suppression_limit=limit)
+    except PrivacyRefusal:
+        return
+    # any classes suppressed (the search's own choice rarely suppresses a few of them)
+    n_classes = result.classes.n_classes
+    flags = data.draw(st.lists(st.booleans(), min_size=n_classes, max_size=n_classes))
+    assessment = dataclasses.replace(result.assessment, suppressed=np.array(flags, dtype=bool))
+    result = dataclasses.replace(result, assessment=assessment)
+    equal = Summary.from_frame(df, qis, "S", hier, unit="P")
+    assert equal is not result.classes.evaluator.summary
+    own, other = (recoding_from_search(result, s, hier) for s in (summary, equal))
+    np.testing.assert_array_equal(own.codes, other.codes)
+    np.testing.assert_array_equal(own.labels, other.labels)
+    np.testing.assert_array_equal(own.suppressed, other.suppressed)
